@@ -1,1 +1,21 @@
+//! Device drivers for simpler.
+//!
+//! This crate is the only place in the workspace that contains `unsafe` code: raw host memory
+//! ([`HostMem`]) and, for vendor backends, foreign function calls into libraries opened at run
+//! time. Everything above it (the runtime core, the bindings) is safe Rust over the [`Device`]
+//! trait defined here.
+//!
+//! Backends:
+//! * [`sim`] — host memory standing in for device memory, with device addresses in a distinct,
+//!   non-dereferenceable range, a mapping policy, poison fill, fault injection and counters.
 
+mod device;
+mod error;
+mod hostmem;
+mod ledger;
+pub mod sim;
+
+pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+pub use error::{codes, DeviceError, Op};
+pub use hostmem::{HostMem, HostMemError};
+pub use ledger::Ledger;

@@ -1,0 +1,133 @@
+//! The `Device` trait: what the runtime needs from an accelerator driver.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{DeviceError, HostMem, Op};
+
+/// A device address. Never a host pointer: nothing outside a driver dereferences it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevPtr(pub u64);
+
+impl fmt::Display for DevPtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// The driver's answer to `map_host`.
+#[derive(Debug, Clone)]
+pub enum MapGrant {
+    /// Device byte `ptr + i` is host byte `offset + i` of `mem`, coherently, until `unmap_host`.
+    Mapped { mem: Arc<HostMem>, offset: usize },
+    /// The driver refused this allocation (e.g. ordinary pages on a 64 KiB-page host). `code` is
+    /// the vendor's answer (0 for a "success" that returned no pointer, as the toolkit stub does).
+    Refused { code: i64, reason: String },
+}
+
+/// Cumulative driver counters (DESIGN section 6). Every backend keeps them the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub live_allocations: u64,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub h2d_calls: u64,
+    pub h2d_bytes: u64,
+    pub d2h_calls: u64,
+    pub d2h_bytes: u64,
+    pub maps: u64,
+    pub map_refusals: u64,
+    pub unmaps: u64,
+    pub live_mappings: u64,
+}
+
+impl Stats {
+    /// `(name, value)` pairs, in the documented order.
+    pub fn entries(&self) -> [(&'static str, u64); 13] {
+        [
+            ("live_allocations", self.live_allocations),
+            ("live_bytes", self.live_bytes),
+            ("peak_bytes", self.peak_bytes),
+            ("allocs", self.allocs),
+            ("frees", self.frees),
+            ("h2d_calls", self.h2d_calls),
+            ("h2d_bytes", self.h2d_bytes),
+            ("d2h_calls", self.d2h_calls),
+            ("d2h_bytes", self.d2h_bytes),
+            ("maps", self.maps),
+            ("map_refusals", self.map_refusals),
+            ("unmaps", self.unmaps),
+            ("live_mappings", self.live_mappings),
+        ]
+    }
+}
+
+/// One driver call, as recorded in the call log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRecord {
+    pub op: Op,
+    pub addr: u64,
+    pub bytes: u64,
+    /// 0 on success, else the driver's code.
+    pub code: i64,
+}
+
+/// What closing a device found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Allocations still live at close, which close freed.
+    pub leaked_allocations: u64,
+    pub leaked_bytes: u64,
+    /// Mappings still live at close, which close removed.
+    pub leaked_mappings: u64,
+    /// Frees or unmaps that failed during close.
+    pub errors: Vec<DeviceError>,
+}
+
+/// An accelerator driver. Implementations are `Send + Sync`; they serialize internally.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// `"sim"`, `"ascend"`, `"cuda"`.
+    fn platform(&self) -> &'static str;
+
+    /// Allocates `bytes` (> 0) of device memory.
+    fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError>;
+
+    /// Frees an allocation returned by `alloc`. Its mappings must have been removed first.
+    fn free(&self, ptr: DevPtr) -> Result<(), DeviceError>;
+
+    /// Copies `src` to device address `dst`.
+    fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError>;
+
+    /// Copies `dst.len()` bytes from device address `src` into `dst`.
+    fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError>;
+
+    /// Asks for a host mapping of `bytes` at `ptr`. A refusal is an answer (`MapGrant::Refused`),
+    /// not an error; errors are for calls that are invalid (mapping twice, an unknown address).
+    fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError>;
+
+    /// Removes the mapping established at `ptr`.
+    fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError>;
+
+    /// The memory a kernel running "on the device" sees at `ptr` (`bytes` long), when the device
+    /// is host memory (sim). `None` on real hardware, where kernels run on the host over copies.
+    fn kernel_memory(&self, _ptr: DevPtr, _bytes: u64) -> Option<(Arc<HostMem>, usize)> {
+        None
+    }
+
+    /// Cumulative counters.
+    fn stats(&self) -> Stats;
+
+    /// The call log (most recent calls; see the backend for its bound).
+    fn call_log(&self) -> Vec<CallRecord>;
+
+    /// Makes the `nth` next call of `op` fail with `code` (a driver default when `None`).
+    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError>;
+
+    /// Removes pending injected faults.
+    fn clear_faults(&self);
+
+    /// Frees every live allocation (removing its mappings first) and reports what it found.
+    fn close(&self) -> CloseReport;
+}

@@ -1,0 +1,249 @@
+//! `HostMem`: a block of host memory shared between the runtime, the driver and (for kernels and
+//! zero-copy numpy views) Python.
+//!
+//! It plays three roles: the backing store of a sim allocation, a mirror of a device allocation,
+//! and the host side of a vendor mapping. Its contents behave like device memory: several owners
+//! may hold it (`Arc`), and the bytes change underneath them. Rust-side accesses go through an
+//! internal lock, so the safe API is free of data races; callers that hand the raw address to
+//! numpy (see [`HostMem::owned_addr`]) take the responsibility that a DMA engine would.
+//!
+//! A foreign block (a vendor mapping) can be revoked: after [`HostMem::revoke`] every access fails,
+//! so a mapping torn down by `unmap_host` is never dereferenced again.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
+
+/// Alignment of owned blocks: a page, so numpy views of any dtype are aligned.
+const ALIGN: usize = 4096;
+
+/// An access outside a block, or to a revoked one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostMemError {
+    #[error("host access of {len} bytes at offset {offset} runs past a block of {size} bytes")]
+    OutOfRange {
+        offset: usize,
+        len: usize,
+        size: usize,
+    },
+    #[error("host mapping was revoked (unmapped); access refused")]
+    Revoked,
+    #[error("cannot allocate {0} bytes of host memory")]
+    Alloc(usize),
+}
+
+enum Origin {
+    /// Allocated here with this layout; freed on drop.
+    Owned(Layout),
+    /// Memory owned by a vendor driver (a mapping); never freed here.
+    Foreign,
+}
+
+/// A shared, lockable block of host memory. See the module docs.
+pub struct HostMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    origin: Origin,
+    /// `true` while the memory may be accessed. Held during every access, so `revoke` waits for
+    /// accesses in flight.
+    valid: Mutex<bool>,
+}
+
+// SAFETY: HostMem is a pointer to memory it owns (or that a driver keeps valid until `revoke`);
+// every Rust-side access to the bytes happens with `valid` locked, so sharing it between threads
+// cannot produce a data race through this API.
+unsafe impl Send for HostMem {}
+// SAFETY: as above: `&HostMem` only reaches the bytes under the `valid` lock.
+unsafe impl Sync for HostMem {}
+
+impl std::fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMem")
+            .field("len", &self.len)
+            .field("owned", &matches!(self.origin, Origin::Owned(_)))
+            .finish()
+    }
+}
+
+impl HostMem {
+    /// Allocates `len` bytes (at least 1), every byte set to `fill`.
+    pub fn new(len: usize, fill: u8) -> Result<HostMem, HostMemError> {
+        let size = len.max(1);
+        let layout = Layout::from_size_align(size, ALIGN).map_err(|_| HostMemError::Alloc(len))?;
+        // SAFETY: `layout` has a non-zero size (at least 1 byte).
+        let raw = unsafe {
+            if fill == 0 {
+                alloc::alloc_zeroed(layout)
+            } else {
+                alloc::alloc(layout)
+            }
+        };
+        let ptr = NonNull::new(raw).ok_or(HostMemError::Alloc(len))?;
+        if fill != 0 {
+            // SAFETY: `ptr` points to `size` freshly allocated bytes that nothing else references.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), fill, size) };
+        }
+        Ok(HostMem {
+            ptr,
+            len,
+            origin: Origin::Owned(layout),
+            valid: Mutex::new(true),
+        })
+    }
+
+    /// Wraps memory owned by a vendor driver (the host side of a mapping).
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes until [`HostMem::revoke`] is called,
+    /// and the caller must call `revoke` before the vendor tears the memory down.
+    pub unsafe fn foreign(ptr: NonNull<u8>, len: usize) -> HostMem {
+        HostMem {
+            ptr,
+            len,
+            origin: Origin::Foreign,
+            valid: Mutex::new(true),
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the block is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The host address of an owned block, for zero-copy numpy views. `None` for foreign memory:
+    /// a vendor mapping can be revoked while a view would still point at it.
+    pub fn owned_addr(&self) -> Option<usize> {
+        match self.origin {
+            Origin::Owned(_) => Some(self.ptr.as_ptr() as usize),
+            Origin::Foreign => None,
+        }
+    }
+
+    /// Marks foreign memory unusable; waits for accesses in flight. Idempotent.
+    pub fn revoke(&self) {
+        *self.lock() = false;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, bool> {
+        // A poisoned lock only means another thread panicked mid-copy; the bytes are still valid.
+        self.valid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), HostMemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(HostMemError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Runs `f` over `len` bytes at `offset`, read-only.
+    pub fn with_slice<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, HostMemError> {
+        self.check(offset, len)?;
+        let guard = self.lock();
+        if !*guard {
+            return Err(HostMemError::Revoked);
+        }
+        // SAFETY: the range was checked to lie inside the block, the block is valid (owned, or a
+        // foreign mapping not yet revoked, and revocation needs the lock we hold), and no other
+        // Rust access can run while we hold the lock.
+        let slice = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
+        Ok(f(slice))
+    }
+
+    /// Runs `f` over `len` bytes at `offset`, writable.
+    pub fn with_slice_mut<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, HostMemError> {
+        self.check(offset, len)?;
+        let guard = self.lock();
+        if !*guard {
+            return Err(HostMemError::Revoked);
+        }
+        // SAFETY: as in `with_slice`; the lock makes this the only Rust reference to the bytes.
+        let slice = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(offset), len) };
+        Ok(f(slice))
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), HostMemError> {
+        self.with_slice(offset, dst.len(), |s| dst.copy_from_slice(s))
+    }
+
+    /// Copies `src` into the block at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), HostMemError> {
+        self.with_slice_mut(offset, src.len(), |d| d.copy_from_slice(src))
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), HostMemError> {
+        self.with_slice_mut(offset, len, |d| d.fill(byte))
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        if let Origin::Owned(layout) = self.origin {
+            // SAFETY: `ptr` was returned by `alloc`/`alloc_zeroed` with exactly this layout and is
+            // freed only here, once.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_read_write_and_bounds() {
+        let m = HostMem::new(16, 0xA5).unwrap();
+        let mut buf = [0u8; 4];
+        m.read(12, &mut buf).unwrap();
+        assert_eq!(buf, [0xA5; 4]);
+        m.write(0, &[1, 2, 3]).unwrap();
+        m.read(0, &mut buf).unwrap();
+        assert_eq!(buf, [1, 2, 3, 0xA5]);
+        assert!(matches!(
+            m.read(13, &mut buf),
+            Err(HostMemError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.write(usize::MAX, &[1]),
+            Err(HostMemError::OutOfRange { .. })
+        ));
+        assert_eq!(m.owned_addr().unwrap() % ALIGN, 0);
+    }
+
+    #[test]
+    fn revoked_foreign_memory_is_not_accessed() {
+        let backing = HostMem::new(8, 1).unwrap();
+        let ptr = NonNull::new(backing.owned_addr().unwrap() as *mut u8).unwrap();
+        // SAFETY: `backing` outlives `f` and we revoke `f` before dropping `backing`.
+        let f = unsafe { HostMem::foreign(ptr, 8) };
+        assert!(f.owned_addr().is_none());
+        f.write(0, &[9]).unwrap();
+        let mut b = [0u8; 1];
+        backing.read(0, &mut b).unwrap();
+        assert_eq!(b, [9]);
+        f.revoke();
+        assert_eq!(f.read(0, &mut b), Err(HostMemError::Revoked));
+    }
+}

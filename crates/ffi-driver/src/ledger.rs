@@ -1,0 +1,186 @@
+//! `Ledger`: the bookkeeping every backend shares — counters, the call log, live allocation
+//! sizes and injected faults — so that `stats()`, `call_log()` and `inject_fault()` mean the same
+//! thing on sim and on vendor drivers.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::{CallRecord, DevPtr, Stats};
+use crate::{DeviceError, Op};
+
+/// How many calls the log keeps (the oldest are dropped first).
+pub const CALL_LOG_CAPACITY: usize = 1 << 16;
+
+#[derive(Debug)]
+struct Fault {
+    op: Op,
+    remaining: u64,
+    code: i64,
+}
+
+/// Counters, call log, live allocations and pending faults of one device.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    stats: Stats,
+    live: HashMap<u64, u64>,
+    log: VecDeque<CallRecord>,
+    faults: Vec<Fault>,
+}
+
+impl Ledger {
+    /// A fresh ledger.
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    /// Counts one call of `op` against pending faults; returns the injected code if this call
+    /// must fail. Each injected fault fires once.
+    pub fn take_fault(&mut self, op: Op) -> Option<i64> {
+        let mut fired = None;
+        for f in self.faults.iter_mut().filter(|f| f.op == op) {
+            f.remaining -= 1;
+            if f.remaining == 0 && fired.is_none() {
+                fired = Some(f.code);
+            }
+        }
+        self.faults.retain(|f| f.remaining > 0);
+        fired
+    }
+
+    /// Arms a fault: the `nth` (>= 1) next call of `op` fails with `code`.
+    pub fn inject(&mut self, op: Op, nth: u64, code: i64) -> Result<(), DeviceError> {
+        if nth == 0 {
+            return Err(DeviceError::new(
+                op,
+                "inject_fault",
+                crate::codes::INVALID_VALUE,
+                "INVALID_VALUE",
+                "nth must be >= 1 (1 = the next call)",
+            ));
+        }
+        self.faults.push(Fault {
+            op,
+            remaining: nth,
+            code,
+        });
+        Ok(())
+    }
+
+    /// Drops pending faults.
+    pub fn clear_faults(&mut self) {
+        self.faults.clear();
+    }
+
+    /// Appends a call to the log.
+    pub fn record(&mut self, op: Op, addr: u64, bytes: u64, code: i64) {
+        if self.log.len() == CALL_LOG_CAPACITY {
+            self.log.pop_front();
+        }
+        self.log.push_back(CallRecord {
+            op,
+            addr,
+            bytes,
+            code,
+        });
+    }
+
+    /// The call log, oldest first.
+    pub fn log(&self) -> Vec<CallRecord> {
+        self.log.iter().cloned().collect()
+    }
+
+    /// Counts a successful allocation.
+    pub fn on_alloc(&mut self, ptr: DevPtr, bytes: u64) {
+        self.live.insert(ptr.0, bytes);
+        self.stats.allocs += 1;
+        self.stats.live_allocations += 1;
+        self.stats.live_bytes += bytes;
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.stats.live_bytes);
+    }
+
+    /// Counts a successful free; returns the freed size.
+    pub fn on_free(&mut self, ptr: DevPtr) -> Option<u64> {
+        let bytes = self.live.remove(&ptr.0)?;
+        self.stats.frees += 1;
+        self.stats.live_allocations -= 1;
+        self.stats.live_bytes -= bytes;
+        Some(bytes)
+    }
+
+    /// The size of a live allocation starting at `ptr`.
+    pub fn live_size(&self, ptr: DevPtr) -> Option<u64> {
+        self.live.get(&ptr.0).copied()
+    }
+
+    /// Live allocations (base, size), largest address first (the reverse of a bump order).
+    pub fn live_allocations(&self) -> Vec<(DevPtr, u64)> {
+        let mut v: Vec<_> = self.live.iter().map(|(&p, &b)| (DevPtr(p), b)).collect();
+        v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        v
+    }
+
+    /// Counts a copy.
+    pub fn on_copy(&mut self, op: Op, bytes: u64) {
+        match op {
+            Op::H2d => {
+                self.stats.h2d_calls += 1;
+                self.stats.h2d_bytes += bytes;
+            }
+            Op::D2h => {
+                self.stats.d2h_calls += 1;
+                self.stats.d2h_bytes += bytes;
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts a map call: granted or refused.
+    pub fn on_map(&mut self, granted: bool) {
+        self.stats.maps += 1;
+        if granted {
+            self.stats.live_mappings += 1;
+        } else {
+            self.stats.map_refusals += 1;
+        }
+    }
+
+    /// Counts a successful unmap.
+    pub fn on_unmap(&mut self) {
+        self.stats.unmaps += 1;
+        self.stats.live_mappings = self.stats.live_mappings.saturating_sub(1);
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_fire_on_the_nth_call_once() {
+        let mut l = Ledger::new();
+        l.inject(Op::H2d, 2, 7).unwrap();
+        assert_eq!(l.take_fault(Op::D2h), None);
+        assert_eq!(l.take_fault(Op::H2d), None);
+        assert_eq!(l.take_fault(Op::H2d), Some(7));
+        assert_eq!(l.take_fault(Op::H2d), None);
+        assert!(l.inject(Op::Alloc, 0, 1).is_err());
+    }
+
+    #[test]
+    fn counters_track_live_and_peak() {
+        let mut l = Ledger::new();
+        l.on_alloc(DevPtr(1), 10);
+        l.on_alloc(DevPtr(2), 20);
+        assert_eq!(l.on_free(DevPtr(1)), Some(10));
+        assert_eq!(l.on_free(DevPtr(1)), None);
+        let s = l.stats();
+        assert_eq!(
+            (s.live_allocations, s.live_bytes, s.peak_bytes),
+            (1, 20, 30)
+        );
+    }
+}

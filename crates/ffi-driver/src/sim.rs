@@ -1,0 +1,641 @@
+//! The `sim` backend: host memory standing in for device memory.
+//!
+//! It is the platform every test runs on, so it is deliberately strict:
+//! * device addresses live in a non-canonical range (`SIM_BASE` upward), never equal to the host
+//!   pointers backing them, so code that dereferences a device address crashes in tests instead
+//!   of silently working; addresses are never reused and allocations are separated by a guard gap,
+//!   so a use after free or a copy across two allocations is an error, not a silent success;
+//! * a mapping policy ([`SvmPolicy`]) grants or refuses `map_host` per allocation, mimicking hosts
+//!   that refuse small ordinary-page allocations; mapping twice and unmapping what was never mapped
+//!   are errors, as on the real HAL; freeing an allocation that is still mapped is an error;
+//! * fresh allocations are poison-filled, so reads of never-written memory show;
+//! * every call is counted, logged and can be made to fail (`inject_fault`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::error::codes;
+use crate::{DeviceError, HostMem, Ledger, Op};
+
+/// First sim device address. Non-canonical on x86-64 (4- and 5-level paging) and outside any
+/// aarch64 user range, so a dereference faults.
+pub const SIM_BASE: u64 = 0x8d00_0000_0000_0000;
+/// Alignment of sim device addresses.
+pub const SIM_ALIGN: u64 = 4096;
+/// Unmapped gap left after every allocation.
+const GUARD: u64 = 4096;
+/// Default poison byte of fresh allocations.
+pub const POISON: u8 = 0xA5;
+/// Default simulated device capacity.
+pub const DEFAULT_CAPACITY: u64 = 16 << 30;
+
+/// Which allocations `map_host` grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SvmPolicy {
+    /// Every allocation can be mapped.
+    Always,
+    /// No allocation can be mapped (every host view is a mirror).
+    Never,
+    /// Allocations of at least this many bytes can be mapped; smaller ones are refused with
+    /// NOT_SUPPORT, as on 64 KiB-page hosts where only huge-page allocations are mappable.
+    MinBytes(u64),
+}
+
+impl SvmPolicy {
+    /// Parses `"always"`, `"never"` or a byte count.
+    pub fn parse(s: &str) -> Option<SvmPolicy> {
+        match s {
+            "always" => Some(SvmPolicy::Always),
+            "never" => Some(SvmPolicy::Never),
+            n => n.parse().ok().map(SvmPolicy::MinBytes),
+        }
+    }
+
+    fn grants(self, alloc_bytes: u64) -> bool {
+        match self {
+            SvmPolicy::Always => true,
+            SvmPolicy::Never => false,
+            SvmPolicy::MinBytes(n) => alloc_bytes >= n,
+        }
+    }
+}
+
+/// Options of a sim device.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    pub svm: SvmPolicy,
+    /// Byte written into every fresh allocation; `None` leaves it zeroed.
+    pub poison: Option<u8>,
+    /// Simulated device memory size; an allocation past it fails with OUT_OF_MEMORY.
+    pub capacity: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            svm: SvmPolicy::Always,
+            poison: Some(POISON),
+            capacity: DEFAULT_CAPACITY,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Block {
+    size: u64,
+    mem: Arc<HostMem>,
+    /// Live mappings: (start address, length).
+    mappings: Vec<(u64, u64)>,
+}
+
+#[derive(Debug)]
+struct State {
+    next: u64,
+    blocks: BTreeMap<u64, Block>,
+    ledger: Ledger,
+}
+
+/// The sim device. See the module docs.
+#[derive(Debug)]
+pub struct SimDevice {
+    config: SimConfig,
+    state: Mutex<State>,
+}
+
+fn err(op: Op, call: &str, code: i64, detail: impl Into<String>) -> DeviceError {
+    DeviceError::new(op, call, code, codes::name(code), detail)
+}
+
+fn call_name(op: Op) -> &'static str {
+    match op {
+        Op::Alloc => "sim_malloc",
+        Op::Free => "sim_free",
+        Op::H2d => "sim_memcpy_h2d",
+        Op::D2h => "sim_memcpy_d2h",
+        Op::Map => "sim_host_register",
+        Op::Unmap => "sim_host_unregister",
+    }
+}
+
+impl State {
+    /// The block containing `[addr, addr + bytes)`, with the offset of `addr` inside it.
+    fn find(&self, op: Op, addr: u64, bytes: u64) -> Result<(u64, &Block), DeviceError> {
+        let (base, block) = self.blocks.range(..=addr).next_back().ok_or_else(|| {
+            err(
+                op,
+                call_name(op),
+                codes::BAD_ADDRESS,
+                "no live allocation at this address",
+            )
+            .at(addr)
+            .sized(bytes)
+        })?;
+        let end = addr.checked_add(bytes);
+        if addr >= base + block.size || end.is_none_or(|e| e > base + block.size) {
+            return Err(err(
+                op,
+                call_name(op),
+                codes::BAD_ADDRESS,
+                format!(
+                    "range runs past its allocation (allocation {base:#x}, {} bytes)",
+                    block.size
+                ),
+            )
+            .at(addr)
+            .sized(bytes));
+        }
+        Ok((addr - base, block))
+    }
+
+    /// Common prologue of every call: an injected fault fails it (and is logged).
+    fn fault(&mut self, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        if let Some(code) = self.ledger.take_fault(op) {
+            self.ledger.record(op, addr, bytes, code);
+            return Err(err(op, call_name(op), code, "injected fault")
+                .at(addr)
+                .sized(bytes));
+        }
+        Ok(())
+    }
+
+    /// Logs the outcome of a call and passes it through.
+    fn logged<T>(
+        &mut self,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        r: Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        let code = r.as_ref().err().map_or(0, |e| e.code);
+        self.ledger.record(op, addr, bytes, code);
+        r
+    }
+}
+
+impl SimDevice {
+    /// A sim device with the given options.
+    pub fn new(config: SimConfig) -> SimDevice {
+        SimDevice {
+            config,
+            state: Mutex::new(State {
+                next: SIM_BASE,
+                blocks: BTreeMap::new(),
+                ledger: Ledger::new(),
+            }),
+        }
+    }
+
+    /// The options this device was made with.
+    pub fn config(&self) -> SimConfig {
+        self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
+        if bytes == 0 {
+            return Err(err(
+                Op::Alloc,
+                "sim_malloc",
+                codes::INVALID_VALUE,
+                "zero-byte allocation",
+            )
+            .sized(0));
+        }
+        let live = st.ledger.stats().live_bytes;
+        if live
+            .checked_add(bytes)
+            .is_none_or(|t| t > self.config.capacity)
+        {
+            return Err(err(
+                Op::Alloc,
+                "sim_malloc",
+                codes::OUT_OF_MEMORY,
+                format!(
+                    "device capacity {} bytes, {live} in use",
+                    self.config.capacity
+                ),
+            )
+            .sized(bytes));
+        }
+        let oom = || {
+            err(
+                Op::Alloc,
+                "sim_malloc",
+                codes::OUT_OF_MEMORY,
+                "host memory exhausted",
+            )
+            .sized(bytes)
+        };
+        let len = usize::try_from(bytes).map_err(|_| oom())?;
+        let mem = HostMem::new(len, self.config.poison.unwrap_or(0)).map_err(|_| oom())?;
+        let addr = st.next;
+        let next = bytes
+            .checked_add(SIM_ALIGN - 1)
+            .map(|b| b / SIM_ALIGN * SIM_ALIGN)
+            .and_then(|b| addr.checked_add(b))
+            .and_then(|e| e.checked_add(GUARD))
+            .ok_or_else(|| {
+                err(
+                    Op::Alloc,
+                    "sim_malloc",
+                    codes::OUT_OF_MEMORY,
+                    "address space exhausted",
+                )
+                .sized(bytes)
+            })?;
+        st.next = next;
+        st.blocks.insert(
+            addr,
+            Block {
+                size: bytes,
+                mem: Arc::new(mem),
+                mappings: Vec::new(),
+            },
+        );
+        st.ledger.on_alloc(DevPtr(addr), bytes);
+        Ok(DevPtr(addr))
+    }
+
+    fn do_free(st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
+        let Some(block) = st.blocks.get(&ptr.0) else {
+            return Err(err(
+                Op::Free,
+                "sim_free",
+                codes::BAD_ADDRESS,
+                "not a live allocation (unknown address or already freed)",
+            )
+            .at(ptr.0));
+        };
+        if !block.mappings.is_empty() {
+            return Err(err(
+                Op::Free,
+                "sim_free",
+                codes::BUSY,
+                format!(
+                    "allocation still has {} host mapping(s); unmap first",
+                    block.mappings.len()
+                ),
+            )
+            .at(ptr.0)
+            .sized(block.size));
+        }
+        st.blocks.remove(&ptr.0);
+        st.ledger.on_free(ptr);
+        Ok(())
+    }
+
+    fn do_map(&self, st: &mut State, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
+        let (offset, block) = st.find(Op::Map, ptr.0, bytes)?;
+        let block_size = block.size;
+        let base = ptr.0 - offset;
+        let end = ptr.0 + bytes;
+        if block
+            .mappings
+            .iter()
+            .any(|&(s, l)| s < end && ptr.0 < s + l)
+        {
+            return Err(err(
+                Op::Map,
+                "sim_host_register",
+                codes::PARA_ERROR,
+                "range is already mapped (a mapping leaked?)",
+            )
+            .at(ptr.0)
+            .sized(bytes));
+        }
+        if bytes == 0 {
+            return Err(err(
+                Op::Map,
+                "sim_host_register",
+                codes::INVALID_VALUE,
+                "zero-byte mapping",
+            )
+            .at(ptr.0));
+        }
+        if !self.config.svm.grants(block_size) {
+            st.ledger.on_map(false);
+            return Ok(MapGrant::Refused {
+                code: codes::NOT_SUPPORT,
+                reason: format!(
+                    "sim svm policy {:?} refuses an allocation of {block_size} bytes",
+                    self.config.svm
+                ),
+            });
+        }
+        let mem = block.mem.clone();
+        st.blocks
+            .get_mut(&base)
+            .expect("found above")
+            .mappings
+            .push((ptr.0, bytes));
+        st.ledger.on_map(true);
+        Ok(MapGrant::Mapped {
+            mem,
+            offset: offset as usize,
+        })
+    }
+
+    fn do_unmap(st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
+        let (offset, _) = st.find(Op::Unmap, ptr.0, 1)?;
+        let block = st.blocks.get_mut(&(ptr.0 - offset)).expect("found above");
+        let Some(i) = block.mappings.iter().position(|&(s, _)| s == ptr.0) else {
+            return Err(err(
+                Op::Unmap,
+                "sim_host_unregister",
+                codes::NOT_EXIST,
+                "no host mapping starts at this address",
+            )
+            .at(ptr.0));
+        };
+        block.mappings.swap_remove(i);
+        st.ledger.on_unmap();
+        Ok(())
+    }
+}
+
+impl Device for SimDevice {
+    fn platform(&self) -> &'static str {
+        "sim"
+    }
+
+    fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        let mut st = self.lock();
+        st.fault(Op::Alloc, 0, bytes)?;
+        let r = self.do_alloc(&mut st, bytes);
+        let addr = r.as_ref().map_or(0, |p| p.0);
+        st.logged(Op::Alloc, addr, bytes, r)
+    }
+
+    fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        let size = st.blocks.get(&ptr.0).map_or(0, |b| b.size);
+        st.fault(Op::Free, ptr.0, size)?;
+        let r = Self::do_free(&mut st, ptr);
+        st.logged(Op::Free, ptr.0, size, r)
+    }
+
+    fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        let bytes = src.len() as u64;
+        let mut st = self.lock();
+        st.fault(Op::H2d, dst.0, bytes)?;
+        let r = st.find(Op::H2d, dst.0, bytes).and_then(|(off, b)| {
+            b.mem.write(off as usize, src).map_err(|e| {
+                err(Op::H2d, "sim_memcpy_h2d", codes::BAD_ADDRESS, e.to_string()).at(dst.0)
+            })
+        });
+        if r.is_ok() {
+            st.ledger.on_copy(Op::H2d, bytes);
+        }
+        st.logged(Op::H2d, dst.0, bytes, r)
+    }
+
+    fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
+        let bytes = dst.len() as u64;
+        let mut st = self.lock();
+        st.fault(Op::D2h, src.0, bytes)?;
+        let r = st.find(Op::D2h, src.0, bytes).and_then(|(off, b)| {
+            b.mem.read(off as usize, dst).map_err(|e| {
+                err(Op::D2h, "sim_memcpy_d2h", codes::BAD_ADDRESS, e.to_string()).at(src.0)
+            })
+        });
+        if r.is_ok() {
+            st.ledger.on_copy(Op::D2h, bytes);
+        }
+        st.logged(Op::D2h, src.0, bytes, r)
+    }
+
+    fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
+        let mut st = self.lock();
+        st.fault(Op::Map, ptr.0, bytes)?;
+        let r = self.do_map(&mut st, ptr, bytes);
+        let code = match &r {
+            Ok(MapGrant::Refused { code, .. }) => *code,
+            Ok(MapGrant::Mapped { .. }) => 0,
+            Err(e) => e.code,
+        };
+        st.ledger.record(Op::Map, ptr.0, bytes, code);
+        r
+    }
+
+    fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        st.fault(Op::Unmap, ptr.0, 0)?;
+        let r = Self::do_unmap(&mut st, ptr);
+        st.logged(Op::Unmap, ptr.0, 0, r)
+    }
+
+    fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {
+        let st = self.lock();
+        let (off, block) = st.find(Op::D2h, ptr.0, bytes).ok()?;
+        Some((block.mem.clone(), off as usize))
+    }
+
+    fn stats(&self) -> Stats {
+        self.lock().ledger.stats()
+    }
+
+    fn call_log(&self) -> Vec<CallRecord> {
+        self.lock().ledger.log()
+    }
+
+    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
+        self.lock()
+            .ledger
+            .inject(op, nth, code.unwrap_or(codes::INNER_ERR))
+    }
+
+    fn clear_faults(&self) {
+        self.lock().ledger.clear_faults();
+    }
+
+    fn close(&self) -> CloseReport {
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        let mut report = CloseReport::default();
+        let bases: Vec<u64> = st.blocks.keys().rev().copied().collect();
+        for base in bases {
+            let mappings = std::mem::take(&mut st.blocks.get_mut(&base).expect("live").mappings);
+            for (start, len) in mappings {
+                report.leaked_mappings += 1;
+                st.ledger.on_unmap();
+                st.ledger.record(Op::Unmap, start, len, 0);
+            }
+            let size = st.blocks[&base].size;
+            report.leaked_allocations += 1;
+            report.leaked_bytes += size;
+            let r = Self::do_free(&mut st, DevPtr(base));
+            if let Err(e) = st.logged(Op::Free, base, size, r) {
+                report.errors.push(e);
+            }
+        }
+        if report.leaked_allocations > 0 {
+            log::warn!(
+                "sim device closed with {} live allocation(s) ({} bytes) and {} mapping(s); freed them",
+                report.leaked_allocations,
+                report.leaked_bytes,
+                report.leaked_mappings
+            );
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(svm: SvmPolicy) -> SimDevice {
+        SimDevice::new(SimConfig {
+            svm,
+            ..SimConfig::default()
+        })
+    }
+
+    #[test]
+    fn round_trip_counts_exactly() {
+        let d = sim(SvmPolicy::Always);
+        let p = d.alloc(100).unwrap();
+        d.copy_h2d(p, &[7u8; 100]).unwrap();
+        let mut out = [0u8; 40];
+        d.copy_d2h(&mut out, DevPtr(p.0 + 60)).unwrap();
+        assert_eq!(out, [7u8; 40]);
+        d.free(p).unwrap();
+        let s = d.stats();
+        assert_eq!(
+            (
+                s.allocs,
+                s.frees,
+                s.h2d_calls,
+                s.h2d_bytes,
+                s.d2h_calls,
+                s.d2h_bytes
+            ),
+            (1, 1, 1, 100, 1, 40)
+        );
+        assert_eq!(
+            (s.live_allocations, s.live_bytes, s.peak_bytes),
+            (0, 0, 100)
+        );
+        let ops: Vec<Op> = d.call_log().iter().map(|c| c.op).collect();
+        assert_eq!(ops, [Op::Alloc, Op::H2d, Op::D2h, Op::Free]);
+    }
+
+    #[test]
+    fn addresses_are_not_host_pointers_and_fresh_memory_is_poisoned() {
+        let d = sim(SvmPolicy::Always);
+        let p = d.alloc(8).unwrap();
+        assert!(p.0 >= SIM_BASE);
+        let (mem, off) = d.kernel_memory(p, 8).unwrap();
+        assert_ne!(mem.owned_addr().unwrap() as u64 + off as u64, p.0);
+        let mut out = [0u8; 8];
+        d.copy_d2h(&mut out, p).unwrap();
+        assert_eq!(out, [POISON; 8]);
+    }
+
+    #[test]
+    fn invalid_calls_are_errors() {
+        let d = sim(SvmPolicy::Always);
+        assert_eq!(d.alloc(0).unwrap_err().code, codes::INVALID_VALUE);
+        let p = d.alloc(16).unwrap();
+        let e = d.copy_h2d(DevPtr(p.0 + 8), &[0u8; 9]).unwrap_err();
+        assert_eq!((e.op, e.code), (Op::H2d, codes::BAD_ADDRESS));
+        assert!(e.to_string().contains("runs past its allocation"), "{e}");
+        assert_eq!(
+            d.free(DevPtr(p.0 + 1)).unwrap_err().code,
+            codes::BAD_ADDRESS
+        );
+        d.free(p).unwrap();
+        let e = d.free(p).unwrap_err();
+        assert!(e.to_string().contains("already freed"), "{e}");
+        // Freed memory is gone for copies too.
+        assert!(d.copy_h2d(p, &[1]).is_err());
+    }
+
+    #[test]
+    fn mapping_policy_double_map_and_unmap_rules() {
+        let d = sim(SvmPolicy::MinBytes(1024));
+        let small = d.alloc(64).unwrap();
+        let big = d.alloc(4096).unwrap();
+        assert!(matches!(
+            d.map_host(small, 64).unwrap(),
+            MapGrant::Refused {
+                code: codes::NOT_SUPPORT,
+                ..
+            }
+        ));
+        let MapGrant::Mapped { mem, offset } = d.map_host(big, 4096).unwrap() else {
+            panic!("big allocation must map")
+        };
+        mem.write(offset, &[42]).unwrap();
+        let mut b = [0u8];
+        d.copy_d2h(&mut b, big).unwrap();
+        assert_eq!(b, [42]);
+        assert_eq!(d.map_host(big, 16).unwrap_err().code, codes::PARA_ERROR);
+        assert_eq!(d.free(big).unwrap_err().code, codes::BUSY);
+        assert_eq!(d.unmap_host(small).unwrap_err().code, codes::NOT_EXIST);
+        d.unmap_host(big).unwrap();
+        assert_eq!(d.unmap_host(big).unwrap_err().code, codes::NOT_EXIST);
+        d.free(big).unwrap();
+        let s = d.stats();
+        assert_eq!(
+            (s.maps, s.map_refusals, s.unmaps, s.live_mappings),
+            (2, 1, 1, 0)
+        );
+    }
+
+    #[test]
+    fn injected_faults_fail_the_nth_call_and_leave_the_device_usable() {
+        let d = sim(SvmPolicy::Always);
+        for op in Op::ALL {
+            d.inject_fault(op, 1, None).unwrap();
+        }
+        let e = d.alloc(8).unwrap_err();
+        assert_eq!((e.op, e.code), (Op::Alloc, codes::INNER_ERR));
+        let p = d.alloc(8).unwrap();
+        assert_eq!(d.copy_h2d(p, &[1]).unwrap_err().op, Op::H2d);
+        assert_eq!(d.copy_d2h(&mut [0u8], p).unwrap_err().op, Op::D2h);
+        assert_eq!(d.map_host(p, 8).unwrap_err().op, Op::Map);
+        d.map_host(p, 8).unwrap();
+        assert_eq!(d.unmap_host(p).unwrap_err().op, Op::Unmap);
+        d.unmap_host(p).unwrap();
+        assert_eq!(d.free(p).unwrap_err().op, Op::Free);
+        d.free(p).unwrap();
+        d.inject_fault(Op::H2d, 3, Some(99)).unwrap();
+        let q = d.alloc(8).unwrap();
+        d.copy_h2d(q, &[1]).unwrap();
+        d.copy_h2d(q, &[1]).unwrap();
+        assert_eq!(d.copy_h2d(q, &[1]).unwrap_err().code, 99);
+        assert_eq!(d.stats().live_allocations, 1);
+    }
+
+    #[test]
+    fn close_frees_live_allocations_and_reports_them() {
+        let d = sim(SvmPolicy::Always);
+        let a = d.alloc(10).unwrap();
+        d.alloc(20).unwrap();
+        d.map_host(a, 10).unwrap();
+        let r = d.close();
+        assert_eq!(
+            (r.leaked_allocations, r.leaked_bytes, r.leaked_mappings),
+            (2, 30, 1)
+        );
+        assert!(r.errors.is_empty());
+        assert_eq!(d.stats().live_allocations, 0);
+        assert_eq!(d.close(), CloseReport::default());
+    }
+
+    #[test]
+    fn capacity_limits_allocation() {
+        let d = SimDevice::new(SimConfig {
+            capacity: 100,
+            ..SimConfig::default()
+        });
+        d.alloc(60).unwrap();
+        assert_eq!(d.alloc(60).unwrap_err().code, codes::OUT_OF_MEMORY);
+        assert_eq!(d.alloc(u64::MAX).unwrap_err().code, codes::OUT_OF_MEMORY);
+    }
+}
