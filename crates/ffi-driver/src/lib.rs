@@ -9,13 +9,19 @@
 //! * [`sim`] — host memory standing in for device memory, with device addresses in a distinct,
 //!   non-dereferenceable range, a mapping policy, poison fill, fault injection and counters.
 
+pub mod ascend;
+pub mod cuda;
 mod device;
 mod error;
 mod hostmem;
 mod ledger;
+mod loader;
+mod open;
 pub mod sim;
 
 pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 pub use error::{codes, DeviceError, Op};
 pub use hostmem::{HostMem, HostMemError};
 pub use ledger::Ledger;
+pub use loader::{LoadAttempt, LoadError};
+pub use open::{open_device, DeviceSpec, OpenError};

@@ -1,0 +1,75 @@
+//! Opening a device by platform name, with the options the Python `Worker` accepts.
+
+use std::sync::Arc;
+
+use crate::sim::{SimConfig, SimDevice, SvmPolicy, POISON};
+use crate::Device;
+
+/// Options for [`open_device`]. Options that do not apply to a platform are rejected there.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceSpec {
+    /// `"sim"`, `"ascend"` or `"cuda"`.
+    pub platform: String,
+    /// sim: `"always"`, `"never"` or a minimum byte count.
+    pub svm: Option<String>,
+    /// sim: poison fresh allocations (default true).
+    pub poison: Option<bool>,
+    /// sim: simulated device capacity in bytes.
+    pub capacity: Option<u64>,
+    /// ascend / cuda: the (logical) device id.
+    pub device_id: Option<u32>,
+}
+
+/// Why a device could not be opened.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// An unknown platform or an option the platform does not take.
+    #[error("{0}")]
+    Invalid(String),
+    /// The vendor library could not be loaded or initialized.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Opens the device `spec` names.
+pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
+    match spec.platform.as_str() {
+        "sim" => {
+            if spec.device_id.is_some_and(|d| d != 0) {
+                return Err(OpenError::Invalid(
+                    "sim has a single device (device_id=0)".into(),
+                ));
+            }
+            let mut cfg = SimConfig::default();
+            if let Some(s) = &spec.svm {
+                cfg.svm = SvmPolicy::parse(s).ok_or_else(|| {
+                    OpenError::Invalid(format!(
+                        "svm must be 'always', 'never' or a minimum byte count, not '{s}'"
+                    ))
+                })?;
+            }
+            if let Some(p) = spec.poison {
+                cfg.poison = p.then_some(POISON);
+            }
+            if let Some(c) = spec.capacity {
+                cfg.capacity = c;
+            }
+            Ok(Arc::new(SimDevice::new(cfg)))
+        }
+        other => {
+            if spec.svm.is_some() || spec.poison.is_some() || spec.capacity.is_some() {
+                return Err(OpenError::Invalid(format!(
+                    "svm / poison / capacity are sim options; platform '{other}' does not take them"
+                )));
+            }
+            open_vendor(other, spec)
+        }
+    }
+}
+
+fn open_vendor(platform: &str, _spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
+    Err(OpenError::Invalid(format!(
+        "unknown platform '{platform}' (known: sim, ascend, cuda)"
+    )))
+}

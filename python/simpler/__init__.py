@@ -1,0 +1,63 @@
+"""simpler: how the tensor arguments of a repeatedly dispatched device program reach the device.
+
+Three capabilities in one library:
+
+1. declared residency per argument (``TensorArg(name, value, child_memory=True)``,
+   :class:`ResidentTaskArgs`): a case-owned device buffer, no per-round malloc/copy/free;
+2. a cheap, observable staging path for host-staged arguments (a retained staging arena);
+3. host views of device-resident tensors for host-side orchestration (mapping or mirror,
+   established lazily and cached for the allocation's life).
+
+See ``docs/`` and the README for a tour.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    DeviceError,
+    GeometryError,
+    HazardError,
+    NoHostViewError,
+    PlatformUnavailableError,
+    SimplerError,
+    StateError,
+)
+from .worker import (
+    ArgDirection,
+    Buffer,
+    Callable,
+    DeviceTensor,
+    Kernel,
+    Orchestrator,
+    RunReport,
+    Worker,
+)
+
+IN = ArgDirection.IN
+OUT = ArgDirection.OUT
+INOUT = ArgDirection.INOUT
+
+__all__ = [
+    "IN",
+    "INOUT",
+    "OUT",
+    "ArgDirection",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "Buffer",
+    "Callable",
+    "DeviceError",
+    "DeviceTensor",
+    "GeometryError",
+    "HazardError",
+    "Kernel",
+    "NoHostViewError",
+    "Orchestrator",
+    "PlatformUnavailableError",
+    "RunReport",
+    "SimplerError",
+    "StateError",
+    "Worker",
+]
