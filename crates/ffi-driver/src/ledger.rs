@@ -2,7 +2,7 @@
 //! sizes and injected faults — so that `stats()`, `call_log()` and `inject_fault()` mean the same
 //! thing on sim and on vendor drivers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::{CallRecord, DevPtr, Stats};
 use crate::{DeviceError, Op};
@@ -21,7 +21,8 @@ struct Fault {
 #[derive(Debug, Default)]
 pub struct Ledger {
     stats: Stats,
-    live: HashMap<u64, u64>,
+    /// Live allocations: base address -> size (ordered, so a range lookup is a tree search).
+    live: BTreeMap<u64, u64>,
     log: VecDeque<CallRecord>,
     faults: Vec<Fault>,
 }
@@ -111,11 +112,23 @@ impl Ledger {
         self.live.get(&ptr.0).copied()
     }
 
+    /// The live allocation `(base, size)` that contains all of `[addr, addr + bytes)`; `None`
+    /// when no allocation contains `addr` or the range runs past the one that does. A zero-byte
+    /// range must still start inside an allocation.
+    pub fn containing(&self, addr: u64, bytes: u64) -> Option<(DevPtr, u64)> {
+        let (&base, &size) = self.live.range(..=addr).next_back()?;
+        let end = base.checked_add(size)?;
+        let range_end = addr.checked_add(bytes)?;
+        (addr < end && range_end <= end).then_some((DevPtr(base), size))
+    }
+
     /// Live allocations (base, size), largest address first (the reverse of a bump order).
     pub fn live_allocations(&self) -> Vec<(DevPtr, u64)> {
-        let mut v: Vec<_> = self.live.iter().map(|(&p, &b)| (DevPtr(p), b)).collect();
-        v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
-        v
+        self.live
+            .iter()
+            .rev()
+            .map(|(&p, &b)| (DevPtr(p), b))
+            .collect()
     }
 
     /// Counts a copy.
@@ -182,5 +195,20 @@ mod tests {
             (s.live_allocations, s.live_bytes, s.peak_bytes),
             (1, 20, 30)
         );
+    }
+
+    #[test]
+    fn containing_finds_the_enclosing_allocation() {
+        let mut l = Ledger::new();
+        l.on_alloc(DevPtr(100), 10);
+        l.on_alloc(DevPtr(200), 10);
+        assert_eq!(l.containing(100, 10), Some((DevPtr(100), 10)));
+        assert_eq!(l.containing(105, 5), Some((DevPtr(100), 10)));
+        assert_eq!(l.containing(109, 0), Some((DevPtr(100), 10)));
+        assert_eq!(l.containing(105, 6), None);
+        assert_eq!(l.containing(110, 0), None);
+        assert_eq!(l.containing(99, 1), None);
+        assert_eq!(l.containing(150, 1), None);
+        assert_eq!(l.containing(205, u64::MAX), None);
     }
 }

@@ -1,0 +1,245 @@
+//! Opening vendor libraries at run time.
+//!
+//! Vendor libraries are never linked: `import simpler` and the sim platform must work on machines
+//! without any vendor software. A backend names a library and a list of candidate paths (the
+//! environment override first, then the vendor's install locations, then the bare name so the
+//! dynamic loader's own search applies); [`open_first`] tries them in order and, when none opens,
+//! returns a [`LoadError`] listing every path tried and why each failed. A missing symbol is a
+//! [`LoadError`] as well, naming the library, the path it was opened from and the symbol. Nothing
+//! here panics: a panic would cross into Python as `PanicException`.
+//!
+//! Lifetime: an opened library is leaked into a `&'static Library` (`Box::leak`) and never closed.
+//! Function pointers copied out of it are therefore valid for the rest of the process, so backends
+//! can store plain `extern "C" fn` pointers without tying them to a borrow. Vendor runtimes keep
+//! process-wide state (threads, device contexts) that does not survive `dlclose` cleanly anyway;
+//! the dynamic loader reference-counts repeated opens of the same file, so opening a device many
+//! times costs one small `Box` per open, not one copy of the library.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+/// One attempt to open a library: the path (or bare name) given to the loader, and its error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadAttempt {
+    pub path: String,
+    pub error: String,
+}
+
+fn list_attempts(tried: &[LoadAttempt]) -> String {
+    if tried.is_empty() {
+        return "no candidate paths".to_string();
+    }
+    tried
+        .iter()
+        .map(|a| format!("{} ({})", a.path, a.error))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn list_errors(errors: &[LoadError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// A vendor library that could not be opened or initialized.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// No candidate path of `library` could be opened.
+    #[error("cannot open vendor library {library}: tried {}", list_attempts(.tried))]
+    Library {
+        library: String,
+        tried: Vec<LoadAttempt>,
+    },
+    /// `library` opened, but lacks `symbol`.
+    #[error("vendor library {library} (opened from {path}) has no symbol `{symbol}`: {reason}")]
+    Symbol {
+        library: String,
+        path: String,
+        symbol: String,
+        reason: String,
+    },
+    /// The library loaded, but an initialization call failed.
+    #[error("{call} failed with code {code} ({code_name}) while opening {library}: {detail}")]
+    Init {
+        library: String,
+        call: String,
+        code: i64,
+        code_name: String,
+        detail: String,
+    },
+    /// A configuration value (argument or environment variable) is invalid.
+    #[error("invalid {what}: {detail}")]
+    Config { what: String, detail: String },
+    /// None of several alternatives (e.g. the `acl*` and the `rt*` runtime) is usable.
+    #[error("no usable {what}: {}", list_errors(.errors))]
+    NoAlternative {
+        what: String,
+        errors: Vec<LoadError>,
+    },
+}
+
+/// An opened vendor library, kept loaded for the life of the process (see the module docs).
+#[derive(Clone, Copy)]
+pub(crate) struct VendorLib {
+    /// The library's usual file name (e.g. `libascendcl.so`), for messages.
+    pub(crate) name: &'static str,
+    /// The path or name it was opened from.
+    pub(crate) path: &'static str,
+    lib: &'static Library,
+}
+
+impl fmt::Debug for VendorLib {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VendorLib")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Candidate paths for `file` in `dirs` (in order), followed by the bare `file` when `bare`.
+pub(crate) fn candidates(file: &str, dirs: &[PathBuf], bare: bool) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = Vec::new();
+    let all = dirs
+        .iter()
+        .map(|d| d.join(file))
+        .chain(bare.then(|| PathBuf::from(file)));
+    for p in all {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// Opens the first candidate that the dynamic loader accepts.
+pub(crate) fn open_first(name: &'static str, paths: &[PathBuf]) -> Result<VendorLib, LoadError> {
+    let mut tried = Vec::new();
+    for path in paths {
+        match open_one(path) {
+            Ok(lib) => {
+                let path: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+                return Ok(VendorLib { name, path, lib });
+            }
+            Err(error) => tried.push(LoadAttempt {
+                path: path.display().to_string(),
+                error,
+            }),
+        }
+    }
+    Err(LoadError::Library {
+        library: name.to_string(),
+        tried,
+    })
+}
+
+fn open_one(path: &Path) -> Result<&'static Library, String> {
+    // A bare file name (no separator) goes to the loader's search path as is; a path that does
+    // not exist gets a short message instead of the loader's longer one.
+    if path.components().count() > 1 && !path.exists() {
+        return Err("no such file".to_string());
+    }
+    // SAFETY: opening a library runs its initializers. We only open the vendor libraries the
+    // user's installation (or the explicit override) names; their initializers are the vendor's
+    // documented load-time behaviour, and we call nothing until the open has succeeded.
+    let lib = unsafe { Library::new(path.as_os_str()) }.map_err(|e| e.to_string())?;
+    Ok(Box::leak(Box::new(lib)))
+}
+
+impl VendorLib {
+    /// Looks up `symbol` as a value of type `T` (a function pointer type).
+    ///
+    /// # Safety
+    /// `T` must be the exact type of the symbol as the vendor defines it (an `extern "C" fn`
+    /// pointer with the C signature's argument and return widths). The returned pointer stays
+    /// valid for the life of the process: the library is never closed.
+    pub(crate) unsafe fn sym<T: Copy>(&self, symbol: &str) -> Result<T, LoadError> {
+        // SAFETY: the caller guarantees that `T` is the symbol's type; the library is leaked, so
+        // the value copied out of the `Symbol` outlives nothing it depends on.
+        let r = unsafe { self.lib.get::<T>(symbol.as_bytes()) };
+        match r {
+            Ok(s) => Ok(*s),
+            Err(e) => Err(LoadError::Symbol {
+                library: self.name.to_string(),
+                path: self.path.to_string(),
+                symbol: symbol.to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// Splits a `PATH`-like list (`a:b:c`) into directories, skipping empty entries.
+pub(crate) fn split_dirs(list: &str) -> Vec<PathBuf> {
+    list.split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_lists_every_path_tried() {
+        let paths = candidates(
+            "libdoes_not_exist_simpler.so",
+            &[
+                PathBuf::from("/nonexistent/a"),
+                PathBuf::from("/nonexistent/b"),
+            ],
+            true,
+        );
+        let e = open_first("libdoes_not_exist_simpler.so", &paths).unwrap_err();
+        let LoadError::Library { library, tried } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(library, "libdoes_not_exist_simpler.so");
+        let tried: Vec<&str> = tried.iter().map(|a| a.path.as_str()).collect();
+        assert_eq!(
+            tried,
+            [
+                "/nonexistent/a/libdoes_not_exist_simpler.so",
+                "/nonexistent/b/libdoes_not_exist_simpler.so",
+                "libdoes_not_exist_simpler.so"
+            ]
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("/nonexistent/b/libdoes_not_exist_simpler.so"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn missing_symbol_names_library_path_and_symbol() {
+        // libc is always loaded (bare name: the loader returns the existing handle).
+        let lib = open_first("libc.so.6", &[PathBuf::from("libc.so.6")]).unwrap();
+        type F = extern "C" fn() -> i32;
+        // SAFETY: the symbol does not exist, so no pointer of the wrong type is produced.
+        let e = unsafe { lib.sym::<F>("simpler_no_such_symbol") }.unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("libc.so.6"), "{msg}");
+        assert!(msg.contains("simpler_no_such_symbol"), "{msg}");
+        // SAFETY: `getpid` is `pid_t getpid(void)`, pid_t = int on Linux.
+        let getpid = unsafe { lib.sym::<F>("getpid") }.unwrap();
+        assert_eq!(getpid() as u32, std::process::id());
+    }
+
+    #[test]
+    fn dir_lists_split_and_candidates_dedup() {
+        assert_eq!(
+            split_dirs("/a::/b:"),
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        let c = candidates("x.so", &[PathBuf::from("/a"), PathBuf::from("/a")], false);
+        assert_eq!(c, [PathBuf::from("/a/x.so")]);
+    }
+}

@@ -1,0 +1,724 @@
+//! The Ascend driver end to end against the fake vendor library (`crates/fake-ascend`).
+//!
+//! Each test copies the fake `.so` into a directory of its own and symlinks the vendor names
+//! (`libascendcl.so`, `libruntime.so`, `libascend_hal.so`) to that copy: the dynamic loader
+//! identifies a library by its file, so every test gets a fresh fake with its own state (call
+//! log, injections, map mode), and the three "libraries" of one test share that state. The
+//! directory is passed in `AscendConfig::lib_dir`, so no test touches environment variables.
+//!
+//! The fake must be built first (`cargo build -p fake-ascend`, same target dir and profile); the
+//! Makefile does `cargo build --workspace` before `cargo test`. A missing fake fails the tests.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use simpler_driver::ascend::{AscendConfig, AscendDevice, MallocPolicy, RuntimeApi};
+use simpler_driver::{DevPtr, Device, HostMemError, LoadError, MapGrant, Op};
+
+const NOT_SUPPORT: i64 = 0xfffe;
+
+/// The fake library built next to this test executable (`target/<profile>/libfake_ascend.so`).
+fn fake_so() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-exe> -> target/<profile>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let so = profile_dir.join("libfake_ascend.so");
+    assert!(
+        so.is_file(),
+        "the fake Ascend library {} is missing: build it first with `cargo build -p fake-ascend` \
+         (same CARGO_TARGET_DIR and profile as the tests; `make test` does this)",
+        so.display()
+    );
+    so
+}
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// One test's private copy of the fake library, with vendor-named symlinks to it.
+struct Fake {
+    dir: PathBuf,
+    control: libloading::Library,
+}
+
+impl Fake {
+    /// The three vendor names, all pointing at the fake.
+    fn standard() -> Fake {
+        Fake::with_links(&["libascendcl.so", "libruntime.so", "libascend_hal.so"])
+    }
+
+    fn with_links(names: &[&str]) -> Fake {
+        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("simpler-fake-ascend-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("libfake_ascend.so");
+        std::fs::copy(fake_so(), &copy).unwrap();
+        for name in names {
+            std::os::unix::fs::symlink("libfake_ascend.so", dir.join(name)).unwrap();
+        }
+        // SAFETY: the fake's initializers are Rust statics only (no constructors with effects).
+        let control = unsafe { libloading::Library::new(&copy) }.unwrap();
+        Fake { dir, control }
+    }
+
+    fn config(&self) -> AscendConfig {
+        AscendConfig {
+            lib_dir: Some(self.dir.clone()),
+            visible_devices: Some(String::new()),
+            ..AscendConfig::default()
+        }
+    }
+
+    fn open(&self) -> AscendDevice {
+        AscendDevice::open(self.config()).unwrap()
+    }
+
+    fn link(&self, name: &str, target: &Path) {
+        std::os::unix::fs::symlink(target, self.dir.join(name)).unwrap();
+    }
+
+    fn set_map(&self, spec: &str) {
+        let s = CString::new(spec).unwrap();
+        // SAFETY: `int fake_ascend_set_map(const char *)`; `s` is NUL-terminated.
+        let rc = unsafe {
+            let f = self
+                .control
+                .get::<unsafe extern "C" fn(*const c_char) -> c_int>(b"fake_ascend_set_map")
+                .unwrap();
+            f(s.as_ptr())
+        };
+        assert_eq!(rc, 0, "bad map spec {spec}");
+    }
+
+    fn inject(&self, name: &str, nth: u32, code: i32) {
+        let s = CString::new(name).unwrap();
+        // SAFETY: `int fake_ascend_inject(const char *, uint32_t, int32_t)`.
+        let rc = unsafe {
+            let f = self
+                .control
+                .get::<unsafe extern "C" fn(*const c_char, u32, i32) -> c_int>(
+                    b"fake_ascend_inject",
+                )
+                .unwrap();
+            f(s.as_ptr(), nth, code)
+        };
+        assert_eq!(rc, 0);
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        // SAFETY: the fake's counters are `uint64_t name(void)`.
+        unsafe {
+            let f = self
+                .control
+                .get::<extern "C" fn() -> u64>(name.as_bytes())
+                .unwrap();
+            f()
+        }
+    }
+
+    fn live_allocations(&self) -> u64 {
+        self.counter("fake_ascend_live_allocations")
+    }
+
+    fn live_mappings(&self) -> u64 {
+        self.counter("fake_ascend_live_mappings")
+    }
+
+    fn violations(&self) -> u64 {
+        self.counter("fake_ascend_violations")
+    }
+
+    /// The fake's call log, one line per vendor call.
+    fn log(&self) -> Vec<String> {
+        // SAFETY: `size_t fake_ascend_call_log(char *buf, size_t cap)`; `buf` holds `cap` bytes.
+        let text = unsafe {
+            let f = self
+                .control
+                .get::<unsafe extern "C" fn(*mut c_char, usize) -> usize>(b"fake_ascend_call_log")
+                .unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = f(buf.as_mut_ptr().cast(), buf.len());
+                if n <= buf.len() {
+                    buf.truncate(n);
+                    break;
+                }
+                buf.resize(n, 0);
+            }
+            String::from_utf8(buf).unwrap()
+        };
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// Log lines of calls to `name`.
+    fn calls(&self, name: &str) -> Vec<String> {
+        let prefix = format!("{name} ");
+        self.log()
+            .into_iter()
+            .filter(|l| l.starts_with(&prefix))
+            .collect()
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        // The library stays mapped (never closed); removing its file is fine on Linux.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The path of the C library this process runs with (a real library lacking every vendor symbol).
+fn libc_path() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            let name = Path::new(p)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            name.starts_with("libc.so") || name.starts_with("libc-")
+        })
+        .map(PathBuf::from)
+        .expect("libc in /proc/self/maps")
+}
+
+fn hex(p: DevPtr) -> String {
+    format!("{:#x}", p.0)
+}
+
+#[test]
+fn round_trip_is_exact_and_counted() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    assert_eq!(d.platform(), "ascend");
+    assert_eq!(d.runtime_api(), RuntimeApi::Acl);
+    let p = d.alloc(100).unwrap();
+    assert!(
+        p.0 >= 0xa5c0_0000_0000_0000,
+        "device address {p} looks like a host pointer"
+    );
+    let data: Vec<u8> = (0..100u8).collect();
+    d.copy_h2d(p, &data).unwrap();
+    let mut out = [0u8; 40];
+    d.copy_d2h(&mut out, DevPtr(p.0 + 60)).unwrap();
+    assert_eq!(out[..], data[60..]);
+    d.free(p).unwrap();
+    let s = d.stats();
+    assert_eq!(
+        (
+            s.allocs,
+            s.frees,
+            s.h2d_calls,
+            s.h2d_bytes,
+            s.d2h_calls,
+            s.d2h_bytes
+        ),
+        (1, 1, 1, 100, 1, 40)
+    );
+    assert_eq!(
+        (s.live_allocations, s.live_bytes, s.peak_bytes),
+        (0, 0, 100)
+    );
+    let ops: Vec<Op> = d.call_log().iter().map(|c| c.op).collect();
+    assert_eq!(ops, [Op::Alloc, Op::H2d, Op::D2h, Op::Free]);
+    // Vendor side: one call each, with the huge-first policy (0) and the right kinds.
+    assert_eq!(fake.calls("aclInit").len(), 1);
+    assert_eq!(fake.calls("aclrtSetDevice"), ["aclrtSetDevice 0 -> 0"]);
+    let malloc = fake.calls("aclrtMalloc");
+    assert_eq!(malloc.len(), 1);
+    assert!(malloc[0].contains(" 100 HugeFirst "), "{malloc:?}");
+    let memcpy = fake.calls("aclrtMemcpy");
+    assert_eq!(memcpy.len(), 2);
+    assert!(
+        memcpy[0].contains("kind=1") && memcpy[1].contains("kind=2"),
+        "{memcpy:?}"
+    );
+    assert_eq!(
+        fake.calls("aclrtFree"),
+        [format!("aclrtFree {} -> 0", hex(p))]
+    );
+    assert_eq!(fake.live_allocations(), 0);
+}
+
+#[test]
+fn invalid_calls_fail_before_any_vendor_call() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    let e = d.alloc(0).unwrap_err();
+    assert_eq!((e.op, e.call.as_str()), (Op::Alloc, "aclrtMalloc"));
+    assert!(e.to_string().contains("zero-byte"), "{e}");
+    assert!(fake.calls("aclrtMalloc").is_empty());
+
+    let p = d.alloc(16).unwrap();
+    let e = d.copy_h2d(DevPtr(p.0 + 8), &[0u8; 9]).unwrap_err();
+    assert_eq!((e.op, e.call.as_str()), (Op::H2d, "aclrtMemcpy"));
+    assert!(e.to_string().contains("runs past its allocation"), "{e}");
+    let e = d.copy_d2h(&mut [0u8; 4], DevPtr(p.0 + 16)).unwrap_err();
+    assert_eq!(e.op, Op::D2h);
+    assert!(fake.calls("aclrtMemcpy").is_empty());
+    assert!(d.free(DevPtr(p.0 + 1)).is_err());
+    d.free(p).unwrap();
+    let e = d.free(p).unwrap_err();
+    assert!(e.to_string().contains("already freed"), "{e}");
+    assert!(d.copy_h2d(p, &[1]).is_err());
+    assert_eq!(fake.calls("aclrtFree").len(), 1);
+    assert_eq!(d.stats().h2d_calls, 0);
+}
+
+#[test]
+fn small_allocations_mirror_and_large_ones_map_on_the_same_device() {
+    let fake = Fake::standard();
+    fake.set_map("min:4096");
+    let d = fake.open();
+    let small = d.alloc(64).unwrap();
+    let big = d.alloc(8192).unwrap();
+    match d.map_host(small, 64).unwrap() {
+        MapGrant::Refused { code, reason } => {
+            assert_eq!(code, NOT_SUPPORT);
+            assert!(reason.contains("DRV_ERROR_NOT_SUPPORT"), "{reason}");
+        }
+        MapGrant::Mapped { .. } => panic!("a 64-byte allocation must be refused"),
+    }
+    let MapGrant::Mapped { mem, offset } = d.map_host(big, 8192).unwrap() else {
+        panic!("an 8 KiB allocation must map")
+    };
+    assert_eq!((offset, mem.len()), (0, 8192));
+    assert!(
+        mem.owned_addr().is_none(),
+        "a vendor mapping is foreign memory"
+    );
+    // The mapping and the copies see the same bytes.
+    mem.write(100, &[1, 2, 3]).unwrap();
+    let mut b = [0u8; 3];
+    d.copy_d2h(&mut b, DevPtr(big.0 + 100)).unwrap();
+    assert_eq!(b, [1, 2, 3]);
+    d.copy_h2d(DevPtr(big.0 + 8000), &[9; 4]).unwrap();
+    let mut m = [0u8; 4];
+    mem.read(8000, &mut m).unwrap();
+    assert_eq!(m, [9; 4]);
+    // Mapping twice is an invalid call (the HAL would answer PARA_ERROR), not a refusal.
+    let e = d.map_host(big, 16).unwrap_err();
+    assert_eq!(e.code, 8);
+    // Free refuses a mapped allocation; nothing reaches the runtime.
+    let e = d.free(big).unwrap_err();
+    assert!(e.to_string().contains("unmap first"), "{e}");
+    assert!(fake.calls("aclrtFree").is_empty());
+    d.unmap_host(big).unwrap();
+    assert_eq!(mem.read(0, &mut m), Err(HostMemError::Revoked));
+    assert!(d.unmap_host(big).is_err());
+    assert!(d.unmap_host(small).is_err());
+    d.free(big).unwrap();
+    d.free(small).unwrap();
+    let s = d.stats();
+    assert_eq!(
+        (s.maps, s.map_refusals, s.unmaps, s.live_mappings),
+        (2, 1, 1, 0)
+    );
+    assert_eq!(fake.calls("halHostRegister").len(), 2);
+    assert_eq!((fake.live_mappings(), fake.violations()), (0, 0));
+    let refused: Vec<_> = d
+        .call_log()
+        .into_iter()
+        .filter(|c| c.op == Op::Map && c.code == NOT_SUPPORT)
+        .collect();
+    assert_eq!(refused.len(), 1, "the refusal is recorded in the call log");
+}
+
+#[test]
+fn ordinary_pages_are_refused_and_huge_only_makes_small_allocations_mappable() {
+    let fake = Fake::standard();
+    fake.set_map("pages");
+    let d = fake.open();
+    let small = d.alloc(4096).unwrap();
+    let large = d.alloc(2 << 20).unwrap();
+    assert!(matches!(
+        d.map_host(small, 4096).unwrap(),
+        MapGrant::Refused {
+            code: NOT_SUPPORT,
+            ..
+        }
+    ));
+    assert!(matches!(
+        d.map_host(large, 2 << 20).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    drop(d);
+
+    let fake = Fake::standard();
+    fake.set_map("pages");
+    let d = AscendDevice::open(AscendConfig {
+        malloc_policy: MallocPolicy::HugeOnly,
+        ..fake.config()
+    })
+    .unwrap();
+    let small = d.alloc(4096).unwrap();
+    assert!(fake.calls("aclrtMalloc")[0].contains("HugeOnly"));
+    assert!(matches!(
+        d.map_host(small, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    let r = d.close();
+    assert_eq!((r.leaked_mappings, r.leaked_allocations), (1, 1));
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}
+
+#[test]
+fn stub_style_null_success_is_a_refusal() {
+    let fake = Fake::standard();
+    fake.set_map("stubnull");
+    let d = fake.open();
+    let p = d.alloc(1 << 20).unwrap();
+    match d.map_host(p, 1 << 20).unwrap() {
+        MapGrant::Refused { code, reason } => {
+            assert_eq!(code, 0);
+            assert!(reason.contains("no host pointer"), "{reason}");
+        }
+        MapGrant::Mapped { .. } => panic!("a null out-pointer must not be a mapping"),
+    }
+    let s = d.stats();
+    assert_eq!((s.maps, s.map_refusals, s.live_mappings), (1, 1, 0));
+    // Nothing to unregister: the free goes straight through.
+    d.free(p).unwrap();
+    assert!(fake.calls("halHostUnregister").is_empty());
+}
+
+#[test]
+fn every_unregister_precedes_the_matching_free() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    let ptrs: Vec<DevPtr> = (1..=4).map(|i| d.alloc(i * 4096).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert!(matches!(
+            d.map_host(p, (i as u64 + 1) * 4096).unwrap(),
+            MapGrant::Mapped { .. }
+        ));
+    }
+    // One unmapped and freed explicitly; the rest left for close.
+    d.unmap_host(ptrs[0]).unwrap();
+    d.free(ptrs[0]).unwrap();
+    let r = d.close();
+    assert_eq!((r.leaked_mappings, r.leaked_allocations), (3, 3));
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+
+    let log = fake.log();
+    let index = |prefix: &str| {
+        log.iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in {log:#?}"))
+    };
+    for &p in &ptrs {
+        let unregister = index(&format!("halHostUnregister {} ", hex(p)));
+        let free = index(&format!("aclrtFree {} ", hex(p)));
+        assert!(
+            unregister < free,
+            "free before unregister for {p}: {log:#?}"
+        );
+    }
+    assert!(log.iter().all(|l| !l.contains("STILL-MAPPED")), "{log:#?}");
+    assert_eq!(fake.violations(), 0);
+    assert_eq!((fake.live_allocations(), fake.live_mappings()), (0, 0));
+    // Close released the device too.
+    assert_eq!(fake.calls("aclrtResetDevice"), ["aclrtResetDevice 0 -> 0"]);
+}
+
+#[test]
+fn a_failed_unregister_keeps_the_allocation_alive_until_it_succeeds() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    let p = d.alloc(4096).unwrap();
+    let MapGrant::Mapped { mem, .. } = d.map_host(p, 4096).unwrap() else {
+        panic!("must map")
+    };
+    fake.inject("halHostUnregister", 1, 7);
+    let e = d.unmap_host(p).unwrap_err();
+    assert_eq!((e.call.as_str(), e.code), ("halHostUnregister", 7));
+    assert!(e.to_string().contains("DRV_ERROR_INNER_ERR"), "{e}");
+    // The host side is gone already; the allocation cannot be freed yet.
+    assert_eq!(mem.read(0, &mut [0u8; 1]), Err(HostMemError::Revoked));
+    assert!(d.free(p).is_err());
+    d.unmap_host(p).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(fake.violations(), 0);
+}
+
+#[test]
+fn the_hal_gets_the_physical_device_id() {
+    let fake = Fake::standard();
+    let d = AscendDevice::open(AscendConfig {
+        device_id: 1,
+        visible_devices: Some("3,5".to_string()),
+        ..fake.config()
+    })
+    .unwrap();
+    assert_eq!((d.device_id(), d.hal_device_id()), (1, 5));
+    let p = d.alloc(4096).unwrap();
+    assert!(matches!(
+        d.map_host(p, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    d.unmap_host(p).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(fake.calls("aclrtSetDevice"), ["aclrtSetDevice 1 -> 0"]);
+    let reg = fake.calls("halHostRegister");
+    assert!(reg[0].contains("devid=5"), "{reg:?}");
+    assert_eq!(
+        fake.calls("halHostUnregister"),
+        [format!("halHostUnregister {} devid=5 -> 0", hex(p))]
+    );
+
+    // A logical id the list does not cover is a configuration error, before any library call.
+    let e = AscendDevice::open(AscendConfig {
+        device_id: 2,
+        visible_devices: Some("3,5".to_string()),
+        ..fake.config()
+    })
+    .unwrap_err();
+    assert!(matches!(e, LoadError::Config { .. }), "{e:?}");
+    assert!(e.to_string().contains("ASCEND_RT_VISIBLE_DEVICES"), "{e}");
+}
+
+#[test]
+fn an_injected_memcpy_failure_names_the_call_and_code_and_leaks_nothing() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    let p = d.alloc(256).unwrap();
+    fake.inject("aclrtMemcpy", 1, 507_000);
+    let e = d.copy_h2d(p, &[1u8; 256]).unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.code, e.code_name.as_str()),
+        (
+            Op::H2d,
+            "aclrtMemcpy",
+            507_000,
+            "ACL_ERROR_RT_INTERNAL_ERROR"
+        )
+    );
+    let msg = e.to_string();
+    for needle in [
+        "aclrtMemcpy",
+        "507000",
+        "ACL_ERROR_RT_INTERNAL_ERROR",
+        &hex(p),
+        "256 bytes",
+    ] {
+        assert!(msg.contains(needle), "{needle} missing from: {msg}");
+    }
+    assert_eq!(d.stats().h2d_calls, 0, "a failed copy is not counted");
+    assert_eq!(d.call_log().last().unwrap().code, 507_000);
+    // The device stays usable and nothing leaks.
+    d.copy_h2d(p, &[2u8; 256]).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(d.stats().live_allocations, 0);
+    assert_eq!(fake.live_allocations(), 0);
+    assert_eq!(d.close(), Default::default());
+
+    // A fault injected through the Device trait fails before the vendor call, with its name.
+    let q = d.alloc(8).unwrap();
+    let before = fake.calls("aclrtMemcpy").len();
+    d.inject_fault(Op::D2h, 1, None).unwrap();
+    let e = d.copy_d2h(&mut [0u8; 8], q).unwrap_err();
+    assert_eq!((e.call.as_str(), e.code), ("aclrtMemcpy", 507_000));
+    assert_eq!(fake.calls("aclrtMemcpy").len(), before);
+    d.free(q).unwrap();
+    assert_eq!(fake.live_allocations(), 0);
+}
+
+#[test]
+fn missing_libraries_are_errors_naming_library_and_paths() {
+    // Nothing at all: both runtime alternatives are reported with their paths.
+    let fake = Fake::with_links(&[]);
+    let e = AscendDevice::open(fake.config()).unwrap_err();
+    assert!(matches!(e, LoadError::NoAlternative { .. }), "{e:?}");
+    let msg = e.to_string();
+    for name in ["libascendcl.so", "libruntime.so"] {
+        let path = fake.dir.join(name);
+        assert!(
+            msg.contains(&path.display().to_string()),
+            "{path:?} missing from: {msg}"
+        );
+    }
+
+    // A runtime but no HAL.
+    let fake = Fake::with_links(&["libascendcl.so"]);
+    let e = AscendDevice::open(fake.config()).unwrap_err();
+    let LoadError::Library { library, tried } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(library, "libascend_hal.so");
+    let paths: Vec<&str> = tried.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [fake.dir.join("libascend_hal.so").display().to_string()]
+    );
+    assert!(e.to_string().contains("libascend_hal.so"), "{e}");
+}
+
+#[test]
+fn a_missing_symbol_is_an_error_naming_library_path_and_symbol() {
+    let fake = Fake::with_links(&["libascendcl.so"]);
+    let libc = libc_path();
+    fake.link("libascend_hal.so", &libc);
+    let e = AscendDevice::open(fake.config()).unwrap_err();
+    let LoadError::Symbol {
+        library,
+        path,
+        symbol,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (library.as_str(), symbol.as_str()),
+        ("libascend_hal.so", "halHostRegister")
+    );
+    assert_eq!(
+        path,
+        &fake.dir.join("libascend_hal.so").display().to_string()
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("halHostRegister") && msg.contains(path.as_str()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_rt_runtime_is_used_where_acl_is_absent() {
+    for acl_is_libc in [false, true] {
+        let fake = Fake::with_links(&["libruntime.so", "libascend_hal.so"]);
+        if acl_is_libc {
+            // libascendcl.so opens but lacks the acl symbols.
+            fake.link("libascendcl.so", &libc_path());
+        }
+        let d = fake.open();
+        assert_eq!(d.runtime_api(), RuntimeApi::Rt);
+        assert!(d.runtime_library().ends_with("libruntime.so"));
+        let p = d.alloc(64).unwrap();
+        d.copy_h2d(p, &[5u8; 64]).unwrap();
+        let mut out = [0u8; 64];
+        d.copy_d2h(&mut out, p).unwrap();
+        assert_eq!(out, [5u8; 64]);
+        assert!(matches!(
+            d.map_host(p, 64).unwrap(),
+            MapGrant::Mapped { .. }
+        ));
+        fake.inject("rtMemcpy", 1, 207_001);
+        let e = d.copy_h2d(p, &[1]).unwrap_err();
+        assert_eq!(
+            (e.call.as_str(), e.code_name.as_str()),
+            ("rtMemcpy", "ACL_ERROR_RT_MEMORY_ALLOCATION")
+        );
+        let r = d.close();
+        assert_eq!((r.leaked_mappings, r.leaked_allocations), (1, 1));
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let log = fake.log();
+        assert!(log.iter().all(|l| !l.starts_with("acl")), "{log:#?}");
+        assert_eq!(fake.calls("rtSetDevice").len(), 1);
+        assert!(fake.calls("rtMalloc")[0].contains("HugeFirst"));
+        assert_eq!(fake.calls("rtFree").len(), 1);
+        assert_eq!(fake.calls("rtDeviceReset").len(), 1);
+        assert_eq!((fake.violations(), fake.live_allocations()), (0, 0));
+    }
+}
+
+#[test]
+fn drop_releases_everything_and_the_last_device_finalizes() {
+    let fake = Fake::standard();
+    let a = fake.open();
+    let b = fake.open();
+    let p = a.alloc(4096).unwrap();
+    assert!(matches!(
+        a.map_host(p, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    drop(a);
+    assert_eq!((fake.live_allocations(), fake.live_mappings()), (0, 0));
+    assert!(fake.calls("aclFinalize").is_empty(), "b still uses ACL");
+    drop(b);
+    assert_eq!(fake.calls("aclInit").len(), 1);
+    assert_eq!(fake.calls("aclFinalize"), ["aclFinalize - -> 0"]);
+    assert_eq!(fake.violations(), 0);
+}
+
+#[test]
+fn a_failing_set_device_is_an_open_error_and_releases_acl() {
+    let fake = Fake::standard();
+    let e = AscendDevice::open(AscendConfig {
+        device_id: 8, // the fake has devices 0..8
+        ..fake.config()
+    })
+    .unwrap_err();
+    let LoadError::Init {
+        call, code_name, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (call.as_str(), code_name.as_str()),
+        ("aclrtSetDevice", "ACL_ERROR_INVALID_DEVICE")
+    );
+    assert_eq!(fake.calls("aclFinalize").len(), 1, "{:#?}", fake.log());
+    // A later open initializes again and works.
+    let d = fake.open();
+    d.free(d.alloc(8).unwrap()).unwrap();
+}
+
+#[test]
+fn a_device_is_usable_from_several_threads() {
+    let fake = Fake::standard();
+    let d = Arc::new(fake.open());
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                for i in 0..20u8 {
+                    let p = d.alloc(64).unwrap();
+                    d.copy_h2d(p, &[t ^ i; 64]).unwrap();
+                    let mut out = [0u8; 64];
+                    d.copy_d2h(&mut out, p).unwrap();
+                    assert_eq!(out, [t ^ i; 64]);
+                    d.free(p).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = d.stats();
+    assert_eq!((s.allocs, s.frees, s.live_allocations), (80, 80, 0));
+    // Each thread bound the device once (plus the opening thread).
+    assert_eq!(fake.calls("aclrtSetDevice").len(), 5);
+}
+
+#[test]
+fn the_fake_hal_rejects_double_registration_and_unknown_unregisters() {
+    type Reg =
+        unsafe extern "C" fn(*mut c_void, c_ulonglong, c_uint, c_uint, *mut *mut c_void) -> c_int;
+    type Unreg = unsafe extern "C" fn(*mut c_void, c_uint) -> c_int;
+    let fake = Fake::standard();
+    let d = fake.open();
+    let p = d.alloc(4096).unwrap();
+    // SAFETY: the symbols have exactly these C signatures (FFI.md); `out` is a valid out-pointer
+    // and `p` is a live allocation of the same fake instance.
+    unsafe {
+        let reg = *fake.control.get::<Reg>(b"halHostRegister").unwrap();
+        let unreg = *fake.control.get::<Unreg>(b"halHostUnregister").unwrap();
+        let mut out: *mut c_void = std::ptr::null_mut();
+        assert_eq!(reg(p.0 as *mut c_void, 4096, 2, 0, &mut out), 0);
+        assert!(!out.is_null());
+        assert_eq!(reg(p.0 as *mut c_void, 16, 2, 0, &mut out), 8, "PARA_ERROR");
+        assert_ne!(unreg((p.0 + 64) as *mut c_void, 0), 0);
+        assert_eq!(unreg(p.0 as *mut c_void, 0), 0);
+    }
+    d.free(p).unwrap();
+}
