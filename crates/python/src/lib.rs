@@ -31,16 +31,55 @@ fn to_py(e: Error) -> PyErr {
     Python::attach(|py| {
         let msg = e.to_string();
         match e {
-            Error::Device { phase, tensor, source } => {
+            Error::Device {
+                phase,
+                tensor,
+                source,
+            } => {
                 let attrs = [
-                    ("op", source.op.name().into_pyobject(py).unwrap().into_any().unbind()),
-                    ("code", source.code.into_pyobject(py).unwrap().into_any().unbind()),
-                    ("code_name", source.code_name.into_pyobject(py).unwrap().into_any().unbind()),
-                    ("call", source.call.into_pyobject(py).unwrap().into_any().unbind()),
-                    ("phase", phase.name().into_pyobject(py).unwrap().into_any().unbind()),
-                    ("tensor", tensor.into_pyobject(py).unwrap().into_any().unbind()),
-                    ("addr", source.addr.into_pyobject(py).unwrap().into_any().unbind()),
-                    ("nbytes", source.bytes.into_pyobject(py).unwrap().into_any().unbind()),
+                    (
+                        "op",
+                        source
+                            .op
+                            .name()
+                            .into_pyobject(py)
+                            .unwrap()
+                            .into_any()
+                            .unbind(),
+                    ),
+                    (
+                        "code",
+                        source.code.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "code_name",
+                        source
+                            .code_name
+                            .into_pyobject(py)
+                            .unwrap()
+                            .into_any()
+                            .unbind(),
+                    ),
+                    (
+                        "call",
+                        source.call.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "phase",
+                        phase.name().into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "tensor",
+                        tensor.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "addr",
+                        source.addr.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
+                    (
+                        "nbytes",
+                        source.bytes.into_pyobject(py).unwrap().into_any().unbind(),
+                    ),
                 ];
                 raise(py, "DeviceError", msg, &attrs)
             }
@@ -81,7 +120,9 @@ fn direction(d: &str) -> PyResult<Direction> {
         "IN" => Ok(Direction::In),
         "OUT" => Ok(Direction::Out),
         "INOUT" => Ok(Direction::InOut),
-        _ => Err(value_err(format!("direction must be IN, OUT or INOUT, not {d}"))),
+        _ => Err(value_err(format!(
+            "direction must be IN, OUT or INOUT, not {d}"
+        ))),
     }
 }
 
@@ -96,7 +137,10 @@ fn geometry(
         v.iter()
             .map(|&x| {
                 u64::try_from(x).map_err(|_| {
-                    to_py(Error::geometry(what, format!("negative {field} entry {x} in {v:?}")))
+                    to_py(Error::geometry(
+                        what,
+                        format!("negative {field} entry {x} in {v:?}"),
+                    ))
                 })
             })
             .collect()
@@ -111,11 +155,17 @@ fn geometry(
 fn index(idx: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     let one = |o: &Bound<'_, PyAny>| -> PyResult<i64> {
         if o.is_instance_of::<pyo3::types::PyBool>() || o.is_instance_of::<pyo3::types::PyFloat>() {
-            return Err(to_py(Error::Type(format!("tensor index entries must be integers, not {o}"))));
+            return Err(to_py(Error::Type(format!(
+                "tensor index entries must be integers, not {o}"
+            ))));
         }
         o.call_method0("__index__")
             .and_then(|i| i.extract::<i64>())
-            .map_err(|_| to_py(Error::Type(format!("tensor index entries must be integers, not {o}"))))
+            .map_err(|_| {
+                to_py(Error::Type(format!(
+                    "tensor index entries must be integers, not {o}"
+                )))
+            })
     };
     if let Ok(t) = idx.cast::<PyTuple>() {
         return t.iter().map(|o| one(&o)).collect();
@@ -142,7 +192,9 @@ fn value(v: &Bound<'_, PyAny>) -> PyResult<Value> {
         if let Ok(x) = i.extract::<u64>() {
             return Ok(Value::UInt(x));
         }
-        return Err(to_py(Error::Value(format!("integer {v} does not fit 64 bits"))));
+        return Err(to_py(Error::Value(format!(
+            "value {v} out of range: it does not fit 64 bits"
+        ))));
     }
     if let Ok(f) = v.call_method0("__float__") {
         return Ok(Value::Float(f.extract()?));
@@ -158,7 +210,10 @@ fn value_py(py: Python<'_>, v: Value) -> PyResult<Py<PyAny>> {
         Value::Int(i) => i.into_pyobject(py)?.into_any().unbind(),
         Value::UInt(u) => u.into_pyobject(py)?.into_any().unbind(),
         Value::Float(f) => f.into_pyobject(py)?.into_any().unbind(),
-        Value::Bool(b) => pyo3::types::PyBool::new(py, b).to_owned().into_any().unbind(),
+        Value::Bool(b) => pyo3::types::PyBool::new(py, b)
+            .to_owned()
+            .into_any()
+            .unbind(),
     })
 }
 
@@ -171,7 +226,10 @@ fn report_py(py: Python<'_>, r: &RunReport) -> PyResult<Py<PyAny>> {
     for (k, v) in r.counters.entries() {
         counters.set_item(k, v)?;
     }
-    Ok((phases, counters, r.ok).into_pyobject(py)?.into_any().unbind())
+    Ok((phases, counters, r.ok)
+        .into_pyobject(py)?
+        .into_any()
+        .unbind())
 }
 
 // ---- host windows ---------------------------------------------------------------------------
@@ -206,7 +264,11 @@ impl PyHostWindow {
     fn layout(&self) -> (&'static str, Vec<u64>, Vec<u64>) {
         let g = &self.win.geometry;
         let es = g.dtype().size();
-        (g.dtype().name(), g.shape().to_vec(), g.strides().iter().map(|s| s * es).collect())
+        (
+            g.dtype().name(),
+            g.shape().to_vec(),
+            g.strides().iter().map(|s| s * es).collect(),
+        )
     }
 
     /// True when no copy was made to produce these bytes.
@@ -244,12 +306,23 @@ impl PyWorker {
         device_id: Option<u32>,
     ) -> PyResult<Self> {
         let staging = Staging::parse(staging).py()?;
-        let spec = DeviceSpec { platform: platform.to_owned(), svm, poison, capacity, device_id };
+        let spec = DeviceSpec {
+            platform: platform.to_owned(),
+            svm,
+            poison,
+            capacity,
+            device_id,
+        };
         let dev = open_device(&spec).map_err(|e| match e {
             OpenError::Invalid(m) => value_err(m),
-            other => Python::attach(|py| raise(py, "PlatformUnavailableError", other.to_string(), &[])),
+            other => {
+                Python::attach(|py| raise(py, "PlatformUnavailableError", other.to_string(), &[]))
+            }
         })?;
-        Ok(PyWorker { inner: Arc::new(Mutex::new(Worker::new(dev, staging))), platform: platform.to_owned() })
+        Ok(PyWorker {
+            inner: Arc::new(Mutex::new(Worker::new(dev, staging))),
+            platform: platform.to_owned(),
+        })
     }
 
     #[getter]
@@ -271,21 +344,37 @@ impl PyWorker {
     }
 
     fn _malloc(&self, py: Python<'_>, nbytes: u64) -> PyResult<u64> {
-        py.detach(|| lock(&self.inner).malloc(nbytes)).py().map(|p| p.0)
+        py.detach(|| lock(&self.inner).malloc(nbytes))
+            .py()
+            .map(|p| p.0)
     }
 
     fn _free(&self, py: Python<'_>, ptr: u64) -> PyResult<()> {
         py.detach(|| lock(&self.inner).free(DevPtr(ptr))).py()
     }
 
-    fn _copy_to(&self, py: Python<'_>, ptr: u64, offset: u64, src: PyReadonlyArray1<'_, u8>) -> PyResult<()> {
+    fn _copy_to(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        offset: u64,
+        src: PyReadonlyArray1<'_, u8>,
+    ) -> PyResult<()> {
         let s = src.as_slice()?;
-        py.detach(|| lock(&self.inner).copy_to(DevPtr(ptr), offset, s)).py()
+        py.detach(|| lock(&self.inner).copy_to(DevPtr(ptr), offset, s))
+            .py()
     }
 
-    fn _copy_from(&self, py: Python<'_>, ptr: u64, offset: u64, mut dst: PyReadwriteArray1<'_, u8>) -> PyResult<()> {
+    fn _copy_from(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        offset: u64,
+        mut dst: PyReadwriteArray1<'_, u8>,
+    ) -> PyResult<()> {
         let d = dst.as_slice_mut()?;
-        py.detach(|| lock(&self.inner).copy_from(DevPtr(ptr), offset, d)).py()
+        py.detach(|| lock(&self.inner).copy_from(DevPtr(ptr), offset, d))
+            .py()
     }
 
     #[pyo3(signature = (what, ptr, dtype, shape, strides, offset))]
@@ -306,7 +395,12 @@ impl PyWorker {
     /// `(nbytes, extent)` of a geometry, checked (for host arrays).
     #[staticmethod]
     #[pyo3(signature = (what, dtype, shape, strides))]
-    fn _extent(what: &str, dtype: &str, shape: Vec<i64>, strides: Option<Vec<i64>>) -> PyResult<(u64, u64)> {
+    fn _extent(
+        what: &str,
+        dtype: &str,
+        shape: Vec<i64>,
+        strides: Option<Vec<i64>>,
+    ) -> PyResult<(u64, u64)> {
         let g = geometry(what, dtype, shape, strides, 0)?;
         Ok((g.nbytes(), g.extent()))
     }
@@ -330,10 +424,14 @@ impl PyWorker {
     #[pyo3(signature = (op, nth=1, code=None))]
     fn inject_fault(&self, op: &str, nth: u64, code: Option<i64>) -> PyResult<()> {
         let o = Op::parse(op).ok_or_else(|| {
-            value_err(format!("unknown driver operation '{op}' (alloc, free, h2d, d2h, map, unmap)"))
+            value_err(format!(
+                "unknown driver operation '{op}' (alloc, free, h2d, d2h, map, unmap)"
+            ))
         })?;
         let w = lock(&self.inner);
-        w.device().inject_fault(o, nth, code).map_err(|e| value_err(e.to_string()))
+        w.device()
+            .inject_fault(o, nth, code)
+            .map_err(|e| value_err(e.to_string()))
     }
 
     fn clear_faults(&self) {
@@ -341,7 +439,12 @@ impl PyWorker {
     }
 
     fn call_log(&self) -> Vec<(&'static str, u64, u64, i64)> {
-        lock(&self.inner).device().call_log().iter().map(|c| (c.op.name(), c.addr, c.bytes, c.code)).collect()
+        lock(&self.inner)
+            .device()
+            .call_log()
+            .iter()
+            .map(|c| (c.op.name(), c.addr, c.bytes, c.code))
+            .collect()
     }
 
     fn _host_view_info(&self, ptr: u64) -> PyResult<Option<&'static str>> {
@@ -359,7 +462,12 @@ impl PyWorker {
         d.set_item("resident_sets", s.resident_sets)?;
         d.set_item("leaked_allocations", s.device.leaked_allocations)?;
         d.set_item("leaked_mappings", s.device.leaked_mappings)?;
-        let errs: Vec<String> = s.errors.iter().map(|e| e.to_string()).chain(s.device.errors.iter().map(|e| e.to_string())).collect();
+        let errs: Vec<String> = s
+            .errors
+            .iter()
+            .map(|e| e.to_string())
+            .chain(s.device.errors.iter().map(|e| e.to_string()))
+            .collect();
         d.set_item("errors", errs)?;
         Ok(d)
     }
@@ -381,11 +489,17 @@ impl PyWorker {
     ) -> PyResult<u64> {
         let d = direction(dir)?;
         let s = host.as_slice()?;
-        py.detach(|| lock(&self.inner).resident_add(set, name, nbytes, d, s)).py().map(|p| p.0)
+        py.detach(|| lock(&self.inner).resident_add(set, name, nbytes, d, s))
+            .py()
+            .map(|p| p.0)
     }
 
     fn _resident_release(&self, py: Python<'_>, set: u64) -> PyResult<Vec<PyErr>> {
-        Ok(py.detach(|| lock(&self.inner).resident_release(set)).into_iter().map(to_py).collect())
+        Ok(py
+            .detach(|| lock(&self.inner).resident_release(set))
+            .into_iter()
+            .map(to_py)
+            .collect())
     }
 
     fn _resident_is_open(&self, set: u64) -> bool {
@@ -405,13 +519,25 @@ impl PyWorker {
             let name: String = a.get_item(1)?.extract()?;
             let what = format!("tensor {name}");
             if kind == "staged" {
-                let g = geometry(&what, &a.get_item(2)?.extract::<String>()?, a.get_item(3)?.extract()?, a.get_item(4)?.extract()?, 0)?;
+                let g = geometry(
+                    &what,
+                    &a.get_item(2)?.extract::<String>()?,
+                    a.get_item(3)?.extract()?,
+                    a.get_item(4)?.extract()?,
+                    0,
+                )?;
                 let dir = direction(&a.get_item(5)?.extract::<String>()?)?;
                 arrays.push(Some(a.get_item(6)?.extract()?));
                 specs.push((name, g, dir, None));
             } else {
                 let ptr: u64 = a.get_item(2)?.extract()?;
-                let g = geometry(&what, &a.get_item(3)?.extract::<String>()?, a.get_item(4)?.extract()?, a.get_item(5)?.extract()?, a.get_item(6)?.extract()?)?;
+                let g = geometry(
+                    &what,
+                    &a.get_item(3)?.extract::<String>()?,
+                    a.get_item(4)?.extract()?,
+                    a.get_item(5)?.extract()?,
+                    a.get_item(6)?.extract()?,
+                )?;
                 let dir = direction(&a.get_item(7)?.extract::<String>()?)?;
                 arrays.push(None);
                 specs.push((name, g, dir, Some(ptr)));
@@ -420,8 +546,18 @@ impl PyWorker {
         let mut bind = Vec::with_capacity(specs.len());
         for ((name, geometry, dir, ptr), arr) in specs.into_iter().zip(&arrays) {
             bind.push(match (ptr, arr) {
-                (Some(p), _) => BindArg::Device { name, ptr: DevPtr(p), geometry, dir },
-                (None, Some(arr)) => BindArg::Staged { name, geometry, dir, host: arr.as_slice()? },
+                (Some(p), _) => BindArg::Device {
+                    name,
+                    ptr: DevPtr(p),
+                    geometry,
+                    dir,
+                },
+                (None, Some(arr)) => BindArg::Staged {
+                    name,
+                    geometry,
+                    dir,
+                    host: arr.as_slice()?,
+                },
                 (None, None) => unreachable!("staged args carry an array"),
             });
         }
@@ -430,14 +566,28 @@ impl PyWorker {
 
     fn _tensor(&self, gen: u64, arg: usize) -> PyResult<TensorHandle> {
         let (name, g, dir) = lock(&self.inner).run_arg(gen, arg).py()?;
-        Ok(TensorHandle { worker: self.inner.clone(), gen, arg, name, geometry: g, dir })
+        Ok(TensorHandle {
+            worker: self.inner.clone(),
+            gen,
+            arg,
+            name,
+            geometry: g,
+            dir,
+        })
     }
 
-    fn _submit(&self, gen: u64, tensors: Vec<(PyRef<'_, TensorHandle>, String)>) -> PyResult<usize> {
+    fn _submit(
+        &self,
+        gen: u64,
+        tensors: Vec<(PyRef<'_, TensorHandle>, String)>,
+    ) -> PyResult<usize> {
         let mut ts = Vec::with_capacity(tensors.len());
         for (t, d) in tensors {
             if t.gen != gen {
-                return Err(to_py(Error::State(format!("tensor {} belongs to another run", t.name))));
+                return Err(to_py(Error::State(format!(
+                    "tensor {} belongs to another run",
+                    t.name
+                ))));
             }
             ts.push((t.arg, t.geometry.clone(), direction(&d)?));
         }
@@ -449,8 +599,16 @@ impl PyWorker {
     }
 
     fn _task_buffers(&self, py: Python<'_>, gen: u64, task: usize) -> PyResult<Vec<PyHostWindow>> {
-        let wins = py.detach(|| lock(&self.inner).task_buffers(gen, task)).py()?;
-        Ok(wins.into_iter().map(|win| PyHostWindow { win, readonly: false }).collect())
+        let wins = py
+            .detach(|| lock(&self.inner).task_buffers(gen, task))
+            .py()?;
+        Ok(wins
+            .into_iter()
+            .map(|win| PyHostWindow {
+                win,
+                readonly: false,
+            })
+            .collect())
     }
 
     fn _finish_task(&self, py: Python<'_>, gen: u64, task: usize) -> PyResult<()> {
@@ -465,7 +623,12 @@ impl PyWorker {
         lock(&self.inner).fail_run(gen)
     }
 
-    fn _copy_back(&self, py: Python<'_>, gen: u64, hosts: Vec<Option<PyReadwriteArray1<'_, u8>>>) -> PyResult<()> {
+    fn _copy_back(
+        &self,
+        py: Python<'_>,
+        gen: u64,
+        hosts: Vec<Option<PyReadwriteArray1<'_, u8>>>,
+    ) -> PyResult<()> {
         let mut hosts = hosts;
         let mut slices: Vec<Option<&mut [u8]>> = Vec::with_capacity(hosts.len());
         for h in hosts.iter_mut() {
@@ -474,7 +637,8 @@ impl PyWorker {
                 None => None,
             });
         }
-        py.detach(|| lock(&self.inner).copy_back(gen, &mut slices)).py()
+        py.detach(|| lock(&self.inner).copy_back(gen, &mut slices))
+            .py()
     }
 
     fn _finish_run(&self, py: Python<'_>, gen: u64) -> PyResult<Py<PyAny>> {
@@ -525,7 +689,10 @@ impl TensorHandle {
 
     /// A sub-view: `shape` elements starting at `offsets`, per dimension.
     fn view(&self, shape: Vec<i64>, offsets: Vec<i64>) -> PyResult<TensorHandle> {
-        let g = self.geometry.view(&format!("tensor {}", self.name), &shape, &offsets).py()?;
+        let g = self
+            .geometry
+            .view(&format!("tensor {}", self.name), &shape, &offsets)
+            .py()?;
         Ok(TensorHandle {
             worker: self.worker.clone(),
             gen: self.gen,
@@ -555,7 +722,10 @@ struct Orchestrator {
 
 fn check_handle(w: &Shared, t: &TensorHandle) -> PyResult<()> {
     if !Arc::ptr_eq(w, &t.worker) {
-        return Err(to_py(Error::State(format!("tensor {} belongs to another worker", t.name))));
+        return Err(to_py(Error::State(format!(
+            "tensor {} belongs to another worker",
+            t.name
+        ))));
     }
     Ok(())
 }
@@ -564,29 +734,50 @@ fn check_handle(w: &Shared, t: &TensorHandle) -> PyResult<()> {
 impl Orchestrator {
     #[new]
     fn new(worker: PyRef<'_, PyWorker>) -> Self {
-        Orchestrator { worker: worker.inner.clone() }
+        Orchestrator {
+            worker: worker.inner.clone(),
+        }
     }
 
     /// The element of `t` at `idx` (an int for 1-D tensors, else a tuple), typed by its dtype.
-    fn get_tensor_data(&self, py: Python<'_>, t: PyRef<'_, TensorHandle>, idx: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    fn get_tensor_data(
+        &self,
+        py: Python<'_>,
+        t: PyRef<'_, TensorHandle>,
+        idx: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyAny>> {
         check_handle(&self.worker, &t)?;
         let i = index(idx)?;
-        let v = lock(&self.worker).orch_read(t.gen, t.arg, &t.geometry, &i).py()?;
+        let v = lock(&self.worker)
+            .orch_read(t.gen, t.arg, &t.geometry, &i)
+            .py()?;
         value_py(py, v)
     }
 
     /// Writes `value` at `idx` of `t`.
-    fn set_tensor_data(&self, t: PyRef<'_, TensorHandle>, idx: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn set_tensor_data(
+        &self,
+        t: PyRef<'_, TensorHandle>,
+        idx: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         check_handle(&self.worker, &t)?;
         let i = index(idx)?;
         let v = self::value(value)?;
-        lock(&self.worker).orch_write(t.gen, t.arg, &t.geometry, &i, v).py()
+        lock(&self.worker)
+            .orch_write(t.gen, t.arg, &t.geometry, &i, v)
+            .py()
     }
 
     fn _read_window(&self, t: PyRef<'_, TensorHandle>) -> PyResult<PyHostWindow> {
         check_handle(&self.worker, &t)?;
-        let win = lock(&self.worker).orch_read_tensor(t.gen, t.arg, &t.geometry).py()?;
-        Ok(PyHostWindow { win, readonly: true })
+        let win = lock(&self.worker)
+            .orch_read_tensor(t.gen, t.arg, &t.geometry)
+            .py()?;
+        Ok(PyHostWindow {
+            win,
+            readonly: true,
+        })
     }
 }
 
@@ -599,6 +790,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Orchestrator>()?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
-    m.add("__doc__", "Native core of simpler (see the `simpler` package).")?;
+    m.add(
+        "__doc__",
+        "Native core of simpler (see the `simpler` package).",
+    )?;
     Ok(())
 }

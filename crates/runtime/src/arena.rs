@@ -56,7 +56,12 @@ mod tests {
 
     #[test]
     fn slices_are_aligned_and_zero_takes_nothing() {
-        let ex = vec![("a".into(), 10), ("b".into(), 0), ("c".into(), 512), ("d".into(), 513)];
+        let ex = vec![
+            ("a".into(), 10),
+            ("b".into(), 0),
+            ("c".into(), 512),
+            ("d".into(), 513),
+        ];
         let (offs, total) = plan_slices(&ex).unwrap();
         assert_eq!(offs, vec![0, 512, 512, 1024]);
         assert_eq!(total, 2048);

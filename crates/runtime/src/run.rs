@@ -23,9 +23,19 @@ use crate::worker::{AllocInfo, Direction, Owner, Staging, Worker};
 pub enum BindArg<'a> {
     /// A host array: `host` is its byte extent (`geometry.extent()` bytes from its first
     /// element); `geometry` has offset 0.
-    Staged { name: String, geometry: Geometry, dir: Direction, host: &'a [u8] },
+    Staged {
+        name: String,
+        geometry: Geometry,
+        dir: Direction,
+        host: &'a [u8],
+    },
     /// A device tensor over the live buffer at `ptr` (resident pass-through).
-    Device { name: String, ptr: DevPtr, geometry: Geometry, dir: Direction },
+    Device {
+        name: String,
+        ptr: DevPtr,
+        geometry: Geometry,
+        dir: Direction,
+    },
 }
 
 /// Phase durations in nanoseconds.
@@ -130,7 +140,8 @@ struct RunArg {
 
 impl RunArg {
     fn span(&self) -> Option<(u64, u64)> {
-        self.alloc.map(|(p, _)| (p.0 + self.geometry.start_byte(), self.geometry.extent()))
+        self.alloc
+            .map(|(p, _)| (p.0 + self.geometry.start_byte(), self.geometry.extent()))
     }
 }
 
@@ -169,7 +180,12 @@ impl Intervals {
 
     fn overlaps(&self, start: u64, len: u64) -> bool {
         let end = start + len;
-        len > 0 && self.0.range(..end).next_back().is_some_and(|(_, &e)| e > start)
+        len > 0
+            && self
+                .0
+                .range(..end)
+                .next_back()
+                .is_some_and(|(_, &e)| e > start)
     }
 }
 
@@ -200,7 +216,9 @@ pub(crate) struct RunState {
 
 impl RunState {
     pub(crate) fn binds(&self, ptr: DevPtr) -> bool {
-        self.args.iter().any(|a| matches!(a.kind, ArgKind::Device) && a.alloc.is_some_and(|(p, _)| p == ptr))
+        self.args
+            .iter()
+            .any(|a| matches!(a.kind, ArgKind::Device) && a.alloc.is_some_and(|(p, _)| p == ptr))
     }
 
     fn lap(&mut self) -> u64 {
@@ -248,10 +266,22 @@ impl Worker {
         let stats_before = self.dev.stats();
         // Validate device tensors before any device work.
         for a in args {
-            if let BindArg::Device { name, ptr, geometry, .. } = a {
+            if let BindArg::Device {
+                name,
+                ptr,
+                geometry,
+                ..
+            } = a
+            {
                 self.check_tensor(*ptr, geometry, &format!("tensor {name}"))?;
             }
-            if let BindArg::Staged { name, geometry, host, .. } = a {
+            if let BindArg::Staged {
+                name,
+                geometry,
+                host,
+                ..
+            } = a
+            {
                 if host.len() as u64 != geometry.extent() || geometry.start_byte() != 0 {
                     return Err(Error::Value(format!(
                         "tensor {name}: {} host bytes for an extent of {} bytes",
@@ -311,7 +341,12 @@ impl Worker {
         let mut si = 0;
         for a in args {
             match a {
-                BindArg::Device { name, ptr, geometry, dir } => {
+                BindArg::Device {
+                    name,
+                    ptr,
+                    geometry,
+                    dir,
+                } => {
                     let info = self.alloc_info(*ptr, name)?;
                     let alloc = (geometry.extent() > 0).then_some((*ptr, info.bytes));
                     run.report.counters.resident_tensors += 1;
@@ -323,7 +358,12 @@ impl Worker {
                         kind: ArgKind::Device,
                     });
                 }
-                BindArg::Staged { name, geometry, dir, host } => {
+                BindArg::Staged {
+                    name,
+                    geometry,
+                    dir,
+                    host,
+                } => {
                     let extent = geometry.extent();
                     let off = offsets[si];
                     si += 1;
@@ -346,7 +386,13 @@ impl Worker {
                                     .dev
                                     .alloc(extent)
                                     .map_err(|e| Error::device(Phase::Bind, Some(name), e))?;
-                                self.allocs.insert(p.0, AllocInfo { bytes: extent, owner: Owner::Staging });
+                                self.allocs.insert(
+                                    p.0,
+                                    AllocInfo {
+                                        bytes: extent,
+                                        owner: Owner::Staging,
+                                    },
+                                );
                                 run.fresh.push(p);
                                 (p, extent, 0)
                             }
@@ -382,7 +428,8 @@ impl Worker {
                 return Ok(());
             }
             let new_cap = grown_capacity(cap, needed);
-            self.release_alloc(p).map_err(|e| Error::device(Phase::Bind, None, e))?;
+            self.release_alloc(p)
+                .map_err(|e| Error::device(Phase::Bind, None, e))?;
             self.arena.ptr = None;
             self.arena.capacity = 0;
             return self.alloc_arena(new_cap);
@@ -392,9 +439,19 @@ impl Worker {
 
     fn alloc_arena(&mut self, cap: u64) -> Result<()> {
         let p = self.dev.alloc(cap).map_err(|e| {
-            Error::device(Phase::Bind, Some(&format!("<staging arena of {cap} bytes>")), e)
+            Error::device(
+                Phase::Bind,
+                Some(&format!("<staging arena of {cap} bytes>")),
+                e,
+            )
         })?;
-        self.allocs.insert(p.0, AllocInfo { bytes: cap, owner: Owner::Staging });
+        self.allocs.insert(
+            p.0,
+            AllocInfo {
+                bytes: cap,
+                owner: Owner::Staging,
+            },
+        );
         self.arena.ptr = Some(p);
         self.arena.capacity = cap;
         Ok(())
@@ -406,7 +463,8 @@ impl Worker {
             return Err(Error::State("trim_staging: a run is in progress".into()));
         }
         if let Some((p, _)) = self.arena.current() {
-            self.release_alloc(p).map_err(|e| Error::device(Phase::Buffer, None, e))?;
+            self.release_alloc(p)
+                .map_err(|e| Error::device(Phase::Buffer, None, e))?;
             self.arena = Default::default();
         }
         Ok(())
@@ -418,7 +476,10 @@ impl Worker {
             Some(r) if r.gen == gen => r,
             _ => return Err(Error::State(format!("run {gen} is not in progress"))),
         };
-        let a = run.args.get(arg).ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
+        let a = run
+            .args
+            .get(arg)
+            .ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
         Ok((a.name.clone(), a.geometry.clone(), a.dir))
     }
 
@@ -426,18 +487,30 @@ impl Worker {
     /// argument `arg`, establishing the allocation's view on first use.
     fn locate(&mut self, gen: u64, arg: usize, addr: u64, len: u64, write: bool) -> Result<Target> {
         let run = self.run.as_mut().filter(|r| r.gen == gen).ok_or_else(|| {
-            Error::State(format!("run {gen} is not in progress (this handle belongs to a finished run)"))
+            Error::State(format!(
+                "run {gen} is not in progress (this handle belongs to a finished run)"
+            ))
         })?;
         if run.stage != Stage::Orchestrate {
-            return Err(Error::State("tensor data is accessible only during orchestration".into()));
+            return Err(Error::State(
+                "tensor data is accessible only during orchestration".into(),
+            ));
         }
-        let a = run.args.get(arg).ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
-        let covered = a.span().is_some_and(|(s, l)| span_contains(s, l, addr, len));
+        let a = run
+            .args
+            .get(arg)
+            .ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
+        let covered = a
+            .span()
+            .is_some_and(|(s, l)| span_contains(s, l, addr, len));
         if !covered {
             return Err(Error::NoHostView {
                 addr,
                 bytes: len,
-                detail: format!("outside every view of this run (argument {arg}, tensor {})", a.name),
+                detail: format!(
+                    "outside every view of this run (argument {arg}, tensor {})",
+                    a.name
+                ),
             });
         }
         let name = a.name.clone();
@@ -456,7 +529,9 @@ impl Worker {
         let (base, bytes) = a.alloc.expect("covered implies an allocation");
         let staged = matches!(a.kind, ArgKind::Staged { .. });
         let mut ev = ViewEvents::default();
-        let means = self.views.ensure(&*self.dev, base, bytes, !staged, &name, &mut ev);
+        let means = self
+            .views
+            .ensure(&*self.dev, base, bytes, !staged, &name, &mut ev);
         let run = self.run.as_mut().expect("checked above");
         run.events.mapped += ev.mapped;
         run.events.mirrored += ev.mirrored;
@@ -483,12 +558,16 @@ impl Worker {
                 // copy of its span, filled once from the device.
                 let a = &mut run.args[arg];
                 let (span_start, span_len) = a.span().expect("covered");
-                let ArgKind::Staged { copy } = &mut a.kind else { unreachable!("staged") };
+                let ArgKind::Staged { copy } = &mut a.kind else {
+                    unreachable!("staged")
+                };
                 if copy.is_none() {
                     let mem = HostMem::new(span_len as usize, 0).map_err(|e| host_err(&name, e))?;
-                    mem.with_slice_mut(0, span_len as usize, |d| self.dev.copy_d2h(d, DevPtr(span_start)))
-                        .map_err(|e| host_err(&name, e))?
-                        .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
+                    mem.with_slice_mut(0, span_len as usize, |d| {
+                        self.dev.copy_d2h(d, DevPtr(span_start))
+                    })
+                    .map_err(|e| host_err(&name, e))?
+                    .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
                     *copy = Some(Arc::new(mem));
                     run.report.counters.staged_view_copies += 1;
                 }
@@ -504,13 +583,21 @@ impl Worker {
     }
 
     /// `get_tensor_data`: the element at `index` of `geometry` (a view of argument `arg`).
-    pub fn orch_read(&mut self, gen: u64, arg: usize, geometry: &Geometry, index: &[i64]) -> Result<Value> {
+    pub fn orch_read(
+        &mut self,
+        gen: u64,
+        arg: usize,
+        geometry: &Geometry,
+        index: &[i64],
+    ) -> Result<Value> {
         let (name, base) = self.arg_base(gen, arg)?;
         let off = geometry.byte_offset_of(&format!("tensor {name}"), index)?;
         let es = geometry.dtype().size();
         let t = self.locate(gen, arg, base + off, es, false)?;
         let mut buf = [0u8; 8];
-        t.mem.read(t.offset, &mut buf[..es as usize]).map_err(|e| host_err(&name, e))?;
+        t.mem
+            .read(t.offset, &mut buf[..es as usize])
+            .map_err(|e| host_err(&name, e))?;
         self.run_mut(gen)?.report.counters.orch_reads += 1;
         Ok(geometry.dtype().decode(&buf[..es as usize]))
     }
@@ -530,14 +617,19 @@ impl Worker {
         let off = geometry.byte_offset_of(&what, index)?;
         let es = geometry.dtype().size() as usize;
         let mut buf = [0u8; 8];
-        geometry.dtype().encode(value, &mut buf[..es]).map_err(|e| match e {
-            Error::Value(m) => Error::Value(format!("{what}: {m}")),
-            Error::Type(m) => Error::Type(format!("{what}: {m}")),
-            other => other,
-        })?;
+        geometry
+            .dtype()
+            .encode(value, &mut buf[..es])
+            .map_err(|e| match e {
+                Error::Value(m) => Error::Value(format!("{what}: {m}")),
+                Error::Type(m) => Error::Type(format!("{what}: {m}")),
+                other => other,
+            })?;
         let addr = base + off;
         let t = self.locate(gen, arg, addr, es as u64, true)?;
-        t.mem.write(t.offset, &buf[..es]).map_err(|e| host_err(&name, e))?;
+        t.mem
+            .write(t.offset, &buf[..es])
+            .map_err(|e| host_err(&name, e))?;
         if let Some(dst) = t.push {
             if let Err(e) = self.dev.copy_h2d(DevPtr(dst), &buf[..es]) {
                 // The host copy now differs from the device: refresh it on the next read.
@@ -553,34 +645,64 @@ impl Worker {
 
     /// `read_tensor`: a host window over the tensor's bytes. Zero-copy over a mapping of host-owned
     /// memory, a fresh mirror, or a staged copy; a copy over a vendor mapping (which can be revoked).
-    pub fn orch_read_tensor(&mut self, gen: u64, arg: usize, geometry: &Geometry) -> Result<HostWindow> {
+    pub fn orch_read_tensor(
+        &mut self,
+        gen: u64,
+        arg: usize,
+        geometry: &Geometry,
+    ) -> Result<HostWindow> {
         let (name, base) = self.arg_base(gen, arg)?;
         let extent = geometry.extent();
         let rebased = geometry.rebased();
         if extent == 0 {
             let mem = Arc::new(HostMem::new(1, 0).map_err(|e| host_err(&name, e))?);
-            return Ok(HostWindow { mem, offset: 0, len: 0, geometry: rebased, zero_copy: false });
+            return Ok(HostWindow {
+                mem,
+                offset: 0,
+                len: 0,
+                geometry: rebased,
+                zero_copy: false,
+            });
         }
         let t = self.locate(gen, arg, base + geometry.start_byte(), extent, false)?;
         self.run_mut(gen)?.report.counters.orch_reads += 1;
         if t.zero_copy {
-            return Ok(HostWindow { mem: t.mem, offset: t.offset, len: extent as usize, geometry: rebased, zero_copy: true });
+            return Ok(HostWindow {
+                mem: t.mem,
+                offset: t.offset,
+                len: extent as usize,
+                geometry: rebased,
+                zero_copy: true,
+            });
         }
         let copy = HostMem::new(extent as usize, 0).map_err(|e| host_err(&name, e))?;
         t.mem
             .with_slice(t.offset, extent as usize, |s| copy.write(0, s))
             .map_err(|e| host_err(&name, e))?
             .map_err(|e| host_err(&name, e))?;
-        Ok(HostWindow { mem: Arc::new(copy), offset: 0, len: extent as usize, geometry: rebased, zero_copy: false })
+        Ok(HostWindow {
+            mem: Arc::new(copy),
+            offset: 0,
+            len: extent as usize,
+            geometry: rebased,
+            zero_copy: false,
+        })
     }
 
     /// The device address that argument geometries of `arg` are relative to.
     fn arg_base(&self, gen: u64, arg: usize) -> Result<(String, u64)> {
         let run = match self.run.as_ref() {
             Some(r) if r.gen == gen => r,
-            _ => return Err(Error::State(format!("run {gen} is not in progress (this handle belongs to a finished run)"))),
+            _ => {
+                return Err(Error::State(format!(
+                    "run {gen} is not in progress (this handle belongs to a finished run)"
+                )))
+            }
         };
-        let a = run.args.get(arg).ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
+        let a = run
+            .args
+            .get(arg)
+            .ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
         let base = match a.alloc {
             Some((p, _)) => p.0,
             None => 0,
@@ -590,14 +712,23 @@ impl Worker {
 
     /// Records a task over views of this run's arguments; returns its index. Tasks execute in
     /// submission order after orchestration.
-    pub fn submit(&mut self, gen: u64, tensors: Vec<(usize, Geometry, Direction)>) -> Result<usize> {
+    pub fn submit(
+        &mut self,
+        gen: u64,
+        tensors: Vec<(usize, Geometry, Direction)>,
+    ) -> Result<usize> {
         let run = self.run_mut(gen)?;
         if run.stage != Stage::Orchestrate {
-            return Err(Error::State("submit is only valid during orchestration".into()));
+            return Err(Error::State(
+                "submit is only valid during orchestration".into(),
+            ));
         }
         let mut task = Vec::with_capacity(tensors.len());
         for (arg, geometry, dir) in tensors {
-            let a = run.args.get(arg).ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
+            let a = run
+                .args
+                .get(arg)
+                .ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
             if geometry.extent() > 0 {
                 let (base, _) = a.alloc.expect("non-empty view of a non-empty argument");
                 let (s, l) = a.span().expect("allocated");
@@ -640,7 +771,10 @@ impl Worker {
         if run.stage != Stage::Execute {
             return Err(Error::State("tasks run only during execute".into()));
         }
-        let tensors = run.tasks.get(task).ok_or_else(|| Error::Value(format!("no task {task}")))?;
+        let tensors = run
+            .tasks
+            .get(task)
+            .ok_or_else(|| Error::Value(format!("no task {task}")))?;
         let mut out = Vec::with_capacity(tensors.len());
         let mut copies = Vec::new();
         for t in tensors {
@@ -649,12 +783,24 @@ impl Worker {
             let rebased = t.geometry.rebased();
             if extent == 0 {
                 let mem = Arc::new(HostMem::new(1, 0).map_err(|e| host_err(&a.name, e))?);
-                out.push(HostWindow { mem, offset: 0, len: 0, geometry: rebased, zero_copy: false });
+                out.push(HostWindow {
+                    mem,
+                    offset: 0,
+                    len: 0,
+                    geometry: rebased,
+                    zero_copy: false,
+                });
                 continue;
             }
             let addr = a.alloc.expect("non-empty").0 .0 + t.geometry.start_byte();
             if let Some((mem, offset)) = dev.kernel_memory(DevPtr(addr), extent) {
-                out.push(HostWindow { mem, offset, len: extent as usize, geometry: rebased, zero_copy: true });
+                out.push(HostWindow {
+                    mem,
+                    offset,
+                    len: extent as usize,
+                    geometry: rebased,
+                    zero_copy: true,
+                });
                 continue;
             }
             let mem = HostMem::new(extent as usize, 0).map_err(|e| host_err(&a.name, e))?;
@@ -663,7 +809,13 @@ impl Worker {
                 .map_err(|e| Error::device(Phase::Execute, Some(&a.name), e))?;
             let mem = Arc::new(mem);
             copies.push((addr, mem.clone(), t.dir));
-            out.push(HostWindow { mem, offset: 0, len: extent as usize, geometry: rebased, zero_copy: false });
+            out.push(HostWindow {
+                mem,
+                offset: 0,
+                len: extent as usize,
+                geometry: rebased,
+                zero_copy: false,
+            });
         }
         if !copies.is_empty() {
             run.pending.insert(task, copies);
@@ -675,7 +827,9 @@ impl Worker {
     pub fn finish_task(&mut self, gen: u64, task: usize) -> Result<()> {
         let dev = self.dev.clone();
         let run = self.run_mut(gen)?;
-        let Some(copies) = run.pending.remove(&task) else { return Ok(()) };
+        let Some(copies) = run.pending.remove(&task) else {
+            return Ok(());
+        };
         for (addr, mem, dir) in copies {
             if dir.writes() {
                 mem.with_slice(0, mem.len(), |s| dev.copy_h2d(DevPtr(addr), s))
@@ -746,9 +900,14 @@ impl Worker {
             if !matches!(a.kind, ArgKind::Staged { .. }) || !a.dir.writes() {
                 continue;
             }
-            let Some((start, len)) = a.span() else { continue };
+            let Some((start, len)) = a.span() else {
+                continue;
+            };
             let Some(Some(dst)) = hosts.get_mut(i) else {
-                result = Err(Error::Value(format!("copy_back: no host array for tensor {}", a.name)));
+                result = Err(Error::Value(format!(
+                    "copy_back: no host array for tensor {}",
+                    a.name
+                )));
                 break;
             };
             if dst.len() as u64 != len {

@@ -108,7 +108,9 @@ impl ViewCache {
             }
             return Ok(e.means.clone());
         }
-        let grant = dev.map_host(base, bytes).map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?;
+        let grant = dev
+            .map_host(base, bytes)
+            .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?;
         let means = match grant {
             MapGrant::Mapped { mem, offset } => {
                 ev.mapped += 1;
@@ -122,7 +124,9 @@ impl ViewCache {
                     Error::geometry(format!("tensor {tensor}"), "allocation too large to mirror")
                 })?;
                 let mem = Arc::new(HostMem::new(len, 0).map_err(|e| {
-                    Error::Value(format!("tensor {tensor}: cannot allocate a host mirror: {e}"))
+                    Error::Value(format!(
+                        "tensor {tensor}: cannot allocate a host mirror: {e}"
+                    ))
                 })?);
                 fill_mirror(dev, &mem, base, tensor)?;
                 ev.mirrored += 1;
@@ -145,13 +149,23 @@ impl ViewCache {
                 }
             );
         }
-        self.entries.insert(base.0, Entry { bytes, means: means.clone() });
+        self.entries.insert(
+            base.0,
+            Entry {
+                bytes,
+                means: means.clone(),
+            },
+        );
         Ok(means)
     }
 
     /// Marks the mirror of `base` stale (a run may have written it, or the host copied into it).
     pub fn mark_stale(&mut self, base: DevPtr) {
-        if let Some(Entry { means: Means::Mirror { stale, .. }, .. }) = self.entries.get_mut(&base.0) {
+        if let Some(Entry {
+            means: Means::Mirror { stale, .. },
+            ..
+        }) = self.entries.get_mut(&base.0)
+        {
             *stale = true;
         }
     }
@@ -159,8 +173,16 @@ impl ViewCache {
     /// Releases the means of `base` before its allocation is freed: unmaps a mapping (revoking
     /// nothing the driver still owns), drops a mirror. On an unmap failure the entry stays, so a
     /// retry unmaps again and the allocation is never freed while mapped.
-    pub fn release(&mut self, dev: &dyn Device, base: DevPtr) -> std::result::Result<(), simpler_driver::DeviceError> {
-        if let Some(Entry { means: Means::Mapped { .. }, .. }) = self.entries.get(&base.0) {
+    pub fn release(
+        &mut self,
+        dev: &dyn Device,
+        base: DevPtr,
+    ) -> std::result::Result<(), simpler_driver::DeviceError> {
+        if let Some(Entry {
+            means: Means::Mapped { .. },
+            ..
+        }) = self.entries.get(&base.0)
+        {
             dev.unmap_host(base)?;
         }
         self.entries.remove(&base.0);

@@ -35,7 +35,9 @@ impl Staging {
         match s {
             "arena" => Ok(Staging::Arena),
             "fresh" => Ok(Staging::Fresh),
-            _ => Err(Error::Value(format!("staging must be 'arena' or 'fresh', not '{s}'"))),
+            _ => Err(Error::Value(format!(
+                "staging must be 'arena' or 'fresh', not '{s}'"
+            ))),
         }
     }
 }
@@ -179,10 +181,18 @@ impl Worker {
     pub fn malloc(&mut self, bytes: u64) -> Result<DevPtr> {
         self.check_open()?;
         if bytes == 0 {
-            return Err(Error::Value("malloc of 0 bytes: a device buffer needs at least 1 byte".into()));
+            return Err(Error::Value(
+                "malloc of 0 bytes: a device buffer needs at least 1 byte".into(),
+            ));
         }
         let ptr = self.dev.alloc(bytes).map_err(Self::buffer_err)?;
-        self.allocs.insert(ptr.0, AllocInfo { bytes, owner: Owner::User });
+        self.allocs.insert(
+            ptr.0,
+            AllocInfo {
+                bytes,
+                owner: Owner::User,
+            },
+        );
         Ok(ptr)
     }
 
@@ -210,7 +220,11 @@ impl Worker {
                     "free: buffer {ptr} is owned by a ResidentTaskArgs; release that instead"
                 )))
             }
-            _ => return Err(Error::State(format!("free: buffer {ptr} is owned by the worker"))),
+            _ => {
+                return Err(Error::State(format!(
+                    "free: buffer {ptr} is owned by the worker"
+                )))
+            }
         }
         if self.bound_to_run(ptr) {
             return Err(Error::State(format!(
@@ -259,7 +273,9 @@ impl Worker {
         if dst.is_empty() {
             return Ok(());
         }
-        self.dev.copy_d2h(dst, DevPtr(ptr.0 + offset)).map_err(Self::buffer_err)
+        self.dev
+            .copy_d2h(dst, DevPtr(ptr.0 + offset))
+            .map_err(Self::buffer_err)
     }
 
     /// Checks that `geometry` fits the live buffer at `ptr` (for `Buffer.tensor` and binding).
@@ -312,7 +328,9 @@ impl Worker {
     ) -> Result<DevPtr> {
         self.check_open()?;
         if self.set_mut(set)?.iter().any(|e| e.name == name) {
-            return Err(Error::Value(format!("resident tensor '{name}' was already added")));
+            return Err(Error::Value(format!(
+                "resident tensor '{name}' was already added"
+            )));
         }
         if bytes == 0 {
             return Err(Error::Value(format!(
@@ -329,18 +347,29 @@ impl Worker {
             .dev
             .alloc(bytes)
             .map_err(|e| Error::device(Phase::ResidentAdd, Some(name), e))?;
-        self.allocs.insert(ptr.0, AllocInfo { bytes, owner: Owner::Resident(set) });
+        self.allocs.insert(
+            ptr.0,
+            AllocInfo {
+                bytes,
+                owner: Owner::Resident(set),
+            },
+        );
         if dir.reads() {
             if let Err(e) = self.dev.copy_h2d(ptr, host) {
                 let err = Error::device(Phase::ResidentAdd, Some(name), e);
                 if let Err(fe) = self.release_alloc(ptr) {
-                    log::error!("resident add '{name}': freeing {ptr} after a failed upload failed: {fe}");
+                    log::error!(
+                        "resident add '{name}': freeing {ptr} after a failed upload failed: {fe}"
+                    );
                     self.orphan(ptr);
                 }
                 return Err(err);
             }
         }
-        self.set_mut(set)?.push(ResidentEntry { name: name.to_owned(), ptr });
+        self.set_mut(set)?.push(ResidentEntry {
+            name: name.to_owned(),
+            ptr,
+        });
         Ok(ptr)
     }
 
@@ -371,7 +400,11 @@ impl Worker {
         let mut errors = Vec::new();
         for e in entries.into_iter().rev() {
             if let Err(err) = self.release_alloc(e.ptr) {
-                log::error!("release of resident tensor '{}' ({}) failed: {err}", e.name, e.ptr);
+                log::error!(
+                    "release of resident tensor '{}' ({}) failed: {err}",
+                    e.name,
+                    e.ptr
+                );
                 self.orphan(e.ptr);
                 errors.push(Error::device(Phase::Release, Some(&e.name), err));
             }

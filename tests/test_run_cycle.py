@@ -1,0 +1,295 @@
+"""The run cycle over host-staged arguments: arena, uploads, copy-back, orchestration, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simpler as sp
+
+IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
+
+
+def _add(x, y, out):
+    out[...] = x + y
+
+
+ADD = sp.Kernel(_add, [IN, IN, OUT])
+
+
+def _orch_add(o, x, y, out):
+    o.submit(ADD, x, y, out)
+
+
+ADD_CALL = sp.Callable(_orch_add, [IN, IN, OUT])
+
+
+def _args(n=256):
+    x = np.arange(n, dtype=np.float32)
+    return x, x * 2, np.zeros(n, np.float32)
+
+
+def test_warm_arena_run_does_no_device_malloc():
+    with sp.Worker("sim") as w:
+        x, y, out = _args()
+        r1 = w.run(ADD_CALL, [x, y, out])
+        np.testing.assert_array_equal(out, x * 3)
+        assert r1.counters["device_mallocs"] == 1  # the arena, once
+        for _ in range(3):
+            r = w.run(ADD_CALL, [x, y, out])
+            assert (r.counters["device_mallocs"], r.counters["device_frees"]) == (0, 0)
+        # A smaller footprint fits too.
+        r = w.run(ADD_CALL, list(_args(16)))
+        assert r.counters["device_mallocs"] == 0
+
+
+def test_fresh_staging_mallocs_and_frees_per_staged_tensor_per_run():
+    with sp.Worker("sim", staging="fresh") as w:
+        for _ in range(3):
+            r = w.run(ADD_CALL, list(_args()))
+            assert (r.counters["device_mallocs"], r.counters["device_frees"]) == (3, 3)
+        assert w.stats()["live_allocations"] == 0
+
+
+def test_out_is_not_uploaded_and_in_is_not_copied_back():
+    with sp.Worker("sim") as w:
+        x, y, out = _args(100)
+        r = w.run(ADD_CALL, [x, y, out])
+        c = r.counters
+        assert c["staged_tensors"] == 3
+        assert c["staged_bytes"] == 800  # x and y, not out
+        assert c["copied_back_bytes"] == 400  # out only
+        s = w.stats()
+        assert (s["h2d_calls"], s["h2d_bytes"], s["d2h_calls"], s["d2h_bytes"]) == (2, 800, 1, 400)
+
+
+def test_every_run_uploads_even_when_address_and_size_match():
+    with sp.Worker("sim") as w:
+        x, y, out = _args(8)
+        w.run(ADD_CALL, [x, y, out])
+        x[:] = 100  # same array, same address, new contents
+        w.run(ADD_CALL, [x, y, out])
+        np.testing.assert_array_equal(out, 100 + y)
+
+
+def test_strided_views_are_staged_by_extent_and_scattered_back():
+    with sp.Worker("sim") as w:
+        base = np.arange(24, dtype=np.float32).reshape(4, 6)
+        xt = base.T  # transposed (6, 4)
+        y = np.ones((6, 4), np.float32)
+        holder = np.full((6, 8), -7.0, np.float32)
+        out = holder[:, ::2]  # every other column: gaps between the elements
+        r = w.run(ADD_CALL, [xt, y, out])
+        np.testing.assert_array_equal(out, xt + 1)
+        np.testing.assert_array_equal(holder[:, 1::2], -7.0)  # gap bytes untouched
+        assert r.counters["staged_bytes"] == 96 + 96
+        assert r.counters["copied_back_bytes"] == ((5 * 8 + 3 * 2) + 1) * 4
+        # Negative strides and big-endian arrays go through a contiguous copy.
+        rev = np.arange(10, dtype=np.float32)[::-1]
+        be = np.arange(10, dtype=">f4")
+        o2 = np.zeros(10, np.float32)[::-1]
+        w.run(ADD_CALL, [rev, be, o2])
+        np.testing.assert_array_equal(o2, rev + np.arange(10))
+
+
+def _double(x, y):
+    y[...] = x * 2
+
+
+DOUBLE = sp.Kernel(_double, [IN, OUT])
+
+
+def test_orchestrator_reads_a_control_tensor_to_decide_the_task_count():
+    def orch(o, n, x, out):
+        count = o.get_tensor_data(n, 0)
+        for i in range(count):
+            o.submit(DOUBLE, x.view([1, 4], [i, 0]), out.view([1, 4], [i, 0]))
+
+    c = sp.Callable(orch, [IN, IN, OUT])
+    with sp.Worker("sim") as w:
+        x = np.arange(32, dtype=np.float32).reshape(8, 4)
+        out = np.zeros((8, 4), np.float32)
+        r = w.run(c, [np.array([3], np.int32), x, out])
+        assert r.counters["tasks"] == 3
+        np.testing.assert_array_equal(out[:3], x[:3] * 2)
+        # OUT is not uploaded: rows no task wrote come back as the device had them (poison on sim).
+        assert (out[3:].view(np.uint8) == 0xA5).all()
+
+
+@pytest.mark.parametrize("svm", ["always", "never"])
+def test_orchestrator_write_to_in_reaches_the_kernel_not_the_caller(svm):
+    def orch(o, x, out):
+        o.set_tensor_data(x, 1, 41.5)
+        assert o.get_tensor_data(x, 1) == 41.5
+        o.submit(DOUBLE, x, out)
+
+    c = sp.Callable(orch, [IN, OUT])
+    with sp.Worker("sim", svm=svm) as w:
+        x = np.zeros(4, np.float32)
+        out = np.zeros(4, np.float32)
+        r = w.run(c, [x, out])
+        np.testing.assert_array_equal(out, [0, 83, 0, 0])
+        np.testing.assert_array_equal(x, 0)  # caller's IN array unchanged
+        assert r.counters["orch_writes"] == 1
+        assert r.counters["staged_view_copies"] == (1 if svm == "never" else 0)
+
+
+def test_typed_access_for_half_types_and_ints():
+    def orch(o, h, b, i):
+        assert o.get_tensor_data(h, (1, 0)) == 1.5
+        assert o.get_tensor_data(b, (0, 1)) == -2.0
+        assert o.get_tensor_data(i, (1, 1)) == 2**40
+        o.set_tensor_data(h, (0, 0), 0.25)
+        assert o.get_tensor_data(h, (0, 0)) == 0.25
+        with pytest.raises(sp.ArgumentError, match="out of range"):
+            o.set_tensor_data(i, (0, 0), 2**70)
+        with pytest.raises(sp.ArgumentTypeError):
+            o.set_tensor_data(i, (0, 0), 1.5)
+        with pytest.raises(sp.ArgumentError, match="out of bounds"):
+            o.get_tensor_data(h, (2, 0))
+        with pytest.raises(sp.ArgumentError, match="rank"):
+            o.get_tensor_data(h, 0)
+        with pytest.raises(sp.ArgumentTypeError):
+            o.get_tensor_data(h, (float("nan"), 0))
+        assert o.read_tensor(b).dtype.name == "bfloat16"
+
+    import ml_dtypes
+
+    c = sp.Callable(orch, [IN, IN, IN])
+    with sp.Worker("sim") as w:
+        h = np.array([[0, 0], [1.5, 0]], np.float16)
+        b = np.array([[1, -2], [0, 0]], dtype=ml_dtypes.bfloat16)
+        i = np.array([[0, 0], [0, 2**40]], np.int64)
+        w.run(c, [h, b, i])
+
+
+def test_hazards_between_orchestrator_and_submitted_tasks():
+    def orch(o, x, out):
+        o.submit(DOUBLE, x, out)
+        o.get_tensor_data(x, 0)  # reading an input of a submitted task is fine
+        with pytest.raises(sp.HazardError, match="stale"):
+            o.get_tensor_data(out, 0)
+        with pytest.raises(sp.HazardError, match="reads or writes"):
+            o.set_tensor_data(x, 0, 1.0)
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(orch, [IN, OUT]), [np.ones(4, np.float32), np.zeros(4, np.float32)])
+
+
+def test_bad_arguments_fail_before_any_device_work():
+    with sp.Worker("sim") as w:
+        x, y, out = _args(4)
+        for bad, exc in [
+            ([x, y], sp.ArgumentError),
+            ([x, y, out, out], sp.ArgumentError),
+            ([x, 1.0, y, out], sp.ArgumentError),
+            ([x, y, out, "s"], sp.ArgumentTypeError),
+            ([x.astype(np.complex64), y, out], sp.ArgumentTypeError),
+        ]:
+            with pytest.raises(exc):
+                w.run(ADD_CALL, bad)
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(sp.ArgumentError, match="read-only"):
+            w.run(ADD_CALL, [x, y, ro])
+        typed = sp.Callable(_orch_add, [IN, IN, (OUT, "float16")])
+        with pytest.raises(sp.ArgumentTypeError, match="float16"):
+            w.run(typed, [x, y, out])
+        assert w.stats()["allocs"] == 0
+
+
+def _live_beyond_arena(w):
+    arena = w._native._arena()
+    return w.stats()["live_allocations"] - (1 if arena else 0)
+
+
+FAULT_CELLS = [
+    # (staging, op, nth, phase)
+    ("arena", "alloc", 1, "bind"),
+    ("arena", "h2d", 1, "bind"),
+    ("arena", "h2d", 2, "bind"),
+    ("fresh", "alloc", 2, "bind"),
+    ("fresh", "h2d", 2, "bind"),
+    ("arena", "d2h", 1, "copy_back"),
+    ("fresh", "d2h", 1, "copy_back"),
+    ("fresh", "free", 1, "cleanup"),
+    ("fresh", "free", 3, "cleanup"),
+]
+
+
+@pytest.mark.parametrize(("staging", "op", "nth", "phase"), FAULT_CELLS)
+def test_fault_in_each_run_phase_names_it_and_leaks_nothing(staging, op, nth, phase):
+    with sp.Worker("sim", staging=staging) as w:
+        user = w.malloc(64)
+        x, y, out = _args(64)
+        w.inject_fault(op, nth=nth, code=507000)
+        with pytest.raises(sp.DeviceError) as ei:
+            w.run(ADD_CALL, [x, y, out])
+        e = ei.value
+        assert (e.op, e.code, e.phase) == (op, 507000, phase), str(e)
+        assert str(e).startswith(f"[{phase}]")
+        # Only the arena and the caller's own buffer stay live.
+        live = _live_beyond_arena(w)
+        if phase == "cleanup":
+            live -= 1  # the buffer whose free failed is kept (orphaned) for close to retry
+        assert live == 1
+        frees = [c for c in w.call_log() if c[0] == "free" and c[3] == 0]
+        assert len({c[1] for c in frees}) == len(frees), "double free"
+        out[:] = 0
+        w.run(ADD_CALL, [x, y, out])
+        np.testing.assert_array_equal(out, x + y)
+        w.free(user)
+
+
+def test_orchestration_and_kernel_failures_skip_copy_back_and_clean_up():
+    def bad_orch(o, x, y, out):
+        o.submit(ADD, x, y, out)
+        raise RuntimeError("orchestration bug")
+
+    def bad_kernel(x, y, out):
+        out[...] = 1
+        raise ValueError("kernel bug")
+
+    with sp.Worker("sim", staging="fresh") as w:
+        x, y, out = _args(8)
+        with pytest.raises(RuntimeError, match="orchestration bug"):
+            w.run(sp.Callable(bad_orch, [IN, IN, OUT]), [x, y, out])
+        k = sp.Kernel(bad_kernel, [IN, IN, OUT])
+        with pytest.raises(ValueError, match="kernel bug"):
+            w.run(sp.Callable(lambda o, *t: o.submit(k, *t), [IN, IN, OUT]), [x, y, out])
+        np.testing.assert_array_equal(out, 0)  # copy back skipped
+        assert w.stats()["live_allocations"] == 0
+        assert w.stats()["d2h_calls"] == 0
+
+
+def test_report_is_json_serializable_with_the_documented_keys():
+    import json
+
+    with sp.Worker("sim") as w:
+        r = w.run(ADD_CALL, list(_args(4)))
+    d = json.loads(json.dumps(r.to_dict()))
+    assert set(d["phases"]) == {"bind", "orchestrate", "execute", "copy_back", "cleanup"}
+    assert {
+        "staged_tensors",
+        "staged_bytes",
+        "copied_back_bytes",
+        "device_mallocs",
+        "device_frees",
+        "resident_tensors",
+        "views_mapped",
+        "views_mirrored",
+        "mirror_refreshes",
+        "mirror_refresh_bytes",
+        "orch_reads",
+        "orch_writes",
+    } <= set(d["counters"])
+
+
+def test_one_worker_runs_one_call_at_a_time():
+    def orch(o, x, out):
+        with pytest.raises(sp.StateError, match="busy"):
+            w.run(ADD_CALL, list(_args(4)))
+        o.submit(DOUBLE, x, out)
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(orch, [IN, OUT]), [np.ones(4, np.float32), np.zeros(4, np.float32)])
