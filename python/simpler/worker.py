@@ -253,6 +253,10 @@ class Worker:
         poison: sim only: fill fresh allocations with a poison byte (default True).
         capacity: sim only: simulated device memory in bytes.
         device_id: ascend / cuda: the logical device id.
+        malloc_policy: ascend only: ``"huge_first"`` (default), ``"huge_only"``, ``"normal_only"``.
+
+    On ``ascend`` and ``cuda`` the vendor library is opened at run time (see docs/platforms.md);
+    when it is missing, ``PlatformUnavailableError`` names the library and every path tried.
 
     A context manager; :meth:`close` is idempotent and frees whatever is still live (with a
     warning naming how much).
@@ -267,6 +271,7 @@ class Worker:
         poison: bool | None = None,
         capacity: int | None = None,
         device_id: int | None = None,
+        malloc_policy: str | None = None,
     ):
         if not isinstance(platform, str):
             raise ArgumentTypeError(f"platform must be a string, not {type(platform).__name__}")
@@ -277,6 +282,7 @@ class Worker:
             poison=poison,
             capacity=capacity,
             device_id=device_id,
+            malloc_policy=malloc_policy,
         )
         self.platform = platform
 

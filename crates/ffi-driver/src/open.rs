@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::ascend::{AscendConfig, AscendDevice, MallocPolicy};
+use crate::cuda::{CudaConfig, CudaDevice};
 use crate::sim::{SimConfig, SimDevice, SvmPolicy, POISON};
 use crate::Device;
 
@@ -18,6 +20,8 @@ pub struct DeviceSpec {
     pub capacity: Option<u64>,
     /// ascend / cuda: the (logical) device id.
     pub device_id: Option<u32>,
+    /// ascend: `"huge_first"` (default), `"huge_only"` or `"normal_only"`.
+    pub malloc_policy: Option<String>,
 }
 
 /// Why a device could not be opened.
@@ -36,6 +40,11 @@ pub enum OpenError {
 pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
     match spec.platform.as_str() {
         "sim" => {
+            if spec.malloc_policy.is_some() {
+                return Err(OpenError::Invalid(
+                    "malloc_policy is an ascend option".into(),
+                ));
+            }
             if spec.device_id.is_some_and(|d| d != 0) {
                 return Err(OpenError::Invalid(
                     "sim has a single device (device_id=0)".into(),
@@ -68,8 +77,38 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
     }
 }
 
-fn open_vendor(platform: &str, _spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
-    Err(OpenError::Invalid(format!(
-        "unknown platform '{platform}' (known: sim, ascend, cuda)"
-    )))
+fn open_vendor(platform: &str, spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
+    let unavailable =
+        |e: crate::LoadError| OpenError::Unavailable(format!("platform '{platform}': {e}"));
+    match platform {
+        "ascend" => {
+            let mut cfg = AscendConfig {
+                device_id: spec.device_id.unwrap_or(0),
+                ..AscendConfig::default()
+            };
+            if let Some(p) = &spec.malloc_policy {
+                cfg.malloc_policy = MallocPolicy::parse(p).ok_or_else(|| {
+                    OpenError::Invalid(format!(
+                        "malloc_policy must be huge_first, huge_only or normal_only, not '{p}'"
+                    ))
+                })?;
+            }
+            Ok(Arc::new(AscendDevice::open(cfg).map_err(unavailable)?))
+        }
+        "cuda" => {
+            if spec.malloc_policy.is_some() {
+                return Err(OpenError::Invalid(
+                    "malloc_policy is an ascend option".into(),
+                ));
+            }
+            let cfg = CudaConfig {
+                device_id: spec.device_id.unwrap_or(0),
+                ..CudaConfig::default()
+            };
+            Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
+        }
+        _ => Err(OpenError::Invalid(format!(
+            "unknown platform '{platform}' (known: sim, ascend, cuda)"
+        ))),
+    }
 }

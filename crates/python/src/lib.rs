@@ -296,7 +296,7 @@ struct PyWorker {
 #[pymethods]
 impl PyWorker {
     #[new]
-    #[pyo3(signature = (platform, staging="arena", svm=None, poison=None, capacity=None, device_id=None))]
+    #[pyo3(signature = (platform, staging="arena", svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None))]
     fn new(
         platform: &str,
         staging: &str,
@@ -304,6 +304,7 @@ impl PyWorker {
         poison: Option<bool>,
         capacity: Option<u64>,
         device_id: Option<u32>,
+        malloc_policy: Option<String>,
     ) -> PyResult<Self> {
         let staging = Staging::parse(staging).py()?;
         let spec = DeviceSpec {
@@ -312,6 +313,7 @@ impl PyWorker {
             poison,
             capacity,
             device_id,
+            malloc_policy,
         };
         let dev = open_device(&spec).map_err(|e| match e {
             OpenError::Invalid(m) => value_err(m),
