@@ -60,9 +60,7 @@ def extent_bytes(arr: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.uint8)
     item = arr.dtype.itemsize
     n = 1 + sum((dim - 1) * (st // item) for dim, st in zip(arr.shape, arr.strides))
-    flat = np.lib.stride_tricks.as_strided(
-        arr, shape=(n,), strides=(item,), writeable=arr.flags.writeable
-    )
+    flat = np.lib.stride_tricks.as_strided(arr, shape=(n,), strides=(item,), writeable=arr.flags.writeable)
     return flat.view(np.uint8)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import _arrays, _core
-from .errors import ArgumentError, ArgumentTypeError, StateError
+from .errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "ArgDirection",
@@ -226,10 +226,14 @@ class Orchestrator(_core.Orchestrator):
             if isinstance(s, _core.RunTensor):
                 raise ArgumentError(f"submit {kernel.name}: tensor after scalars (argument {n + i})")
             _check_scalar(s, f"submit {kernel.name} scalar {i}")
-        for (d, dt), t in zip(kernel.signature, tensors):
+        for (_, dt), t in zip(kernel.signature, tensors):
             if dt is not None and t.dtype != dt:
-                raise ArgumentTypeError(f"submit {kernel.name}: tensor {t.name} is {t.dtype}, signature wants {dt}")
-        idx = self._w._native._submit(self._gen, [(t, d.value) for (d, _), t in zip(kernel.signature, tensors)])
+                raise ArgumentTypeError(
+                    f"submit {kernel.name}: tensor {t.name} is {t.dtype}, signature wants {dt}"
+                )
+        idx = self._w._native._submit(
+            self._gen, [(t, d.value) for (d, _), t in zip(kernel.signature, tensors)]
+        )
         self._tasks.append((kernel, tuple(scalars)))
         return idx
 
@@ -389,7 +393,9 @@ class Worker:
         for i, v in enumerate(values):
             if isinstance(v, (np.ndarray, DeviceTensor)):
                 if scalars:
-                    raise ArgumentError(f"run {callable.name}: tensor '{names[i]}' after a scalar (tensors come first)")
+                    raise ArgumentError(
+                        f"run {callable.name}: tensor '{names[i]}' after a scalar (tensors come first)"
+                    )
                 tensors.append(v)
             else:
                 _check_scalar(v, f"run {callable.name}: argument '{names[i]}'")
@@ -412,13 +418,25 @@ class Worker:
                 dt = _arrays.dtype_name(t.dtype, f"tensor {name}")
                 if d is not ArgDirection.IN and not t.flags.writeable:
                     raise ArgumentError(f"run: tensor '{name}' is {d.value} but its array is read-only")
-                work = t if _arrays.stageable(t) else np.ascontiguousarray(t).astype(t.dtype.newbyteorder("="))
+                work = (
+                    t if _arrays.stageable(t) else np.ascontiguousarray(t).astype(t.dtype.newbyteorder("="))
+                )
                 staged[i] = _Staged(t, work, d)
                 specs.append(
-                    ("staged", name, dt, list(work.shape), _arrays.element_strides(work), d.value, _arrays.extent_bytes(work))
+                    (
+                        "staged",
+                        name,
+                        dt,
+                        list(work.shape),
+                        _arrays.element_strides(work),
+                        d.value,
+                        _arrays.extent_bytes(work),
+                    )
                 )
             if want is not None and dt != want:
-                raise ArgumentTypeError(f"run {callable.name}: tensor '{name}' is {dt}, signature wants {want}")
+                raise ArgumentTypeError(
+                    f"run {callable.name}: tensor '{name}' is {dt}, signature wants {want}"
+                )
         native = self._native
         gen = native._begin_run(specs)
         orch = Orchestrator(self)

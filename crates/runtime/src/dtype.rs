@@ -270,7 +270,7 @@ impl MiniFloat {
         let sign_bit = 1u8 << (self.ebits + self.mbits);
         let codes = 1u8 << (self.ebits + self.mbits);
         if x.is_nan() {
-            return (self.ieee || self.nan_all_ones).then_some(codes - 1 | sign_bit);
+            return (self.ieee || self.nan_all_ones).then_some((codes - 1) | sign_bit);
         }
         let neg = x.is_sign_negative();
         let ax = x.abs();

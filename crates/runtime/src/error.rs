@@ -56,7 +56,7 @@ pub enum Error {
         phase: Phase,
         tensor: Option<String>,
         #[source]
-        source: DeviceError,
+        source: Box<DeviceError>,
     },
     /// A size, offset, stride or index computation overflowed or left its bounds.
     #[error("geometry error for {what}: {detail}")]
@@ -89,7 +89,7 @@ impl Error {
         Error::Device {
             phase,
             tensor: tensor.map(str::to_owned),
-            source,
+            source: Box::new(source),
         }
     }
 

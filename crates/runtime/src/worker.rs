@@ -439,7 +439,7 @@ impl Worker {
             s.errors.extend(self.resident_release(set));
         }
         let mut rest: Vec<(u64, AllocInfo)> = self.allocs.iter().map(|(&p, &i)| (p, i)).collect();
-        rest.sort_by(|a, b| b.0.cmp(&a.0));
+        rest.sort_by_key(|b| std::cmp::Reverse(b.0));
         for (p, info) in rest {
             if info.owner == Owner::User {
                 s.user_buffers += 1;
