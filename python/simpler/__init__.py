@@ -13,6 +13,7 @@ See ``docs/`` and the README for a tour.
 
 from __future__ import annotations
 
+from .args import ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -24,6 +25,7 @@ from .errors import (
     SimplerError,
     StateError,
 )
+from .scene import SceneTestCase, main, run_case, scene_test
 from .worker import (
     ArgDirection,
     Buffer,
@@ -56,8 +58,16 @@ __all__ = [
     "NoHostViewError",
     "Orchestrator",
     "PlatformUnavailableError",
+    "ResidentTaskArgs",
     "RunReport",
+    "Scalar",
+    "SceneTestCase",
     "SimplerError",
     "StateError",
+    "TaskArgsBuilder",
+    "TensorArg",
     "Worker",
+    "main",
+    "run_case",
+    "scene_test",
 ]

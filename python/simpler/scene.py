@@ -1,0 +1,466 @@
+"""Scene tests: a callable, a list of cases, fixtures and a golden model, run for N rounds.
+
+::
+
+    @sp.scene_test(level=2)
+    class TestAdd(sp.SceneTestCase):
+        CALLABLE = sp.Callable(orch_fn, signature=[sp.IN, sp.IN, sp.OUT])
+        CASES = [{"name": "small", "params": {"n": 16}}]
+
+        def generate_args(self, params):
+            return sp.TaskArgsBuilder(
+                sp.TensorArg("a", ...), sp.TensorArg("b", ...), sp.TensorArg("out", ...)
+            )
+
+        def compute_golden(self, args, params):
+            args.out[...] = args.a + args.b
+
+    if __name__ == "__main__":
+        sp.main()
+
+Memory policy is declared per argument (``TensorArg(..., child_memory=True)``) and never depends
+on ``rounds`` (seed 000):
+
+=====================  ======================  ==============================  =====================
+declaration            case setup              between rounds                  validation
+=====================  ======================  ==============================  =====================
+host-staged (default)  nothing                 restore OUT/INOUT host fixtures per-round copy-back,
+                                                                               golden every round
+resident IN            allocate + upload once  keep device address, contents   no readback
+resident OUT           allocate, no upload     keep device contents            final readback
+resident INOUT         allocate + upload once  keep device state               final readback
+=====================  ======================  ==============================  =====================
+
+Without resident outputs the golden is computed once and compared after every round. With
+resident outputs ``compute_golden`` is applied once per round to the evolving golden args (their
+host-staged outputs restored before each round, like the real ones) and the case compares once,
+after the final round, against a device readback of the resident outputs and the last round's
+staged outputs. With golden skipped there is nothing to validate, so there is no readback either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .args import ResidentTaskArgs, TaskArgsBuilder
+from .errors import ArgumentError, ArgumentTypeError
+from .worker import ArgDirection, Callable, RunReport, Worker
+
+__all__ = ["PLATFORMS", "SceneTestCase", "main", "run_case", "scene_test"]
+
+log = logging.getLogger("simpler")
+
+#: The platforms a worker can be opened on.
+PLATFORMS = ("sim", "ascend", "cuda")
+
+_CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden"}
+_LEVEL_ATTR = "_scene_test_level"
+
+
+class SceneTestCase:
+    """Base class of scene tests (decorate subclasses with :func:`scene_test`).
+
+    Class attributes: ``CALLABLE`` (a :class:`~simpler.Callable`), ``CASES`` (a list of dicts
+    with ``name``, and optionally ``params`` (dict), ``platforms`` (list; absent = every
+    platform), ``manual`` (bool; run only with ``--manual include|only``), ``skip_golden``),
+    ``RTOL`` / ``ATOL`` for the default comparison, ``SKIP_GOLDEN`` for the whole class.
+
+    Override :meth:`generate_args` and :meth:`compute_golden`; optionally :meth:`compare_outputs`.
+    """
+
+    CALLABLE: Callable | None = None
+    CASES: list[dict[str, Any]] = []
+    RTOL: float = 1e-5
+    ATOL: float = 1e-5
+    SKIP_GOLDEN: bool = False
+
+    def generate_args(self, params: dict[str, Any]) -> TaskArgsBuilder:
+        """Builds the case's fixtures: tensors in signature order, then scalars."""
+        raise NotImplementedError(f"{type(self).__name__}.generate_args")
+
+    def compute_golden(self, args: TaskArgsBuilder, params: dict[str, Any]) -> None:
+        """Writes the expected outputs into ``args`` in place (one round's worth)."""
+        raise NotImplementedError(f"{type(self).__name__}.compute_golden")
+
+    def output_names(self, args: TaskArgsBuilder) -> list[str]:
+        """The tensors of ``args`` that the signature makes OUT or INOUT."""
+        sig = self.CALLABLE.signature if self.CALLABLE is not None else ()
+        return [t.name for t, (d, _) in zip(args.tensors(), sig) if d is not ArgDirection.IN]
+
+    def compare_outputs(
+        self, actual: TaskArgsBuilder, golden: TaskArgsBuilder, params: dict[str, Any]
+    ) -> None:
+        """Asserts ``actual`` matches ``golden`` on every OUT/INOUT tensor (allclose at RTOL/ATOL).
+
+        bfloat16 and the fp8 kinds are compared as float32. Raises ``AssertionError``.
+        """
+        for name in self.output_names(actual):
+            a, g = _comparable(actual[name]), _comparable(golden[name])
+            np.testing.assert_allclose(a, g, rtol=self.RTOL, atol=self.ATOL, err_msg=f"output '{name}'")
+
+    @classmethod
+    def run_case(
+        cls,
+        case: Mapping[str, Any] | str,
+        platform: str = "sim",
+        rounds: int = 1,
+        skip_golden: bool = False,
+        worker_options: Mapping[str, Any] | None = None,
+        worker: Worker | None = None,
+    ) -> list[RunReport]:
+        """Runs one case (a ``CASES`` entry or its name); one report per round. See :func:`run_case`."""
+        return run_case(cls, case, platform, rounds, skip_golden, worker_options, worker)
+
+
+def _comparable(v: Any) -> np.ndarray:
+    arr = np.asarray(v)
+    if arr.dtype.kind == "V" or arr.dtype.name.startswith(("bfloat", "float8", "float6", "float4")):
+        return arr.astype(np.float32)
+    return arr
+
+
+def scene_test(level: int = 2) -> Any:
+    """Class decorator marking a :class:`SceneTestCase` subclass as a scene test.
+
+    ``level=2``: one process drives one device (the only level with residency). ``level=3``
+    (multi-process) runs its cases host-staged in this process; a ``child_memory=True`` argument
+    there is rejected with an error before any device work. The class and its ``CASES`` are
+    validated here, so a malformed case fails at import.
+    """
+    if level not in (2, 3):
+        raise ArgumentError(f"scene_test: level must be 2 or 3, not {level!r}")
+
+    def deco(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
+            raise ArgumentTypeError("scene_test decorates a SceneTestCase subclass")
+        if not isinstance(cls.CALLABLE, Callable):
+            raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
+        seen: set[str] = set()
+        for i, case in enumerate(cls.CASES):
+            _validate_case(cls, i, case)
+            if case["name"] in seen:
+                raise ArgumentError(f"{cls.__name__}: duplicate case name '{case['name']}'")
+            seen.add(case["name"])
+        setattr(cls, _LEVEL_ATTR, level)
+        return cls
+
+    return deco
+
+
+def _validate_case(cls: type, i: int, case: object) -> None:
+    where = f"{cls.__name__}.CASES[{i}]"
+    if not isinstance(case, Mapping):
+        raise ArgumentTypeError(f"{where}: a case is a dict, not {type(case).__name__}")
+    unknown = set(case) - _CASE_KEYS
+    if unknown:
+        raise ArgumentError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_CASE_KEYS)})")
+    name = case.get("name")
+    if not isinstance(name, str) or not name or "::" in name or "/" in name:
+        raise ArgumentError(f"{where}: 'name' must be a non-empty string without '::' or '/'")
+    if not isinstance(case.get("params", {}), Mapping):
+        raise ArgumentTypeError(f"{where} ({name}): 'params' must be a dict")
+    plats = case.get("platforms")
+    if plats is not None and (isinstance(plats, str) or not all(isinstance(p, str) for p in plats)):
+        raise ArgumentTypeError(f"{where} ({name}): 'platforms' must be a list of platform names")
+
+
+def is_scene_test(obj: object) -> bool:
+    """Whether ``obj`` is a class decorated with :func:`scene_test`."""
+    return isinstance(obj, type) and issubclass(obj, SceneTestCase) and _LEVEL_ATTR in obj.__dict__
+
+
+def scene_level(cls: type) -> int:
+    """The level a scene test was declared with."""
+    return int(cls.__dict__[_LEVEL_ATTR])
+
+
+def case_skip_reason(case: Mapping[str, Any], platform: str, manual: str = "exclude") -> str | None:
+    """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs)."""
+    is_manual = bool(case.get("manual", False))
+    if manual == "exclude" and is_manual:
+        return "manual case (run with --manual include or --manual only)"
+    if manual == "only" and not is_manual:
+        return "not a manual case (--manual only)"
+    plats = case.get("platforms")
+    if plats is not None and platform not in plats:
+        return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
+    return None
+
+
+def case_selected(cls_name: str, case_name: str, selectors: Iterable[str] | None) -> bool:
+    """Whether ``--case`` selectors (``Foo``, ``Class::Foo``, ``Class::``) select a case."""
+    sels = [s.strip() for sel in (selectors or ()) for s in sel.split(",") if s.strip()]
+    if not sels:
+        return True
+    for s in sels:
+        if "::" in s:
+            c, _, n = s.partition("::")
+            if c == cls_name and (n == "" or n == case_name):
+                return True
+        elif s == case_name:
+            return True
+    return False
+
+
+def _find_case(cls: type[SceneTestCase], case: Mapping[str, Any] | str) -> Mapping[str, Any]:
+    if isinstance(case, str):
+        for c in cls.CASES:
+            if c["name"] == case:
+                return c
+        raise ArgumentError(f"{cls.__name__}: no case named '{case}'")
+    return case
+
+
+@dataclass
+class _Plan:
+    """What the L2 path needs to know about one case's fixtures."""
+
+    staged_outputs: list[str]  # host-staged OUT/INOUT tensors (restored before every round after the first)
+    resident_outputs: list[str]  # resident OUT/INOUT tensors (read back once, after the final round)
+
+
+def _plan(args: TaskArgsBuilder, callable: Callable, res: ResidentTaskArgs | None) -> _Plan:
+    staged, resident = [], []
+    for t, (d, _) in zip(args.tensors(), callable.signature):
+        if d is ArgDirection.IN:
+            continue
+        if res is not None and t.name in res.resident_names:
+            resident.append(t.name)
+        elif isinstance(t.value, np.ndarray):
+            staged.append(t.name)
+    return _Plan(staged, resident)
+
+
+def run_case(
+    cls: type[SceneTestCase],
+    case: Mapping[str, Any] | str,
+    platform: str = "sim",
+    rounds: int = 1,
+    skip_golden: bool = False,
+    worker_options: Mapping[str, Any] | None = None,
+    worker: Worker | None = None,
+) -> list[RunReport]:
+    """Runs one case of a scene test for ``rounds`` rounds; returns one report per round.
+
+    The L2 path: ``generate_args`` -> golden clone -> resident setup of every ``child_memory``
+    tensor (directions from ``CALLABLE.signature``) -> rounds -> release (always, in ``finally``).
+    ``worker`` runs the case on an existing worker (left open); otherwise a worker is opened on
+    ``platform`` with ``worker_options`` (``svm``, ``staging``, ...) and closed at the end.
+    Golden checking is skipped when ``skip_golden``, the case's ``skip_golden`` or the class's
+    ``SKIP_GOLDEN`` is set. A mismatch raises ``AssertionError`` naming the case (and round).
+    """
+    if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
+        raise ArgumentTypeError("run_case: expected a SceneTestCase subclass")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ArgumentError(f"run_case: rounds must be a positive int, not {rounds!r}")
+    case = _find_case(cls, case)
+    callable = cls.CALLABLE
+    if not isinstance(callable, Callable):
+        raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
+    level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
+    label = f"{cls.__name__}::{case['name']}"
+    params = dict(case.get("params", {}))
+    skip = bool(skip_golden or case.get("skip_golden", False) or cls.SKIP_GOLDEN)
+    inst = cls()
+    own = worker is None
+    reports: list[RunReport] = []
+    res: ResidentTaskArgs | None = None
+    failed = False
+    try:
+        if own:
+            worker = Worker(platform, **dict(worker_options or {}))
+        args = inst.generate_args(params)
+        if not isinstance(args, TaskArgsBuilder):
+            raise ArgumentTypeError(
+                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
+            )
+        n_sig = len(callable.signature)
+        if len(args.tensors()) != n_sig:
+            raise ArgumentError(
+                f"{label}: CALLABLE signature has {n_sig} tensor arguments, "
+                f"generate_args gave {len(args.tensors())}"
+            )
+        resident_specs = [t for t in args.tensors() if t.child_memory]
+        if level == 3 and resident_specs:
+            raise ArgumentError(
+                f"{label}: child_memory is not supported at scene-test level 3 (multi-process): "
+                f"{', '.join(t.name for t in resident_specs)}; declare them host-staged or use level 2"
+            )
+        golden = None if skip else args.clone()
+        res = ResidentTaskArgs.from_builder(worker, args, callable)
+        plan = _plan(args, callable, res)
+        initial = {n: np.array(args[n], copy=True) for n in plan.staged_outputs}
+        evolving = bool(plan.resident_outputs)
+        if golden is not None and not evolving:
+            inst.compute_golden(golden, params)
+        for r in range(rounds):
+            if r > 0:
+                for n, snap in initial.items():
+                    np.copyto(args[n], snap)
+            reports.append(worker.run(callable, res.bind(args)))
+            if golden is None:
+                continue
+            if evolving:
+                if r > 0:
+                    for n, snap in initial.items():
+                        np.copyto(golden[n], snap)
+                inst.compute_golden(golden, params)
+            else:
+                _compare(inst, args, golden, params, f"{label}, round {r + 1}/{rounds}")
+        if golden is not None and evolving:
+            res.copy_back(args, plan.resident_outputs)
+            _compare(inst, args, golden, params, f"{label}, after {rounds} round(s) (resident outputs)")
+    except BaseException as e:
+        failed = True
+        if isinstance(e, Exception) and not any(label in n for n in getattr(e, "__notes__", ())):
+            e.add_note(f"scene case {label}")
+        raise
+    finally:
+        try:
+            if res is not None:
+                try:
+                    res.release()
+                except Exception:
+                    if not failed:
+                        raise
+                    log.exception("%s: release after a failure also failed", label)
+        finally:
+            if own and worker is not None:
+                worker.close()
+    return reports
+
+
+def _compare(
+    inst: SceneTestCase, actual: TaskArgsBuilder, golden: TaskArgsBuilder, params: Any, where: str
+) -> None:
+    try:
+        inst.compare_outputs(actual, golden, params)
+    except AssertionError as e:
+        e.add_note(f"scene case {where}")
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# runner options shared by the pytest plugin and the standalone runner
+
+
+def parse_svm(v: str | None) -> str | int | None:
+    """``--svm``: ``always``, ``never`` or a minimum number of bytes."""
+    if v is None:
+        return None
+    if v in ("always", "never"):
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--svm: 'always', 'never' or a byte count, not {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("--svm byte count must be >= 0")
+    return n
+
+
+def parse_rounds(v: str) -> int:
+    """``--rounds``: a positive int."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--rounds must be a positive int, not {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--rounds must be a positive int, not {v!r}")
+    return n
+
+
+def worker_options(svm: str | int | None = None, staging: str | None = None) -> dict[str, Any]:
+    """The ``Worker`` keyword options from runner flags (only those given)."""
+    opts: dict[str, Any] = {}
+    if svm is not None:
+        opts["svm"] = svm
+    if staging is not None:
+        opts["staging"] = staging
+    return opts
+
+
+def add_runner_arguments(add: Any) -> None:
+    """Declares the runner options through ``add(*flags, **argparse_kwargs)``."""
+    add("-p", "--platform", default="sim", help="platform to run on: sim, ascend or cuda (default sim)")
+    add("--rounds", type=parse_rounds, default=1, help="rounds per case (default 1); never changes residency")
+    add(
+        "--case",
+        action="append",
+        default=None,
+        help="select cases: 'Foo', 'Class::Foo' or 'Class::' (repeatable, comma-separated)",
+    )
+    add("--skip-golden", action="store_true", default=False, help="run without golden validation")
+    add(
+        "--manual",
+        choices=("exclude", "include", "only"),
+        default="exclude",
+        help="manual cases: exclude (default), include, or run only them",
+    )
+    add("--svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
+    add("--staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
+
+
+def scene_classes(module: Any) -> list[type[SceneTestCase]]:
+    """The scene-test classes defined in ``module`` (in definition order)."""
+    name = getattr(module, "__name__", None)
+    return [
+        obj
+        for obj in vars(module).values()
+        if is_scene_test(obj) and getattr(obj, "__module__", None) == name
+    ]
+
+
+def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
+    """Standalone runner: ``python test_x.py -p sim --rounds 3 --case Foo --skip-golden ...``.
+
+    Runs every selected case of the scene tests defined in ``module`` (default ``__main__``),
+    prints one line per case, and exits (``SystemExit``) non-zero when a case fails or when
+    ``--case`` selects nothing. Returns the exit status when ``SystemExit`` is caught.
+    """
+    parser = argparse.ArgumentParser(description="Run the scene tests of this file.")
+    add_runner_arguments(parser.add_argument)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
+    ns = parser.parse_args(argv)
+    if module is None:
+        module = sys.modules["__main__"]
+    opts = worker_options(ns.svm, ns.staging)
+    n_pass = n_fail = n_skip = 0
+    for cls in scene_classes(module):
+        for case in cls.CASES:
+            label = f"{cls.__name__}::{case['name']}"
+            if not case_selected(cls.__name__, case["name"], ns.case):
+                continue
+            reason = case_skip_reason(case, ns.platform, ns.manual)
+            if reason is not None:
+                n_skip += 1
+                print(f"SKIP {label}: {reason}")
+                continue
+            t0 = time.perf_counter()
+            try:
+                reports = run_case(cls, case, ns.platform, ns.rounds, ns.skip_golden, opts)
+            except Exception as e:
+                n_fail += 1
+                print(f"FAIL {label}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+                if ns.verbose:
+                    traceback.print_exc()
+                continue
+            n_pass += 1
+            dt = time.perf_counter() - t0
+            print(f"PASS {label} ({len(reports)} round(s), {dt * 1e3:.1f} ms)")
+    print(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped (platform {ns.platform}, rounds {ns.rounds})")
+    if ns.case and n_pass + n_fail + n_skip == 0:
+        print(f"no case matched --case {' '.join(ns.case)}", file=sys.stderr)
+        status = 2
+    else:
+        status = 1 if n_fail else 0
+    raise SystemExit(status)
