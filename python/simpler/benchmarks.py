@@ -1,0 +1,180 @@
+"""Micro-benchmarks that print figures side by side (never asserted by tests).
+
+``python -m simpler.benchmarks [staging] [views] [bind] [--quick]``
+
+* ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
+  malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
+  memcpy bandwidth for the same bytes.
+* ``views`` — per-access cost of ``get_tensor_data`` through a mapping, a mirror, and a per-access
+  D2H read-through baseline; and of ``read_tensor``.
+* ``bind`` — resident bind time for a 4 KiB vs a 1 GiB argument (flat in bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from .worker import ArgDirection, Callable, Kernel, Worker
+
+IN, OUT = ArgDirection.IN, ArgDirection.OUT
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def _fmt_ns(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:8.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:8.2f} us"
+    return f"{ns:8.0f} ns"
+
+
+def _noop_kernel(*arrays: np.ndarray) -> None:
+    pass
+
+
+_NOOP_IN = Kernel(_noop_kernel, [IN])
+
+
+def _submit_noop_in(o, t) -> None:
+    o.submit(_NOOP_IN, t)
+
+
+def bench_staging(quick: bool) -> None:
+    """Arena vs fresh staging, and staged H2D bandwidth vs memcpy."""
+    sizes = [4 << 10, 4 << 20] + ([] if quick else [256 << 20])
+    rounds = 5 if quick else 11
+    touch = Kernel(_noop_kernel, [IN, OUT])
+    call = Callable(lambda o, x, y: o.submit(touch, x, y), [IN, OUT], name="stage")
+    print("\n== staged path: retained arena vs fresh malloc/free per run (median of warm runs) ==")
+    cols = ("bind", "copy_back", "cleanup", "dispatch")
+    print(f"{'size':>10} {'mode':>6} " + " ".join(f"{c:>12}" for c in cols) + f" {'mallocs':>8}")
+    for size in sizes:
+        n = size // 4
+        x = np.random.default_rng(0).random(n, dtype=np.float32)
+        y = np.zeros(n, np.float32)
+        res = {}
+        for mode in ("arena", "fresh"):
+            # No poison fill, so `fresh` pays for the allocation, not for sim's debugging aid.
+            with Worker("sim", staging=mode, poison=False) as w:
+                reps = [w.run(call, [x, y]) for _ in range(rounds)][1:]
+            ph = {k: _median([r.phases[k] for r in reps]) for k in ("bind", "copy_back", "cleanup")}
+            disp = _median([r.dispatch_ns for r in reps])
+            mallocs = reps[-1].counters["device_mallocs"]
+            res[mode] = disp
+            print(
+                f"{size:>10} {mode:>6} {_fmt_ns(ph['bind']):>12} {_fmt_ns(ph['copy_back']):>12} "
+                f"{_fmt_ns(ph['cleanup']):>12} {_fmt_ns(disp):>12} {mallocs:>8}"
+            )
+        print(f"{'':>10} {'ratio':>6} arena/fresh dispatch = {res['arena'] / res['fresh']:.2f}x")
+    print("\n== staged H2D bandwidth vs numpy memcpy of the same bytes ==")
+    for size in sizes[1:] or sizes:
+        n = size // 4
+        x = np.random.default_rng(1).random(n, dtype=np.float32)
+        dst = np.empty_like(x)
+        np.copyto(dst, x)  # first touch outside the timing
+        t0 = time.perf_counter_ns()
+        for _ in range(rounds):
+            np.copyto(dst, x)
+        memcpy = (time.perf_counter_ns() - t0) / rounds
+        c = Callable(_submit_noop_in, [IN], name="h2d")
+        with Worker("sim") as w:
+            reps = [w.run(c, [x]) for _ in range(rounds)][1:]
+        bind = _median([r.phases["bind"] for r in reps])
+        print(  # bytes per ns == GB/s
+            f"{size:>10} B: staged bind {size / bind:6.2f} GB/s   numpy memcpy {size / memcpy:6.2f} GB/s"
+            f"   ratio {memcpy / bind:.2f}x"
+        )
+
+
+def bench_views(quick: bool) -> None:
+    """Per-access cost of orchestrator reads through mapping, mirror and read-through."""
+    n_reads = 4096 if quick else 16384
+    table = np.arange(n_reads, dtype=np.int32).reshape(-1, 256)
+    rows = table.shape[0]
+
+    def reads(o, t):
+        for i in range(rows):
+            for j in range(256):
+                o.get_tensor_data(t, (i, j))
+
+    def read_whole(o, t):
+        for _ in range(100):
+            o.read_tensor(t)
+
+    print(f"\n== host views: {n_reads} get_tensor_data reads of a resident ({rows}, 256) int32 table ==")
+    results = {}
+    for svm in ("always", "never"):
+        with Worker("sim", svm=svm) as w:
+            buf = w.malloc(table.nbytes)
+            w.copy_to(buf, table)
+            t = buf.tensor(table.shape, "int32")
+            reps = [w.run(Callable(reads, [IN]), [t]) for _ in range(4)]
+            warm = _median([r.phases["orchestrate"] for r in reps[1:]]) / n_reads
+            first = reps[0].phases["orchestrate"] / n_reads
+            rt = [w.run(Callable(read_whole, [IN]), [t]) for _ in range(3)]
+            rt_ns = _median([r.phases["orchestrate"] for r in rt]) / 100
+            w.free(buf)
+            kind = "mapping" if svm == "always" else "mirror"
+            results[kind] = warm
+            print(
+                f"{kind:>12}: {_fmt_ns(warm)} per read (warm)   first run {_fmt_ns(first)} per read"
+                f"   read_tensor {_fmt_ns(rt_ns)}"
+            )
+    with Worker("sim") as w:
+        buf = w.malloc(table.nbytes)
+        w.copy_to(buf, table)
+        one = np.empty(1, np.int32)
+        t0 = time.perf_counter_ns()
+        for k in range(n_reads):
+            w.copy_from(one, buf, offset=4 * k)
+        through = (time.perf_counter_ns() - t0) / n_reads
+        w.free(buf)
+    print(f"{'read-through':>12}: {_fmt_ns(through)} per read (one 4-byte D2H each; sim memcpy, no PCIe)")
+    print(
+        f"{'ratio':>12}: mirror/mapping {results['mirror'] / results['mapping']:.2f}x, "
+        f"read-through/mirror {through / results['mirror']:.2f}x "
+        "(on Ascend a 4-byte D2H is ~9.5 us, FFI.md)"
+    )
+
+
+def bench_bind(quick: bool) -> None:
+    """Resident bind cost is flat in bytes."""
+    big = (64 << 20) if quick else (1 << 30)
+    print(f"\n== resident bind: 4 KiB vs {big >> 20} MiB argument (median of 20 runs) ==")
+    nop = Kernel(_noop_kernel, [IN])
+    c = Callable(lambda o, t: o.submit(nop, t), [IN], name="bind")
+    out = {}
+    with Worker("sim", poison=False) as w:
+        for size in (4096, big):
+            buf = w.malloc(size)
+            t = buf.tensor((size // 4,), "float32")
+            reps = [w.run(c, [t]) for _ in range(21)][1:]
+            out[size] = _median([r.phases["bind"] for r in reps])
+            print(f"{size:>12} B: bind {_fmt_ns(out[size])}")
+            w.free(buf)
+    print(f"{'ratio':>12}: {out[big] / out[4096]:.2f}x (target <= 1.5x)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m simpler.benchmarks``."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="*", help="staging, views, bind (default: all)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
+    a = p.parse_args(argv)
+    which = a.which or ["staging", "views", "bind"]
+    unknown = set(which) - {"staging", "views", "bind"}
+    if unknown:
+        p.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    for name in which:
+        {"staging": bench_staging, "views": bench_views, "bind": bench_bind}[name](a.quick)
+
+
+if __name__ == "__main__":
+    main()
