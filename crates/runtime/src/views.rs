@@ -137,7 +137,8 @@ impl ViewCache {
                 Means::Refused
             }
         };
-        if bytes >= LARGE_VIEW_BYTES && !matches!(means, Means::Refused) {
+        // Staging allocations (the arena) are mapped once for their life; only tensor views warn.
+        if bytes >= LARGE_VIEW_BYTES && mirror_on_refusal {
             log::warn!(
                 "established a host {} of {bytes} bytes for tensor {tensor} (allocation {base}); \
                  host views of large tensors cost {}",
