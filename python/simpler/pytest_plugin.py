@@ -14,6 +14,7 @@ skipped with the reason. Loading the plugin twice (entry point and ``-p``/confte
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,9 +116,10 @@ class SceneCase(pytest.Item):
             line = 0
         return self.path, line, f"{self.scene_class.__name__}::{self.name}"
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        """The failure with a short traceback (the case's own frames matter, not the runner's)."""
-        return super().repr_failure(excinfo, style="short" if style is None else style)
+    def _traceback_filter(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
+        """Starts failure tracebacks at the scene runner (not pytest's own frames)."""
+        tb = excinfo.traceback
+        return tb.cut(path=Path(scene.__file__)).filter(excinfo)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

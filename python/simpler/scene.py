@@ -103,6 +103,7 @@ class SceneTestCase:
 
         bfloat16 and the fp8 kinds are compared as float32. Raises ``AssertionError``.
         """
+        __tracebackhide__ = True
         for name in self.output_names(actual):
             a, g = _comparable(actual[name]), _comparable(golden[name])
             np.testing.assert_allclose(a, g, rtol=self.RTOL, atol=self.ATOL, err_msg=f"output '{name}'")
@@ -258,6 +259,7 @@ def run_case(
     Golden checking is skipped when ``skip_golden``, the case's ``skip_golden`` or the class's
     ``SKIP_GOLDEN`` is set. A mismatch raises ``AssertionError`` naming the case (and round).
     """
+    __tracebackhide__ = True  # pytest: failures start at the case's own code
     if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
         raise ArgumentTypeError("run_case: expected a SceneTestCase subclass")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
