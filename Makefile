@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test bench memcheck clean
+.PHONY: demo test build lint rust-test py-test bench clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -47,10 +47,6 @@ test: lint rust-test py-test
 
 bench: build
 	$(PY) -m simpler.benchmarks
-
-memcheck:
-	cargo build --workspace -q
-	./scripts/memcheck.sh
 
 clean:
 	cargo clean
