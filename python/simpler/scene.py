@@ -85,11 +85,11 @@ class SceneTestCase:
 
     def generate_args(self, params: dict[str, Any]) -> TaskArgsBuilder:
         """Builds the case's fixtures: tensors in signature order, then scalars."""
-        raise NotImplementedError(f"{type(self).__name__}.generate_args")
+        raise ArgumentTypeError(f"{type(self).__name__} must override generate_args")
 
     def compute_golden(self, args: TaskArgsBuilder, params: dict[str, Any]) -> None:
         """Writes the expected outputs into ``args`` in place (one round's worth)."""
-        raise NotImplementedError(f"{type(self).__name__}.compute_golden")
+        raise ArgumentTypeError(f"{type(self).__name__} must override compute_golden")
 
     def output_names(self, args: TaskArgsBuilder) -> list[str]:
         """The tensors of ``args`` that the signature makes OUT or INOUT."""
@@ -145,6 +145,9 @@ def scene_test(level: int = 2) -> Any:
             raise ArgumentTypeError("scene_test decorates a SceneTestCase subclass")
         if not isinstance(cls.CALLABLE, Callable):
             raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
+        for method in ("generate_args", "compute_golden"):
+            if getattr(cls, method) is getattr(SceneTestCase, method):
+                raise ArgumentTypeError(f"{cls.__name__} must override {method}")
         seen: set[str] = set()
         for i, case in enumerate(cls.CASES):
             _validate_case(cls, i, case)
