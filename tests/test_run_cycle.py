@@ -293,3 +293,43 @@ def test_one_worker_runs_one_call_at_a_time():
 
     with sp.Worker("sim") as w:
         w.run(sp.Callable(orch, [IN, OUT]), [np.ones(4, np.float32), np.zeros(4, np.float32)])
+
+
+def _square(x, tmp):
+    tmp[...] = x * x
+
+
+def _plus_one(tmp, out):
+    out[...] = tmp + 1
+
+
+SQUARE = sp.Kernel(_square, [IN, OUT])
+PLUS_ONE = sp.Kernel(_plus_one, [IN, OUT])
+
+
+@pytest.mark.parametrize("svm", ["always", "never"])
+def test_scratch_tensors_chain_tasks_and_are_retained_across_runs(svm):
+    def orch(o, x, out):
+        rows = x.shape[0]
+        for r in range(rows):
+            tmp = o.scratch([1, 64], "float32", name=f"tmp{r}")
+            o.submit(SQUARE, x.view([1, 64], [r, 0]), tmp)
+            o.submit(PLUS_ONE, tmp, out.view([1, 64], [r, 0]))
+            with pytest.raises(sp.HazardError):
+                o.get_tensor_data(tmp, (0, 0))  # a task writes it later in this run
+        big = o.scratch([3 << 18], "float32")  # larger than a pool chunk
+        o.set_tensor_data(big, 5, 2.5)
+        assert o.get_tensor_data(big, 5) == 2.5
+
+    call = sp.Callable(orch, [IN, OUT])
+    with sp.Worker("sim", svm=svm) as w:
+        x = np.arange(4 * 64, dtype=np.float32).reshape(4, 64)
+        out = np.zeros_like(x)
+        cold = w.run(call, [x, out])
+        np.testing.assert_array_equal(out, x * x + 1)
+        assert cold.counters["scratch_tensors"] == 5
+        assert cold.counters["scratch_bytes"] == 4 * 256 + (3 << 20)
+        warm = w.run(call, [x, out])
+        assert (warm.counters["device_mallocs"], warm.counters["device_frees"]) == (0, 0)
+        w.trim_staging()
+        assert w.stats()["live_allocations"] == 0

@@ -202,6 +202,7 @@ class Orchestrator(_core.Orchestrator):
     """
 
     def __init__(self, worker: Worker):
+        self._scratch_names: list[str] = []
         self._tasks: list[tuple[Kernel, tuple[Any, ...]]] = []
         self._gen = -1
         self._w = worker
@@ -212,6 +213,17 @@ class Orchestrator(_core.Orchestrator):
     def read_tensor(self, t: _core.RunTensor) -> np.ndarray:
         """The tensor's contents as a read-only numpy array (no copy over a mapping or mirror)."""
         return _arrays.window_array(self._read_window(t))
+
+    def scratch(self, shape: Sequence[int], dtype: object, name: str | None = None) -> _core.RunTensor:
+        """A run-scoped device tensor for intermediate results (lives until the run's cleanup).
+
+        Its bytes come from the worker's retained scratch pool, so a warm run with the same
+        footprint does no device malloc. Uninitialized (poison on sim) until a task writes it.
+        """
+        dt = _arrays.dtype_name(dtype, "scratch")
+        label = name or f"scratch{len(self._scratch_names)}"
+        self._scratch_names.append(label)
+        return self._w._native._scratch(self._gen, label, dt, [int(s) for s in shape])
 
     def submit(self, kernel: Kernel, *args: Any) -> int:
         """Queues ``kernel`` over tensors (or views) of this run, then scalars; returns its index."""

@@ -578,6 +578,20 @@ impl PyWorker {
         })
     }
 
+    fn _scratch(
+        &self,
+        gen: u64,
+        name: &str,
+        dtype: &str,
+        shape: Vec<i64>,
+    ) -> PyResult<TensorHandle> {
+        let g = geometry(&format!("scratch tensor {name}"), dtype, shape, None, 0)?;
+        let arg = lock(&self.inner)
+            .scratch(gen, name, g.dtype(), g.shape().to_vec())
+            .py()?;
+        self._tensor(gen, arg)
+    }
+
     fn _submit(
         &self,
         gen: u64,

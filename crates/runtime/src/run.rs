@@ -11,12 +11,17 @@ use std::time::Instant;
 
 use simpler_driver::{DevPtr, HostMem, Stats};
 
-use crate::arena::{grown_capacity, plan_slices};
+use crate::arena::{grown_capacity, plan_slices, SLICE_ALIGN};
+use crate::dtype::DType;
 use crate::dtype::Value;
 use crate::error::{Error, Phase, Result};
+use crate::geometry::align_up;
 use crate::geometry::{span_contains, Geometry};
 use crate::views::{Means, ViewEvents};
 use crate::worker::{AllocInfo, Direction, Owner, Staging, Worker};
+
+/// Smallest scratch pool chunk.
+const SCRATCH_CHUNK: u64 = 1 << 20;
 
 /// One argument handed to [`Worker::begin_run`], in signature order.
 #[derive(Debug)]
@@ -77,10 +82,12 @@ pub struct Counters {
     pub orch_writes: u64,
     pub tasks: u64,
     pub staged_view_copies: u64,
+    pub scratch_tensors: u64,
+    pub scratch_bytes: u64,
 }
 
 impl Counters {
-    pub fn entries(&self) -> [(&'static str, u64); 14] {
+    pub fn entries(&self) -> [(&'static str, u64); 16] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -96,6 +103,8 @@ impl Counters {
             ("orch_writes", self.orch_writes),
             ("tasks", self.tasks),
             ("staged_view_copies", self.staged_view_copies),
+            ("scratch_tensors", self.scratch_tensors),
+            ("scratch_bytes", self.scratch_bytes),
         ]
     }
 }
@@ -123,8 +132,13 @@ pub struct HostWindow {
 
 #[derive(Debug)]
 enum ArgKind {
+    /// A host array staged into the arena (or a fresh allocation).
     Staged { copy: Option<Arc<HostMem>> },
+    /// A resident device tensor.
     Device,
+    /// A run-scoped device tensor created by the orchestration (`orch.scratch`), carved from the
+    /// worker's retained scratch pool. No host array, no upload, no copy-back.
+    Scratch { copy: Option<Arc<HostMem>> },
 }
 
 #[derive(Debug)]
@@ -212,6 +226,8 @@ pub(crate) struct RunState {
     fresh: Vec<DevPtr>,
     /// Host copies handed to kernels on drivers without kernel memory, per task.
     pending: HashMap<usize, Vec<(u64, Arc<HostMem>, Direction)>>,
+    /// Next free place in the scratch pool: (chunk index, byte offset).
+    scratch_at: (usize, u64),
 }
 
 impl RunState {
@@ -307,6 +323,7 @@ impl Worker {
             events: ViewEvents::default(),
             fresh: Vec::new(),
             pending: HashMap::new(),
+            scratch_at: (0, 0),
         };
         match self.bind_into(&mut run, args) {
             Ok(()) => {
@@ -457,7 +474,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Releases the staging arena (e.g. after a one-off large run). Not during a run.
+    /// Releases the staging arena and the scratch pool (e.g. after a one-off large run). Not
+    /// during a run.
     pub fn trim_staging(&mut self) -> Result<()> {
         if self.run.is_some() {
             return Err(Error::State("trim_staging: a run is in progress".into()));
@@ -466,6 +484,11 @@ impl Worker {
             self.release_alloc(p)
                 .map_err(|e| Error::device(Phase::Buffer, None, e))?;
             self.arena = Default::default();
+        }
+        while let Some(&(p, _)) = self.scratch.last() {
+            self.release_alloc(p)
+                .map_err(|e| Error::device(Phase::Buffer, None, e))?;
+            self.scratch.pop();
         }
         Ok(())
     }
@@ -527,7 +550,7 @@ impl Worker {
             )));
         }
         let (base, bytes) = a.alloc.expect("covered implies an allocation");
-        let staged = matches!(a.kind, ArgKind::Staged { .. });
+        let staged = !matches!(a.kind, ArgKind::Device);
         let mut ev = ViewEvents::default();
         let means = self
             .views
@@ -558,7 +581,7 @@ impl Worker {
                 // copy of its span, filled once from the device.
                 let a = &mut run.args[arg];
                 let (span_start, span_len) = a.span().expect("covered");
-                let ArgKind::Staged { copy } = &mut a.kind else {
+                let (ArgKind::Staged { copy } | ArgKind::Scratch { copy }) = &mut a.kind else {
                     unreachable!("staged")
                 };
                 if copy.is_none() {
@@ -708,6 +731,82 @@ impl Worker {
             None => 0,
         };
         Ok((a.name.clone(), base))
+    }
+
+    /// Creates a run-scoped device tensor (contiguous `shape` of `dtype`) for intermediate results;
+    /// returns its argument index. It lives until the run's cleanup. Its bytes come from the
+    /// worker's retained scratch pool: chunks are allocated when a run needs more than the pool
+    /// holds and kept, so a warm run with the same footprint does no device malloc.
+    pub fn scratch(
+        &mut self,
+        gen: u64,
+        name: &str,
+        dtype: DType,
+        shape: Vec<u64>,
+    ) -> Result<usize> {
+        let geometry = Geometry::contiguous(&format!("scratch tensor {name}"), dtype, shape)?;
+        let run = self.run_mut(gen)?;
+        if run.stage != Stage::Orchestrate {
+            return Err(Error::State(
+                "scratch tensors are created during orchestration".into(),
+            ));
+        }
+        let extent = geometry.extent();
+        let mut arg = RunArg {
+            name: name.to_owned(),
+            dir: Direction::InOut,
+            geometry: geometry.clone(),
+            alloc: None,
+            kind: ArgKind::Scratch { copy: None },
+        };
+        if extent > 0 {
+            let need = align_up(extent, SLICE_ALIGN)?;
+            let (mut chunk, mut off) = run.scratch_at;
+            let place = loop {
+                match self.scratch.get(chunk) {
+                    Some(&(_, cap)) if off.checked_add(need).is_some_and(|e| e <= cap) => {
+                        break Some(chunk)
+                    }
+                    Some(_) => {
+                        chunk += 1;
+                        off = 0;
+                    }
+                    None => break None,
+                }
+            };
+            let chunk = match place {
+                Some(c) => c,
+                None => {
+                    let last = self.scratch.last().map_or(0, |c| c.1);
+                    let cap = need.max(SCRATCH_CHUNK).max(last.saturating_mul(2));
+                    let p = self
+                        .dev
+                        .alloc(cap)
+                        .map_err(|e| Error::device(Phase::Orchestrate, Some(name), e))?;
+                    self.allocs.insert(
+                        p.0,
+                        AllocInfo {
+                            bytes: cap,
+                            owner: Owner::Staging,
+                        },
+                    );
+                    self.scratch.push((p, cap));
+                    off = 0;
+                    self.scratch.len() - 1
+                }
+            };
+            let (p, cap) = self.scratch[chunk];
+            let es = dtype.size();
+            arg.geometry = Geometry::new(name, dtype, geometry.shape().to_vec(), None, off / es)?;
+            arg.alloc = Some((p, cap));
+            let run = self.run.as_mut().expect("checked");
+            run.scratch_at = (chunk, off + need);
+            run.report.counters.scratch_bytes += extent;
+        }
+        let run = self.run.as_mut().expect("checked");
+        run.report.counters.scratch_tensors += 1;
+        run.args.push(arg);
+        Ok(run.args.len() - 1)
     }
 
     /// Records a task over views of this run's arguments; returns its index. Tasks execute in

@@ -112,6 +112,8 @@ pub struct Worker {
     pub(crate) allocs: HashMap<u64, AllocInfo>,
     pub(crate) views: ViewCache,
     pub(crate) arena: Arena,
+    /// The retained scratch pool: chunks (base, size) that `orch.scratch` tensors are carved from.
+    pub(crate) scratch: Vec<(DevPtr, u64)>,
     pub(crate) resident: BTreeMap<u64, Vec<ResidentEntry>>,
     next_set: u64,
     pub(crate) run: Option<RunState>,
@@ -128,6 +130,7 @@ impl Worker {
             allocs: HashMap::new(),
             views: ViewCache::default(),
             arena: Arena::default(),
+            scratch: Vec::new(),
             resident: BTreeMap::new(),
             next_set: 1,
             run: None,
@@ -449,6 +452,7 @@ impl Worker {
             }
         }
         self.arena = Arena::default();
+        self.scratch.clear();
         s.device = self.dev.close();
         self.allocs.clear();
         self.closed = true;
