@@ -702,26 +702,13 @@ impl AscendDevice {
 
     /// Common prologue: an injected fault fails the call before the vendor function (logged).
     fn fault(&self, st: &mut State, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = st.ledger.take_fault(op) {
-            st.ledger.record(op, addr, bytes, code);
+        if let Some(code) = st.ledger.injected(op, addr, bytes) {
             return Err(self
                 .check_err(op, code, "injected fault")
                 .at(addr)
                 .sized(bytes));
         }
         Ok(())
-    }
-
-    fn logged<T>(
-        st: &mut State,
-        op: Op,
-        addr: u64,
-        bytes: u64,
-        r: Result<T, DeviceError>,
-    ) -> Result<T, DeviceError> {
-        let code = r.as_ref().err().map_or(0, |e| e.code);
-        st.ledger.record(op, addr, bytes, code);
-        r
     }
 
     /// The live allocation `(base, size)` containing `[addr, addr + bytes)`, else an error.
@@ -957,7 +944,7 @@ impl Device for AscendDevice {
         self.fault(&mut st, Op::Alloc, 0, bytes)?;
         let r = self.do_alloc(&mut st, bytes);
         let addr = r.as_ref().map_or(0, |p| p.0);
-        Self::logged(&mut st, Op::Alloc, addr, bytes, r)
+        st.ledger.logged(Op::Alloc, addr, bytes, r)
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
@@ -965,7 +952,7 @@ impl Device for AscendDevice {
         let size = st.ledger.live_size(ptr).unwrap_or(0);
         self.fault(&mut st, Op::Free, ptr.0, size)?;
         let r = self.do_free(&mut st, ptr);
-        Self::logged(&mut st, Op::Free, ptr.0, size, r)
+        st.ledger.logged(Op::Free, ptr.0, size, r)
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
@@ -998,7 +985,7 @@ impl Device for AscendDevice {
             st.ledger.on_copy(Op::H2d, bytes);
             Ok(())
         })();
-        Self::logged(&mut st, Op::H2d, dst.0, bytes, r)
+        st.ledger.logged(Op::H2d, dst.0, bytes, r)
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
@@ -1030,7 +1017,7 @@ impl Device for AscendDevice {
             st.ledger.on_copy(Op::D2h, bytes);
             Ok(())
         })();
-        Self::logged(&mut st, Op::D2h, src.0, bytes, r)
+        st.ledger.logged(Op::D2h, src.0, bytes, r)
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
@@ -1051,7 +1038,7 @@ impl Device for AscendDevice {
         self.fault(&mut st, Op::Unmap, ptr.0, 0)?;
         let r = self.do_unmap(&mut st, ptr.0);
         let bytes = r.as_ref().copied().unwrap_or(0);
-        Self::logged(&mut st, Op::Unmap, ptr.0, bytes, r.map(|_| ()))
+        st.ledger.logged(Op::Unmap, ptr.0, bytes, r.map(|_| ()))
     }
 
     fn stats(&self) -> Stats {
@@ -1084,7 +1071,7 @@ impl Device for AscendDevice {
             report.leaked_mappings += 1;
             let r = self.do_unmap(&mut st, start);
             let bytes = r.as_ref().copied().unwrap_or(0);
-            if let Err(e) = Self::logged(&mut st, Op::Unmap, start, bytes, r) {
+            if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
                 report.errors.push(e);
             }
         }
@@ -1093,7 +1080,7 @@ impl Device for AscendDevice {
             report.leaked_allocations += 1;
             report.leaked_bytes += size;
             let r = self.do_free(&mut st, ptr);
-            if let Err(e) = Self::logged(&mut st, Op::Free, ptr.0, size, r) {
+            if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
                 report.errors.push(e);
             }
         }

@@ -257,23 +257,10 @@ impl CudaDevice {
     }
 
     fn fault(st: &mut State, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = st.ledger.take_fault(op) {
-            st.ledger.record(op, addr, bytes, code);
+        if let Some(code) = st.ledger.injected(op, addr, bytes) {
             return Err(Self::err(op, code, "injected fault").at(addr).sized(bytes));
         }
         Ok(())
-    }
-
-    fn logged<T>(
-        st: &mut State,
-        op: Op,
-        addr: u64,
-        bytes: u64,
-        r: Result<T, DeviceError>,
-    ) -> Result<T, DeviceError> {
-        let code = r.as_ref().err().map_or(0, |e| e.code);
-        st.ledger.record(op, addr, bytes, code);
-        r
     }
 
     fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
@@ -350,7 +337,7 @@ impl Device for CudaDevice {
         Self::fault(&mut st, Op::Alloc, 0, bytes)?;
         let r = self.do_alloc(&mut st, bytes);
         let addr = r.as_ref().map_or(0, |p| p.0);
-        Self::logged(&mut st, Op::Alloc, addr, bytes, r)
+        st.ledger.logged(Op::Alloc, addr, bytes, r)
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
@@ -358,7 +345,7 @@ impl Device for CudaDevice {
         let size = st.ledger.live_size(ptr).unwrap_or(0);
         Self::fault(&mut st, Op::Free, ptr.0, size)?;
         let r = self.do_free(&mut st, ptr);
-        Self::logged(&mut st, Op::Free, ptr.0, size, r)
+        st.ledger.logged(Op::Free, ptr.0, size, r)
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
@@ -383,7 +370,7 @@ impl Device for CudaDevice {
             st.ledger.on_copy(Op::H2d, bytes);
             Ok(())
         })();
-        Self::logged(&mut st, Op::H2d, dst.0, bytes, r)
+        st.ledger.logged(Op::H2d, dst.0, bytes, r)
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
@@ -408,7 +395,7 @@ impl Device for CudaDevice {
             st.ledger.on_copy(Op::D2h, bytes);
             Ok(())
         })();
-        Self::logged(&mut st, Op::D2h, src.0, bytes, r)
+        st.ledger.logged(Op::D2h, src.0, bytes, r)
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
@@ -441,7 +428,7 @@ impl Device for CudaDevice {
             "no host mapping starts at this address (CUDA never maps device memory)",
         )
         .at(ptr.0));
-        Self::logged(&mut st, Op::Unmap, ptr.0, 0, r)
+        st.ledger.logged(Op::Unmap, ptr.0, 0, r)
     }
 
     fn stats(&self) -> Stats {
@@ -469,7 +456,7 @@ impl Device for CudaDevice {
             report.leaked_allocations += 1;
             report.leaked_bytes += size;
             let r = self.do_free(&mut st, ptr);
-            if let Err(e) = Self::logged(&mut st, Op::Free, ptr.0, size, r) {
+            if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
                 report.errors.push(e);
             }
         }

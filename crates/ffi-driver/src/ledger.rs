@@ -66,6 +66,28 @@ impl Ledger {
         Ok(())
     }
 
+    /// Prologue of every driver call: counts the call against pending faults and, when an
+    /// injected fault fires, logs the call as failed and returns its code (the caller turns it
+    /// into its backend's error without calling the vendor).
+    pub fn injected(&mut self, op: Op, addr: u64, bytes: u64) -> Option<i64> {
+        let code = self.take_fault(op)?;
+        self.record(op, addr, bytes, code);
+        Some(code)
+    }
+
+    /// Epilogue of every driver call: logs its outcome (0 or the error's code) and passes it on.
+    pub fn logged<T>(
+        &mut self,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        r: Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        let code = r.as_ref().err().map_or(0, |e| e.code);
+        self.record(op, addr, bytes, code);
+        r
+    }
+
     /// Drops pending faults.
     pub fn clear_faults(&mut self) {
         self.faults.clear();

@@ -150,26 +150,12 @@ impl State {
 
     /// Common prologue of every call: an injected fault fails it (and is logged).
     fn fault(&mut self, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = self.ledger.take_fault(op) {
-            self.ledger.record(op, addr, bytes, code);
+        if let Some(code) = self.ledger.injected(op, addr, bytes) {
             return Err(err(op, call_name(op), code, "injected fault")
                 .at(addr)
                 .sized(bytes));
         }
         Ok(())
-    }
-
-    /// Logs the outcome of a call and passes it through.
-    fn logged<T>(
-        &mut self,
-        op: Op,
-        addr: u64,
-        bytes: u64,
-        r: Result<T, DeviceError>,
-    ) -> Result<T, DeviceError> {
-        let code = r.as_ref().err().map_or(0, |e| e.code);
-        self.ledger.record(op, addr, bytes, code);
-        r
     }
 }
 
@@ -367,7 +353,7 @@ impl Device for SimDevice {
         st.fault(Op::Alloc, 0, bytes)?;
         let r = self.do_alloc(&mut st, bytes);
         let addr = r.as_ref().map_or(0, |p| p.0);
-        st.logged(Op::Alloc, addr, bytes, r)
+        st.ledger.logged(Op::Alloc, addr, bytes, r)
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
@@ -375,7 +361,7 @@ impl Device for SimDevice {
         let size = st.blocks.get(&ptr.0).map_or(0, |b| b.size);
         st.fault(Op::Free, ptr.0, size)?;
         let r = Self::do_free(&mut st, ptr);
-        st.logged(Op::Free, ptr.0, size, r)
+        st.ledger.logged(Op::Free, ptr.0, size, r)
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
@@ -390,7 +376,7 @@ impl Device for SimDevice {
         if r.is_ok() {
             st.ledger.on_copy(Op::H2d, bytes);
         }
-        st.logged(Op::H2d, dst.0, bytes, r)
+        st.ledger.logged(Op::H2d, dst.0, bytes, r)
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
@@ -405,7 +391,7 @@ impl Device for SimDevice {
         if r.is_ok() {
             st.ledger.on_copy(Op::D2h, bytes);
         }
-        st.logged(Op::D2h, src.0, bytes, r)
+        st.ledger.logged(Op::D2h, src.0, bytes, r)
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
@@ -425,7 +411,7 @@ impl Device for SimDevice {
         let mut st = self.lock();
         st.fault(Op::Unmap, ptr.0, 0)?;
         let r = Self::do_unmap(&mut st, ptr);
-        st.logged(Op::Unmap, ptr.0, 0, r)
+        st.ledger.logged(Op::Unmap, ptr.0, 0, r)
     }
 
     fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {
@@ -468,7 +454,7 @@ impl Device for SimDevice {
             report.leaked_allocations += 1;
             report.leaked_bytes += size;
             let r = Self::do_free(&mut st, DevPtr(base));
-            if let Err(e) = st.logged(Op::Free, base, size, r) {
+            if let Err(e) = st.ledger.logged(Op::Free, base, size, r) {
                 report.errors.push(e);
             }
         }
