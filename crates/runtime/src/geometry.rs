@@ -207,11 +207,12 @@ impl Geometry {
         }
     }
 
-    /// Byte offset from the base of the element at `index` (one entry per dimension).
-    pub fn byte_offset_of(&self, what: &str, index: &[i64]) -> Result<u64> {
+    /// Byte offset from the base of the element at `index` (one entry per dimension). `name`
+    /// names the tensor in errors (formatted only on failure: this is the orchestrator's hot path).
+    pub fn byte_offset_of(&self, name: &str, index: &[i64]) -> Result<u64> {
         if index.len() != self.shape.len() {
             return Err(Error::Value(format!(
-                "{what}: index {index:?} has {} entries, tensor has rank {} (shape {:?})",
+                "tensor {name}: index {index:?} has {} entries, tensor has rank {} (shape {:?})",
                 index.len(),
                 self.shape.len(),
                 self.shape
@@ -221,7 +222,7 @@ impl Geometry {
         for (d, ((&i, &n), &s)) in index.iter().zip(&self.shape).zip(&self.strides).enumerate() {
             if i < 0 || i as u64 >= n {
                 return Err(Error::Value(format!(
-                    "{what}: index {index:?} out of bounds for shape {:?} (dimension {d})",
+                    "tensor {name}: index {index:?} out of bounds for shape {:?} (dimension {d})",
                     self.shape
                 )));
             }
@@ -229,10 +230,10 @@ impl Geometry {
             elem = (i as u64)
                 .checked_mul(s)
                 .and_then(|x| elem.checked_add(x))
-                .ok_or_else(|| ovf(what, "the element offset"))?;
+                .ok_or_else(|| ovf(&format!("tensor {name}"), "the element offset"))?;
         }
         elem.checked_mul(self.dtype.size())
-            .ok_or_else(|| ovf(what, "the byte offset"))
+            .ok_or_else(|| ovf(&format!("tensor {name}"), "the byte offset"))
     }
 
     /// A sub-view: `shape` elements starting at `offsets` in every dimension, same strides.

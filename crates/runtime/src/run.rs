@@ -143,7 +143,8 @@ enum ArgKind {
 
 #[derive(Debug)]
 struct RunArg {
-    name: String,
+    /// Shared, so the per-access paths copy a pointer, not the string.
+    name: Arc<str>,
     dir: Direction,
     /// Relative to `alloc`.
     geometry: Geometry,
@@ -368,7 +369,7 @@ impl Worker {
                     let alloc = (geometry.extent() > 0).then_some((*ptr, info.bytes));
                     run.report.counters.resident_tensors += 1;
                     run.args.push(RunArg {
-                        name: name.clone(),
+                        name: name.as_str().into(),
                         dir: *dir,
                         geometry: geometry.clone(),
                         alloc,
@@ -386,7 +387,7 @@ impl Worker {
                     si += 1;
                     run.report.counters.staged_tensors += 1;
                     let mut arg = RunArg {
-                        name: name.clone(),
+                        name: name.as_str().into(),
                         dir: *dir,
                         geometry: geometry.clone(),
                         alloc: None,
@@ -503,7 +504,7 @@ impl Worker {
             .args
             .get(arg)
             .ok_or_else(|| Error::Value(format!("no argument {arg}")))?;
-        Ok((a.name.clone(), a.geometry.clone(), a.dir))
+        Ok((a.name.to_string(), a.geometry.clone(), a.dir))
     }
 
     /// Resolves an orchestrator access of `len` bytes at device address `addr` made through
@@ -614,7 +615,7 @@ impl Worker {
         index: &[i64],
     ) -> Result<Value> {
         let (name, base) = self.arg_base(gen, arg)?;
-        let off = geometry.byte_offset_of(&format!("tensor {name}"), index)?;
+        let off = geometry.byte_offset_of(&name, index)?;
         let es = geometry.dtype().size();
         let t = self.locate(gen, arg, base + off, es, false)?;
         let mut buf = [0u8; 8];
@@ -636,16 +637,15 @@ impl Worker {
         value: Value,
     ) -> Result<()> {
         let (name, base) = self.arg_base(gen, arg)?;
-        let what = format!("tensor {name}");
-        let off = geometry.byte_offset_of(&what, index)?;
+        let off = geometry.byte_offset_of(&name, index)?;
         let es = geometry.dtype().size() as usize;
         let mut buf = [0u8; 8];
         geometry
             .dtype()
             .encode(value, &mut buf[..es])
             .map_err(|e| match e {
-                Error::Value(m) => Error::Value(format!("{what}: {m}")),
-                Error::Type(m) => Error::Type(format!("{what}: {m}")),
+                Error::Value(m) => Error::Value(format!("tensor {name}: {m}")),
+                Error::Type(m) => Error::Type(format!("tensor {name}: {m}")),
                 other => other,
             })?;
         let addr = base + off;
@@ -713,7 +713,7 @@ impl Worker {
     }
 
     /// The device address that argument geometries of `arg` are relative to.
-    fn arg_base(&self, gen: u64, arg: usize) -> Result<(String, u64)> {
+    fn arg_base(&self, gen: u64, arg: usize) -> Result<(Arc<str>, u64)> {
         let run = match self.run.as_ref() {
             Some(r) if r.gen == gen => r,
             _ => {
@@ -753,7 +753,7 @@ impl Worker {
         }
         let extent = geometry.extent();
         let mut arg = RunArg {
-            name: name.to_owned(),
+            name: name.into(),
             dir: Direction::InOut,
             geometry: geometry.clone(),
             alloc: None,
