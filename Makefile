@@ -35,11 +35,11 @@ rust-test:
 # (mirror) and large ones mapped, as on 64 KiB-page hosts.
 FAKE_ASCEND := target/fake-ascend-libs
 py-test: build
-	$(VENV)/bin/pytest -q -p no:cacheprovider
-	$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform sim --rounds 3 --svm never
 	cargo build -q -p fake-ascend
 	mkdir -p $(FAKE_ASCEND)
 	for n in libascendcl.so libascend_hal.so libruntime.so; do ln -sf ../debug/libfake_ascend.so $(FAKE_ASCEND)/$$n; done
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+	$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform sim --rounds 3 --svm never
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform ascend --rounds 3
 

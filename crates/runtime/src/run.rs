@@ -211,6 +211,16 @@ struct TaskTensor {
     dir: Direction,
 }
 
+/// A task tensor handed to a kernel as a host copy (drivers without kernel memory): written
+/// back to `addr` after the kernel when `dir` writes.
+#[derive(Debug)]
+struct PendingCopy {
+    addr: u64,
+    mem: Arc<HostMem>,
+    dir: Direction,
+    name: Arc<str>,
+}
+
 #[derive(Debug)]
 pub(crate) struct RunState {
     gen: u64,
@@ -226,7 +236,7 @@ pub(crate) struct RunState {
     events: ViewEvents,
     fresh: Vec<DevPtr>,
     /// Host copies handed to kernels on drivers without kernel memory, per task.
-    pending: HashMap<usize, Vec<(u64, Arc<HostMem>, Direction)>>,
+    pending: HashMap<usize, Vec<PendingCopy>>,
     /// Next free place in the scratch pool: (chunk index, byte offset).
     scratch_at: (usize, u64),
 }
@@ -907,7 +917,12 @@ impl Worker {
                 .map_err(|e| host_err(&a.name, e))?
                 .map_err(|e| Error::device(Phase::Execute, Some(&a.name), e))?;
             let mem = Arc::new(mem);
-            copies.push((addr, mem.clone(), t.dir));
+            copies.push(PendingCopy {
+                addr,
+                mem: mem.clone(),
+                dir: t.dir,
+                name: a.name.clone(),
+            });
             out.push(HostWindow {
                 mem,
                 offset: 0,
@@ -929,12 +944,11 @@ impl Worker {
         let Some(copies) = run.pending.remove(&task) else {
             return Ok(());
         };
-        for (addr, mem, dir) in copies {
-            if dir.writes() {
-                mem.with_slice(0, mem.len(), |s| dev.copy_h2d(DevPtr(addr), s))
-                    .map_err(|e| host_err("task output", e))?
-                    .map_err(|e| Error::device(Phase::Execute, None, e))?;
-            }
+        for c in copies.iter().filter(|c| c.dir.writes()) {
+            c.mem
+                .with_slice(0, c.mem.len(), |s| dev.copy_h2d(DevPtr(c.addr), s))
+                .map_err(|e| host_err(&c.name, e))?
+                .map_err(|e| Error::device(Phase::Execute, Some(&c.name), e))?;
         }
         Ok(())
     }
