@@ -38,6 +38,7 @@ py-test: build
 	cargo build -q -p fake-ascend
 	mkdir -p $(FAKE_ASCEND)
 	for n in libascendcl.so libascend_hal.so libruntime.so; do ln -sf ../debug/libfake_ascend.so $(FAKE_ASCEND)/$$n; done
+	$(PY) -m mypy.stubtest --ignore-disjoint-bases simpler._core
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 	$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform sim --rounds 3 --svm never
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \

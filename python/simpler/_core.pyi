@@ -3,12 +3,15 @@
 Users should use the ``simpler`` package; these names are its building blocks.
 """
 
-from typing import Any
+from typing import Any, final
 
 import numpy as np
 
+__all__ = ["DTYPES", "HostWindow", "Orchestrator", "RunTensor", "Worker"]
+
 DTYPES: list[str]
 
+@final
 class HostWindow:
     """Bytes of host memory exposed to numpy through ``__array_interface__``."""
 
@@ -20,6 +23,7 @@ class HostWindow:
     @property
     def zero_copy(self) -> bool: ...
 
+@final
 class RunTensor:
     """A tensor argument (or a view of one) of the run in progress."""
 
@@ -50,8 +54,8 @@ class Orchestrator:
 class Worker:
     """The native worker (device, allocations, view cache, run in progress)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         platform: str,
         staging: str = "arena",
         svm: str | None = None,
@@ -59,7 +63,7 @@ class Worker:
         capacity: int | None = None,
         device_id: int | None = None,
         malloc_policy: str | None = None,
-    ) -> None: ...
+    ) -> Worker: ...
     @property
     def platform(self) -> str: ...
     @property

@@ -797,6 +797,7 @@ impl Orchestrator {
     }
 }
 
+/// Native core of simpler (use the `simpler` package).
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pyo3_log::init();
@@ -806,9 +807,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Orchestrator>()?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
-    m.add(
-        "__doc__",
-        "Native core of simpler (see the `simpler` package).",
-    )?;
     Ok(())
 }
