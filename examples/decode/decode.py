@@ -360,7 +360,9 @@ def _progress(it: Iterable[int], total: int, enabled: bool, desc: str) -> Iterat
         except ImportError:  # the bar is optional
             pass
         else:
-            yield from tqdm(it, total=total, desc=desc, unit="tok", leave=False, file=sys.stderr)
+            # disable=None: no bar when stderr is not a terminal (logs, CI)
+            bar = tqdm(it, total=total, desc=desc, unit="tok", leave=False, file=sys.stderr, disable=None)
+            yield from bar
             return
     yield from it
 
