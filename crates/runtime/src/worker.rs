@@ -454,6 +454,9 @@ impl Worker {
         self.arena = Arena::default();
         self.scratch.clear();
         s.device = self.dev.close();
+        // The driver's close removed every mapping, including those whose unmap failed above:
+        // drop their view entries too, so nothing of the device outlives close.
+        self.views = ViewCache::default();
         self.allocs.clear();
         self.closed = true;
         if s.user_buffers > 0 || s.resident_sets > 0 {
