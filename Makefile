@@ -16,8 +16,10 @@ $(STAMP): requirements/dev.txt
 build: $(STAMP)
 	$(VENV)/bin/maturin develop --release -q
 
+# The demo, then the bench on paged attention (B=64, 8K-token contexts; about 20 s on 2 cores).
 demo: build
 	$(PY) examples/demo.py
+	$(VENV)/bin/simpler bench paged_attention --rounds 5 --case B64_8K
 
 lint: $(STAMP)
 	cargo fmt --all -- --check
