@@ -20,6 +20,7 @@ build: $(STAMP)
 demo: build
 	$(PY) examples/demo.py
 	$(VENV)/bin/simpler bench paged_attention --rounds 5 --case B64_8K
+	$(PY) examples/decode/decode.py --mode both --layers 8 --hidden 512 --heads 8 --kv-heads 2 --ffn 1408 --rounds 32
 
 lint: $(STAMP)
 	cargo fmt --all -- --check
