@@ -152,20 +152,23 @@ fn geometry(
     Geometry::new(what, DType::parse(dtype).py()?, shape, strides, offset).py()
 }
 
-fn index(idx: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+/// The index of an element access of tensor `name`: an int, or a tuple/list of ints.
+fn index(idx: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     let one = |o: &Bound<'_, PyAny>| -> PyResult<i64> {
+        let not_int = || {
+            to_py(Error::Type(format!(
+                "tensor {name}: index entries must be integers, not {o}"
+            )))
+        };
         if o.is_instance_of::<pyo3::types::PyBool>() || o.is_instance_of::<pyo3::types::PyFloat>() {
-            return Err(to_py(Error::Type(format!(
-                "tensor index entries must be integers, not {o}"
-            ))));
+            return Err(not_int());
         }
-        o.call_method0("__index__")
-            .and_then(|i| i.extract::<i64>())
-            .map_err(|_| {
-                to_py(Error::Type(format!(
-                    "tensor index entries must be integers, not {o}"
-                )))
-            })
+        let i = o.call_method0("__index__").map_err(|_| not_int())?;
+        i.extract::<i64>().map_err(|_| {
+            to_py(Error::Value(format!(
+                "tensor {name}: index entry {o} out of bounds (it does not fit 64 bits)"
+            )))
+        })
     };
     if let Ok(t) = idx.cast::<PyTuple>() {
         return t.iter().map(|o| one(&o)).collect();
@@ -176,7 +179,8 @@ fn index(idx: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     Ok(vec![one(idx)?])
 }
 
-fn value(v: &Bound<'_, PyAny>) -> PyResult<Value> {
+/// A value written into tensor `name`.
+fn value(v: &Bound<'_, PyAny>, name: &str) -> PyResult<Value> {
     if let Ok(b) = v.extract::<bool>() {
         if v.is_instance_of::<pyo3::types::PyBool>() || v.get_type().name()?.to_str()? == "bool" {
             return Ok(Value::Bool(b));
@@ -193,14 +197,14 @@ fn value(v: &Bound<'_, PyAny>) -> PyResult<Value> {
             return Ok(Value::UInt(x));
         }
         return Err(to_py(Error::Value(format!(
-            "value {v} out of range: it does not fit 64 bits"
+            "tensor {name}: value {v} out of range: it does not fit 64 bits"
         ))));
     }
     if let Ok(f) = v.call_method0("__float__") {
         return Ok(Value::Float(f.extract()?));
     }
     Err(to_py(Error::Type(format!(
-        "tensor values must be int, float or bool, not {}",
+        "tensor {name}: values must be int, float or bool, not {}",
         v.get_type().name()?
     ))))
 }
@@ -763,7 +767,7 @@ impl Orchestrator {
         idx: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
         check_handle(&self.worker, &t)?;
-        let i = index(idx)?;
+        let i = index(idx, &t.name)?;
         let v = lock(&self.worker)
             .orch_read(t.gen, t.arg, &t.geometry, &i)
             .py()?;
@@ -778,8 +782,8 @@ impl Orchestrator {
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         check_handle(&self.worker, &t)?;
-        let i = index(idx)?;
-        let v = self::value(value)?;
+        let i = index(idx, &t.name)?;
+        let v = self::value(value, &t.name)?;
         lock(&self.worker)
             .orch_write(t.gen, t.arg, &t.geometry, &i, v)
             .py()
