@@ -68,6 +68,7 @@ __all__ = [
     "main",
     "plot_records",
     "read_jsonl",
+    "split_arm",
 ]
 
 #: Known workloads: name -> scene-test file, or ``file:function`` for a driver (see the module doc).
