@@ -8,6 +8,8 @@ are staged through a contiguous copy that is written back after the run for outp
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 try:  # ml_dtypes supplies bfloat16 and the fp8/fp4 kinds (the dtypes JAX uses).
@@ -21,8 +23,10 @@ from .errors import ArgumentError, ArgumentTypeError
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_core.DTYPES)
 
 
+@functools.cache
 def np_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a simpler dtype name (``"bfloat16"`` via ml_dtypes)."""
+    """The numpy dtype for a simpler dtype name (``"bfloat16"`` via ml_dtypes); cached, since every
+    kernel argument and ``read_tensor`` looks one up."""
     if ml_dtypes is not None and hasattr(ml_dtypes, name):
         return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)

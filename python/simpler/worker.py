@@ -57,6 +57,7 @@ def _signature(sig: Sequence[object], what: str) -> tuple[tuple[ArgDirection, st
 
 
 _SCALAR_TYPES = (bool, int, float, np.bool_, np.integer, np.floating)
+_FAST_SCALARS = frozenset({bool, int, float})
 
 
 def _check_scalar(v: object, what: str) -> None:
@@ -81,9 +82,12 @@ class Kernel:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "kernel")
         self.signature = _signature(signature, f"kernel {self.name}")
+        # Precomputed for submit, which runs once per task.
+        self._dirs = tuple(d.value for d, _ in self.signature)
+        self._dtype_checks = tuple((i, dt) for i, (_, dt) in enumerate(self.signature) if dt is not None)
 
     def __repr__(self) -> str:
-        return f"Kernel({self.name}, {[d.value for d, _ in self.signature]})"
+        return f"Kernel({self.name}, {list(self._dirs)})"
 
 
 class Callable:
@@ -229,24 +233,25 @@ class Orchestrator(_core.Orchestrator):
         """Queues ``kernel`` over tensors (or views) of this run, then scalars; returns its index."""
         if not isinstance(kernel, Kernel):
             raise ArgumentTypeError(f"submit: expected a Kernel, got {type(kernel).__name__}")
-        n = len(kernel.signature)
+        n = len(kernel._dirs)
         tensors, scalars = args[:n], args[n:]
-        if len(tensors) < n or not all(isinstance(t, _core.RunTensor) for t in tensors):
-            got = sum(isinstance(a, _core.RunTensor) for a in args)
+        run_tensor = _core.RunTensor
+        if len(tensors) < n or not all(type(t) is run_tensor for t in tensors):
+            got = sum(isinstance(a, run_tensor) for a in args)
             raise ArgumentError(f"submit {kernel.name}: signature takes {n} tensors, got {got}")
         for i, s in enumerate(scalars):
-            if isinstance(s, _core.RunTensor):
-                raise ArgumentError(f"submit {kernel.name}: tensor after scalars (argument {n + i})")
-            _check_scalar(s, f"submit {kernel.name} scalar {i}")
-        for (_, dt), t in zip(kernel.signature, tensors):
-            if dt is not None and t.dtype != dt:
+            if type(s) not in _FAST_SCALARS:
+                if isinstance(s, run_tensor):
+                    raise ArgumentError(f"submit {kernel.name}: tensor after scalars (argument {n + i})")
+                _check_scalar(s, f"submit {kernel.name} scalar {i}")
+        for i, dt in kernel._dtype_checks:
+            t = tensors[i]
+            if t.dtype != dt:
                 raise ArgumentTypeError(
                     f"submit {kernel.name}: tensor {t.name} is {t.dtype}, signature wants {dt}"
                 )
-        idx = self._w._native._submit(
-            self._gen, [(t, d.value) for (d, _), t in zip(kernel.signature, tensors)]
-        )
-        self._tasks.append((kernel, tuple(scalars)))
+        idx = self._w._native._submit(self._gen, tensors, kernel._dirs)
+        self._tasks.append((kernel, scalars))
         return idx
 
 

@@ -599,17 +599,26 @@ impl PyWorker {
     fn _submit(
         &self,
         gen: u64,
-        tensors: Vec<(PyRef<'_, TensorHandle>, String)>,
+        tensors: Vec<PyRef<'_, TensorHandle>>,
+        dirs: Vec<String>,
     ) -> PyResult<usize> {
+        if tensors.len() != dirs.len() {
+            return Err(value_err(format!(
+                "{} tensors for {} directions",
+                tensors.len(),
+                dirs.len()
+            )));
+        }
         let mut ts = Vec::with_capacity(tensors.len());
-        for (t, d) in tensors {
+        for (t, d) in tensors.iter().zip(&dirs) {
+            check_handle(&self.inner, t)?;
             if t.gen != gen {
                 return Err(to_py(Error::State(format!(
                     "tensor {} belongs to another run",
                     t.name
                 ))));
             }
-            ts.push((t.arg, t.geometry.clone(), direction(&d)?));
+            ts.push((t.arg, t.geometry.clone(), direction(d)?));
         }
         lock(&self.inner).submit(gen, ts).py()
     }

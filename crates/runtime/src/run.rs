@@ -239,6 +239,9 @@ pub(crate) struct RunState {
     pending: HashMap<usize, Vec<PendingCopy>>,
     /// Next free place in the scratch pool: (chunk index, byte offset).
     scratch_at: (usize, u64),
+    /// Allocations some task of this run writes (deduplicated at submit, so the end of execute
+    /// marks each mirror stale once, however many tasks there were).
+    written_allocs: Vec<DevPtr>,
 }
 
 impl RunState {
@@ -335,6 +338,7 @@ impl Worker {
             fresh: Vec::new(),
             pending: HashMap::new(),
             scratch_at: (0, 0),
+            written_allocs: Vec::new(),
         };
         match self.bind_into(&mut run, args) {
             Ok(()) => {
@@ -852,6 +856,9 @@ impl Worker {
                 run.touched.insert(start, geometry.extent());
                 if dir.writes() {
                     run.written.insert(start, geometry.extent());
+                    if !run.written_allocs.contains(&base) {
+                        run.written_allocs.push(base);
+                    }
                 }
             }
             task.push(TaskTensor { arg, geometry, dir });
@@ -956,32 +963,30 @@ impl Worker {
     /// Ends execution (`ok = false` if a task failed). Mirrors of resident arguments the callable
     /// declares OUT/INOUT, and of any allocation a task wrote, go stale.
     pub fn end_execute(&mut self, gen: u64, ok: bool) -> Result<()> {
-        let run = self.run_mut(gen)?;
-        if run.stage == Stage::Orchestrate {
-            run.report.phases.orchestrate = run.lap();
-        } else {
-            run.report.phases.execute = run.lap();
-        }
+        let run = self
+            .run
+            .as_mut()
+            .filter(|r| r.gen == gen)
+            .ok_or_else(|| Error::State(format!("run {gen} is not in progress")))?;
+        let was_orchestrating = run.stage == Stage::Orchestrate;
         run.stage = Stage::Executed;
         run.pending.clear();
         if !ok {
             run.failed = true;
         }
-        let mut stale: Vec<DevPtr> = run
+        let declared = run
             .args
             .iter()
             .filter(|a| matches!(a.kind, ArgKind::Device) && a.dir.writes())
-            .filter_map(|a| a.alloc.map(|(p, _)| p))
-            .collect();
-        for task in &run.tasks {
-            for t in task.iter().filter(|t| t.dir.writes()) {
-                if let Some((p, _)) = run.args[t.arg].alloc {
-                    stale.push(p);
-                }
-            }
-        }
-        for p in stale {
+            .filter_map(|a| a.alloc.map(|(p, _)| p));
+        for p in declared.chain(run.written_allocs.iter().copied()) {
             self.views.mark_stale(p);
+        }
+        let run = self.run.as_mut().expect("checked");
+        if was_orchestrating {
+            run.report.phases.orchestrate = run.lap();
+        } else {
+            run.report.phases.execute = run.lap();
         }
         Ok(())
     }
