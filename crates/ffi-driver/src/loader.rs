@@ -12,11 +12,13 @@
 //! Function pointers copied out of it are therefore valid for the rest of the process, so backends
 //! can store plain `extern "C" fn` pointers without tying them to a borrow. Vendor runtimes keep
 //! process-wide state (threads, device contexts) that does not survive `dlclose` cleanly anyway;
-//! the dynamic loader reference-counts repeated opens of the same file, so opening a device many
-//! times costs one small `Box` per open, not one copy of the library.
+//! each path is opened once per process and remembered (a table of what was opened, by path), so
+//! opening a device many times reuses the first handle instead of leaking one per open, and the
+//! handles stay reachable from that table (memcheck reports none of them lost).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use libloading::Library;
 
@@ -118,14 +120,31 @@ pub(crate) fn candidates(file: &str, dirs: &[PathBuf], bare: bool) -> Vec<PathBu
     v
 }
 
-/// Opens the first candidate that the dynamic loader accepts.
+/// Every library opened so far: (path given to the loader, handle, that path as text).
+type Opened = Vec<(PathBuf, &'static Library, &'static str)>;
+static OPENED: Mutex<Opened> = Mutex::new(Vec::new());
+
+/// Opens the first candidate that the dynamic loader accepts (or that was opened before).
 pub(crate) fn open_first(name: &'static str, paths: &[PathBuf]) -> Result<VendorLib, LoadError> {
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     let mut tried = Vec::new();
     for path in paths {
+        if let Some(&(_, lib, text)) = opened.iter().find(|o| &o.0 == path) {
+            return Ok(VendorLib {
+                name,
+                path: text,
+                lib,
+            });
+        }
         match open_one(path) {
             Ok(lib) => {
-                let path: &'static str = Box::leak(path.display().to_string().into_boxed_str());
-                return Ok(VendorLib { name, path, lib });
+                let text: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+                opened.push((path.clone(), lib, text));
+                return Ok(VendorLib {
+                    name,
+                    path: text,
+                    lib,
+                });
             }
             Err(error) => tried.push(LoadAttempt {
                 path: path.display().to_string(),
