@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test bench clean
+.PHONY: demo test build lint rust-test py-test memcheck bench clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -48,6 +48,11 @@ py-test: build
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform ascend --rounds 3
 
 test: lint rust-test py-test
+
+# valgrind memcheck over the Rust test binaries of the runtime and the driver: zero errors
+# (.ci/memcheck; suppressed false positives, with reasons, in .ci/valgrind.supp).
+memcheck:
+	.ci/memcheck
 
 bench: build
 	$(PY) -m simpler.benchmarks
