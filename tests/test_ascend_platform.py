@@ -103,3 +103,14 @@ def test_platform_unavailable_names_the_library_and_paths(monkeypatch):
     with pytest.raises(sp.PlatformUnavailableError, match=r"libascendcl\.so.*nonexistent-simpler"):
         sp.Worker("ascend")
     assert os.environ["SIMPLER_ASCEND_LIB_DIR"] == "/nonexistent-simpler"
+
+
+def test_two_write_views_of_one_argument_in_one_task_keep_both_writes(ascend):
+    k = sp.Kernel(lambda a, b: (a.__setitem__(Ellipsis, 1), b.__setitem__(Ellipsis, 2)), [OUT, OUT])
+
+    def orch(o, t):
+        o.submit(k, t.view([4, 1], [0, 0]), t.view([4, 1], [0, 1]))  # interleaved columns
+
+    out = np.zeros((4, 2), np.float32)
+    ascend.run(sp.Callable(orch, [OUT]), [out])
+    np.testing.assert_array_equal(out, [[1, 2]] * 4)

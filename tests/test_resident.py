@@ -291,3 +291,28 @@ def test_from_builder_rolls_back_a_partial_construction(w, op):
         sp.ResidentTaskArgs.from_builder(w, args, [sp.IN, sp.IN, sp.IN])
     assert ei.value.op == op
     assert w.stats()["live_allocations"] == 0
+
+
+def test_a_fixture_with_an_invalid_geometry_allocates_nothing_and_keeps_its_name_free(w):
+    res = sp.ResidentTaskArgs(w)
+    with pytest.raises(sp.GeometryError, match="rank 9"):
+        res.add("x", np.zeros((1,) * 9, np.float32))
+    assert w.stats()["allocs"] == 0 and res.names == []
+    res.add("x", np.zeros(4, np.float32))
+    res.release()
+    assert w.stats()["live_allocations"] == 0
+
+
+def test_release_refused_during_a_run_leaves_the_set_usable(w):
+    res = sp.ResidentTaskArgs(w)
+    x = res.add("x", np.ones(4, np.float32))
+
+    def orch(o, t):
+        with pytest.raises(sp.StateError, match="bound to the run in progress"):
+            res.release()
+        assert not res.released
+
+    w.run(sp.Callable(orch, [sp.IN]), [x])
+    assert res["x"] is x
+    res.release()
+    assert res.released and w.stats()["live_allocations"] == 0

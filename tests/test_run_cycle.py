@@ -333,3 +333,42 @@ def test_scratch_tensors_chain_tasks_and_are_retained_across_runs(svm):
         assert (warm.counters["device_mallocs"], warm.counters["device_frees"]) == (0, 0)
         w.trim_staging()
         assert w.stats()["live_allocations"] == 0
+
+
+def test_an_overlapping_strided_output_only_gets_its_elements_back():
+    # extent == nbytes, yet elements 1 and 2 of the base are gaps (and each element is viewed twice)
+    from numpy.lib.stride_tricks import as_strided
+
+    k = sp.Kernel(lambda a: a.__setitem__(Ellipsis, 7), [OUT])
+    with sp.Worker("sim") as w:
+        base = np.arange(4, dtype=np.float32)
+        v = as_strided(base, shape=(2, 2), strides=(12, 0))
+        w.run(sp.Callable(lambda o, t: o.submit(k, t), [OUT]), [v])
+        np.testing.assert_array_equal(base, [7, 1, 2, 7])
+
+
+def test_hazards_are_exact_for_strided_task_views():
+    k = sp.Kernel(lambda a: a.__setitem__(Ellipsis, 1), [OUT])
+
+    def orch(o, t):
+        o.submit(k, t.view([4, 1], [0, 0]))  # column 0 only
+        assert o.get_tensor_data(t, (0, 1)) == 0  # column 1: no task writes it
+        o.set_tensor_data(t, (3, 1), 5)
+        with pytest.raises(sp.HazardError):
+            o.get_tensor_data(t, (2, 0))
+
+    with sp.Worker("sim") as w:
+        t = np.zeros((4, 2), np.float32)
+        w.run(sp.Callable(orch, [INOUT]), [t])
+        np.testing.assert_array_equal(t, [[1, 0], [1, 0], [1, 0], [1, 5]])
+
+
+def test_negative_offsets_and_fault_counts_are_argument_errors():
+    with sp.Worker("sim") as w:
+        b = w.malloc(16)
+        with pytest.raises(sp.ArgumentError, match="negative byte offset"):
+            w.copy_to(b, np.zeros(2, np.float32), offset=-1)
+        with pytest.raises(sp.ArgumentError, match="negative byte offset"):
+            w.copy_from(np.zeros(2, np.float32), b, offset=-4)
+        with pytest.raises(sp.ArgumentError, match="nth"):
+            w.inject_fault("h2d", nth=-1)

@@ -428,7 +428,9 @@ class ResidentTaskArgs:
                         "(an aliased layout cannot be made resident faithfully)"
                     )
         native = self._worker._native
-        ptr = native._resident_add(self._set, name, host.nbytes, d.value, host.reshape(-1).view(np.uint8))
+        ptr = native._resident_add(
+            self._set, name, dt, list(host.shape), d.value, host.reshape(-1).view(np.uint8)
+        )
         tensor = Buffer(self._worker, ptr, host.nbytes, owner=self).tensor(host.shape, dt)
         self._entries[name] = _Entry(name, d, tensor)
         self._extents.append((name, weakref.ref(_root(host)), start, end))
@@ -496,9 +498,13 @@ class ResidentTaskArgs:
         """
         if self._released:
             return
+        native = self._worker._native
+        errors = native._resident_release(self._set)
+        if native._resident_is_open(self._set):
+            # Refused (a tensor is bound to the run in progress): nothing was freed; stay usable.
+            raise errors[0]
         self._released = True
         self._extents.clear()
-        errors = self._worker._native._resident_release(self._set)
         self._entries.clear()
         if errors:
             first = errors[0]

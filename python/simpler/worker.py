@@ -356,6 +356,7 @@ class Worker:
     def copy_to(self, buf: Buffer, arr: np.ndarray, offset: int = 0) -> None:
         """Copies a C-contiguous array into ``buf`` at byte ``offset``."""
         buf = self._check_buffer(buf, "copy_to")
+        _check_offset(offset, "copy_to")
         arr = _arrays.require_array(arr, "copy_to")
         _arrays.require_contiguous(arr, "copy_to")
         self._native._copy_to(buf.ptr, int(offset), arr.reshape(-1).view(np.uint8))
@@ -363,6 +364,7 @@ class Worker:
     def copy_from(self, arr: np.ndarray, buf: Buffer, offset: int = 0) -> None:
         """Fills a C-contiguous, writable array from ``buf`` at byte ``offset``."""
         buf = self._check_buffer(buf, "copy_from")
+        _check_offset(offset, "copy_from")
         arr = _arrays.require_array(arr, "copy_from")
         _arrays.require_contiguous(arr, "copy_from")
         if not arr.flags.writeable:
@@ -380,7 +382,9 @@ class Worker:
 
     def inject_fault(self, op: str, nth: int = 1, code: int | None = None) -> None:
         """Makes the ``nth`` next call of ``op`` (alloc, free, h2d, d2h, map, unmap) fail."""
-        self._native.inject_fault(op, nth, code)
+        if isinstance(nth, bool) or not isinstance(nth, (int, np.integer)) or nth < 1:
+            raise ArgumentError(f"inject_fault: nth must be an int >= 1 (1 = the next call), not {nth!r}")
+        self._native.inject_fault(op, int(nth), code)
 
     def clear_faults(self) -> None:
         """Drops pending injected faults."""
@@ -495,6 +499,13 @@ class Worker:
                     raise
                 log.exception("cleanup after a failed run also failed")
         return RunReport(phases, counters, ok_run, callable.name)
+
+
+def _check_offset(offset: object, what: str) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise ArgumentTypeError(f"{what}: offset must be an int, not {type(offset).__name__}")
+    if offset < 0:
+        raise ArgumentError(f"{what}: negative byte offset {offset}")
 
 
 def _split_args(args: Any) -> tuple[list[str], list[Any]]:

@@ -50,11 +50,16 @@ pub struct HostMem {
     valid: Mutex<bool>,
 }
 
-// SAFETY: HostMem is a pointer to memory it owns (or that a driver keeps valid until `revoke`);
-// every Rust-side access to the bytes happens with `valid` locked, so sharing it between threads
-// cannot produce a data race through this API.
+// SAFETY: HostMem is a pointer to memory it owns (or that a driver keeps valid until `revoke`),
+// and every access made through its API happens with `valid` locked, so Rust code sharing it
+// between threads cannot race on the bytes. The one way around the lock is `owned_addr`, which
+// hands the address to numpy for zero-copy arrays (kernels on sim, `read_tensor`): such arrays
+// are like device memory under DMA, and their users must not write them from one thread while
+// another thread copies the same bytes (the worker's lock serializes the runtime's own copies;
+// the docs state this contract for user code).
 unsafe impl Send for HostMem {}
-// SAFETY: as above: `&HostMem` only reaches the bytes under the `valid` lock.
+// SAFETY: as above: `&HostMem` only reaches the bytes under the `valid` lock; the raw address
+// given out by `owned_addr` carries the documented no-concurrent-writes contract.
 unsafe impl Sync for HostMem {}
 
 impl std::fmt::Debug for HostMem {

@@ -484,18 +484,21 @@ impl PyWorker {
         lock(&self.inner).resident_open().py()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn _resident_add(
         &self,
         py: Python<'_>,
         set: u64,
         name: &str,
-        nbytes: u64,
+        dtype: &str,
+        shape: Vec<i64>,
         dir: &str,
         host: PyReadonlyArray1<'_, u8>,
     ) -> PyResult<u64> {
+        let g = geometry(&format!("resident tensor {name}"), dtype, shape, None, 0)?;
         let d = direction(dir)?;
         let s = host.as_slice()?;
-        py.detach(|| lock(&self.inner).resident_add(set, name, nbytes, d, s))
+        py.detach(|| lock(&self.inner).resident_add(set, name, &g, d, s))
             .py()
             .map(|p| p.0)
     }

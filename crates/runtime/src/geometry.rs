@@ -193,9 +193,46 @@ impl Geometry {
         true
     }
 
-    /// No gaps and no overlap: the extent is exactly the elements' bytes (any permutation).
+    /// No gaps and no overlap: every byte of the extent belongs to exactly one element (any
+    /// permutation of the dimensions). Sorted by stride, each dimension of size > 1 must step
+    /// over exactly the elements of the ones before it; `extent == nbytes` alone is not enough
+    /// (a zero stride can hide a gap behind an overlap).
     pub fn is_dense(&self) -> bool {
-        self.extent == self.nbytes()
+        let mut dims: Vec<(u64, u64)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&n, _)| n > 1)
+            .map(|(&n, &st)| (st, n))
+            .collect();
+        dims.sort_unstable();
+        let mut expect = 1u64;
+        for (st, n) in dims {
+            if st != expect {
+                return false;
+            }
+            expect = expect.saturating_mul(n);
+        }
+        true
+    }
+
+    /// Copies the bytes of every element (offsets relative to `start_byte`) from `src` to `dst`,
+    /// both extent-sized; the bytes between elements of `dst` are left as they are.
+    pub fn copy_elements(&self, src: &[u8], dst: &mut [u8]) {
+        let es = self.dtype.size() as usize;
+        self.for_each_element(|o| {
+            let o = o as usize;
+            dst[o..o + es].copy_from_slice(&src[o..o + es]);
+        });
+    }
+
+    /// Whether any element's bytes intersect `[lo, hi)` (offsets relative to `start_byte`).
+    pub fn elements_overlap(&self, lo: u64, hi: u64) -> bool {
+        if self.is_dense() {
+            return lo < self.extent && hi > 0 && lo < hi;
+        }
+        let es = self.dtype.size();
+        self.any_element(|o| o < hi && lo < o + es)
     }
 
     /// The same layout re-based so the extent starts at byte 0 (offset 0).
@@ -272,8 +309,17 @@ impl Geometry {
 
     /// Visits the byte offset (relative to `start_byte`) of every element, in row-major order.
     pub fn for_each_element(&self, mut f: impl FnMut(u64)) {
+        self.any_element(|o| {
+            f(o);
+            false
+        });
+    }
+
+    /// Visits element byte offsets in row-major order until `f` returns true; returns whether it
+    /// did.
+    pub fn any_element(&self, mut f: impl FnMut(u64) -> bool) -> bool {
         if self.numel == 0 {
-            return;
+            return false;
         }
         let es = self.dtype.size();
         let nd = self.ndim();
@@ -285,11 +331,13 @@ impl Geometry {
                 .map(|(i, s)| i * s)
                 .sum::<u64>()
                 * es;
-            f(off);
+            if f(off) {
+                return true;
+            }
             let mut d = nd;
             loop {
                 if d == 0 {
-                    return;
+                    return false;
                 }
                 d -= 1;
                 idx[d] += 1;
@@ -359,6 +407,28 @@ mod tests {
         assert!(g.view("kv", &[1, 4], &[0, 0]).is_err());
         assert!(g.view("kv", &[-1, 4, 16], &[0, 0, 0]).is_err());
         assert!(g.view("kv", &[1, 4, 16], &[i64::MAX, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn density_sees_through_overlap() {
+        // as_strided(base, (2, 2), (12, 0)) of float32: extent 16 == nbytes 16, but elements
+        // 1 and 2 of the base are gaps and each element is viewed twice.
+        let g = Geometry::new("t", DType::F32, vec![2, 2], Some(vec![3, 0]), 0).unwrap();
+        assert_eq!(g.extent(), g.nbytes());
+        assert!(!g.is_dense());
+        assert!(
+            Geometry::new("t", DType::F32, vec![4, 3], Some(vec![1, 4]), 0)
+                .unwrap()
+                .is_dense()
+        );
+        let col = Geometry::new("t", DType::F32, vec![4, 1], Some(vec![2, 1]), 0).unwrap();
+        assert!(
+            col.elements_overlap(0, 4) && !col.elements_overlap(4, 8) && col.elements_overlap(8, 9)
+        );
+        let mut dst = [9u8; 16];
+        let g2 = Geometry::new("t", DType::U8, vec![2], Some(vec![8]), 0).unwrap();
+        g2.copy_elements(&[1u8; 9], &mut dst[..9]);
+        assert_eq!(&dst[..9], &[1, 9, 9, 9, 9, 9, 9, 9, 1]);
     }
 
     #[test]

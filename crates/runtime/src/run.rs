@@ -219,6 +219,8 @@ struct PendingCopy {
     mem: Arc<HostMem>,
     dir: Direction,
     name: Arc<str>,
+    /// The view's layout over the copy (offset 0).
+    geometry: Geometry,
 }
 
 #[derive(Debug)]
@@ -234,7 +236,8 @@ pub(crate) struct RunState {
     report: RunReport,
     stats_before: Stats,
     events: ViewEvents,
-    fresh: Vec<DevPtr>,
+    /// Fresh staging allocations of this run, with the tensor each holds.
+    fresh: Vec<(Arc<str>, DevPtr)>,
     /// Host copies handed to kernels on drivers without kernel memory, per task.
     pending: HashMap<usize, Vec<PendingCopy>>,
     /// Next free place in the scratch pool: (chunk index, byte offset).
@@ -245,6 +248,29 @@ pub(crate) struct RunState {
 }
 
 impl RunState {
+    /// Exact check behind the interval sets (which hold whole extents, so a strided task view
+    /// also covers the bytes between its elements): does a submitted task tensor — only writing
+    /// ones when `writes_only` — have an element intersecting `[addr, addr + len)`? Runs only
+    /// when the interval sets report a hit.
+    fn task_touches(&self, addr: u64, len: u64, writes_only: bool) -> bool {
+        let end = addr + len;
+        self.tasks.iter().flatten().any(|t| {
+            if writes_only && !t.dir.writes() {
+                return false;
+            }
+            let Some((base, _)) = self.args[t.arg].alloc else {
+                return false;
+            };
+            let start = base.0 + t.geometry.start_byte();
+            let extent = t.geometry.extent();
+            if end <= start || start + extent <= addr {
+                return false;
+            }
+            t.geometry
+                .elements_overlap(addr.saturating_sub(start), end - start)
+        })
+    }
+
     pub(crate) fn binds(&self, ptr: DevPtr) -> bool {
         self.args
             .iter()
@@ -265,7 +291,15 @@ struct Target {
     offset: usize,
     push: Option<u64>,
     mirror_of: Option<DevPtr>,
+    /// The argument whose per-run staged copy this is.
+    staged_copy_of: Option<usize>,
     zero_copy: bool,
+}
+
+fn not_in_progress(gen: u64) -> Error {
+    Error::State(format!(
+        "run {gen} is not in progress (this handle belongs to a finished run)"
+    ))
 }
 
 fn host_err(what: &str, e: simpler_driver::HostMemError) -> Error {
@@ -273,13 +307,18 @@ fn host_err(what: &str, e: simpler_driver::HostMemError) -> Error {
 }
 
 impl Worker {
+    fn run_ref(&self, gen: u64) -> Result<&RunState> {
+        self.run
+            .as_ref()
+            .filter(|r| r.gen == gen)
+            .ok_or_else(|| not_in_progress(gen))
+    }
+
     fn run_mut(&mut self, gen: u64) -> Result<&mut RunState> {
-        match self.run.as_mut() {
-            Some(r) if r.gen == gen => Ok(r),
-            _ => Err(Error::State(format!(
-                "run {gen} is not in progress (this handle belongs to a finished run)"
-            ))),
-        }
+        self.run
+            .as_mut()
+            .filter(|r| r.gen == gen)
+            .ok_or_else(|| not_in_progress(gen))
     }
 
     /// Binds the arguments of a new run: stages host arrays (arena slices or fresh allocations,
@@ -348,9 +387,10 @@ impl Worker {
             }
             Err(e) => {
                 // Fresh staging allocations of this bind are released; the arena is retained.
-                for p in run.fresh.drain(..).rev() {
+                for (name, p) in run.fresh.drain(..).rev() {
                     if let Err(fe) = self.release_alloc(p) {
-                        log::error!("bind rollback: freeing staging buffer {p} failed: {fe}");
+                        log::error!("bind rollback: freeing the staging buffer {p} of tensor {name} failed: {fe}");
+                        self.orphan(p);
                     }
                 }
                 Err(e)
@@ -425,7 +465,7 @@ impl Worker {
                                         owner: Owner::Staging,
                                     },
                                 );
-                                run.fresh.push(p);
+                                run.fresh.push((name.as_str().into(), p));
                                 (p, extent, 0)
                             }
                         };
@@ -510,10 +550,7 @@ impl Worker {
 
     /// Name and geometry of argument `arg` of run `gen`.
     pub fn run_arg(&self, gen: u64, arg: usize) -> Result<(String, Geometry, Direction)> {
-        let run = match self.run.as_ref() {
-            Some(r) if r.gen == gen => r,
-            _ => return Err(Error::State(format!("run {gen} is not in progress"))),
-        };
+        let run = self.run_ref(gen)?;
         let a = run
             .args
             .get(arg)
@@ -524,11 +561,7 @@ impl Worker {
     /// Resolves an orchestrator access of `len` bytes at device address `addr` made through
     /// argument `arg`, establishing the allocation's view on first use.
     fn locate(&mut self, gen: u64, arg: usize, addr: u64, len: u64, write: bool) -> Result<Target> {
-        let run = self.run.as_mut().filter(|r| r.gen == gen).ok_or_else(|| {
-            Error::State(format!(
-                "run {gen} is not in progress (this handle belongs to a finished run)"
-            ))
-        })?;
+        let run = self.run_mut(gen)?;
         if run.stage != Stage::Orchestrate {
             return Err(Error::State(
                 "tensor data is accessible only during orchestration".into(),
@@ -552,13 +585,13 @@ impl Worker {
             });
         }
         let name = a.name.clone();
-        if write && run.touched.overlaps(addr, len) {
+        if write && run.touched.overlaps(addr, len) && run.task_touches(addr, len, false) {
             return Err(Error::Hazard(format!(
                 "tensor {name}: writing {len} bytes at {addr:#x}, which a task submitted earlier in this run \
                  reads or writes; tasks execute after orchestration, so the task would see the wrong bytes"
             )));
         }
-        if !write && run.written.overlaps(addr, len) {
+        if !write && run.written.overlaps(addr, len) && run.task_touches(addr, len, true) {
             return Err(Error::Hazard(format!(
                 "tensor {name}: reading {len} bytes at {addr:#x}, which a task submitted earlier in this run \
                  writes; tasks execute after orchestration, so this read would see stale bytes"
@@ -583,12 +616,14 @@ impl Worker {
                 offset: offset + off_in_alloc,
                 push: None,
                 mirror_of: None,
+                staged_copy_of: None,
             }),
             Means::Mirror { mem, .. } => Ok(Target {
                 mem,
                 offset: off_in_alloc,
                 push: Some(addr),
                 mirror_of: Some(base),
+                staged_copy_of: None,
                 zero_copy: true,
             }),
             Means::Refused => {
@@ -614,6 +649,7 @@ impl Worker {
                     offset: (addr - span_start) as usize,
                     push: Some(addr),
                     mirror_of: None,
+                    staged_copy_of: Some(arg),
                     zero_copy: true,
                 })
             }
@@ -669,9 +705,17 @@ impl Worker {
             .map_err(|e| host_err(&name, e))?;
         if let Some(dst) = t.push {
             if let Err(e) = self.dev.copy_h2d(DevPtr(dst), &buf[..es]) {
-                // The host copy now differs from the device: refresh it on the next read.
+                // The host copy now differs from the device: a mirror refreshes on its next read,
+                // a staged copy is dropped and re-read from the device on the next access.
                 if let Some(m) = t.mirror_of {
                     self.views.mark_stale(m);
+                }
+                if let Some(i) = t.staged_copy_of {
+                    if let Some(ArgKind::Staged { copy } | ArgKind::Scratch { copy }) =
+                        self.run.as_mut().map(|r| &mut r.args[i].kind)
+                    {
+                        *copy = None;
+                    }
                 }
                 return Err(Error::device(Phase::Orchestrate, Some(&name), e));
             }
@@ -728,14 +772,7 @@ impl Worker {
 
     /// The device address that argument geometries of `arg` are relative to.
     fn arg_base(&self, gen: u64, arg: usize) -> Result<(Arc<str>, u64)> {
-        let run = match self.run.as_ref() {
-            Some(r) if r.gen == gen => r,
-            _ => {
-                return Err(Error::State(format!(
-                    "run {gen} is not in progress (this handle belongs to a finished run)"
-                )))
-            }
-        };
+        let run = self.run_ref(gen)?;
         let a = run
             .args
             .get(arg)
@@ -929,6 +966,7 @@ impl Worker {
                 mem: mem.clone(),
                 dir: t.dir,
                 name: a.name.clone(),
+                geometry: rebased.clone(),
             });
             out.push(HostWindow {
                 mem,
@@ -952,10 +990,22 @@ impl Worker {
             return Ok(());
         };
         for c in copies.iter().filter(|c| c.dir.writes()) {
-            c.mem
-                .with_slice(0, c.mem.len(), |s| dev.copy_h2d(DevPtr(c.addr), s))
-                .map_err(|e| host_err(&c.name, e))?
-                .map_err(|e| Error::device(Phase::Execute, Some(&c.name), e))?;
+            let dev_err = |e| Error::device(Phase::Execute, Some(&c.name), e);
+            let r = if c.geometry.is_dense() {
+                c.mem
+                    .with_slice(0, c.mem.len(), |s| dev.copy_h2d(DevPtr(c.addr), s))
+                    .map_err(|e| host_err(&c.name, e))?
+            } else {
+                // Only the view's elements go back: the bytes between them may belong to another
+                // view of the same task, which has its own copy.
+                let mut merged = vec![0u8; c.mem.len()];
+                dev.copy_d2h(&mut merged, DevPtr(c.addr)).map_err(dev_err)?;
+                c.mem
+                    .with_slice(0, c.mem.len(), |s| c.geometry.copy_elements(s, &mut merged))
+                    .map_err(|e| host_err(&c.name, e))?;
+                dev.copy_h2d(DevPtr(c.addr), &merged)
+            };
+            r.map_err(dev_err)?;
         }
         Ok(())
     }
@@ -963,11 +1013,12 @@ impl Worker {
     /// Ends execution (`ok = false` if a task failed). Mirrors of resident arguments the callable
     /// declares OUT/INOUT, and of any allocation a task wrote, go stale.
     pub fn end_execute(&mut self, gen: u64, ok: bool) -> Result<()> {
+        // Field-level borrow: the views are updated while the run is borrowed.
         let run = self
             .run
             .as_mut()
             .filter(|r| r.gen == gen)
-            .ok_or_else(|| Error::State(format!("run {gen} is not in progress")))?;
+            .ok_or_else(|| not_in_progress(gen))?;
         let was_orchestrating = run.stage == Stage::Orchestrate;
         run.stage = Stage::Executed;
         run.pending.clear();
@@ -1040,13 +1091,8 @@ impl Worker {
                 dev.copy_d2h(dst, DevPtr(start))
             } else {
                 let mut tmp = vec![0u8; len as usize];
-                dev.copy_d2h(&mut tmp, DevPtr(start)).map(|()| {
-                    let es = a.geometry.dtype().size() as usize;
-                    a.geometry.rebased().for_each_element(|o| {
-                        let o = o as usize;
-                        dst[o..o + es].copy_from_slice(&tmp[o..o + es]);
-                    });
-                })
+                dev.copy_d2h(&mut tmp, DevPtr(start))
+                    .map(|()| a.geometry.copy_elements(&tmp, dst))
             };
             if let Err(e) = r {
                 result = Err(Error::device(Phase::CopyBack, Some(&a.name), e));
@@ -1071,13 +1117,11 @@ impl Worker {
             run.lap();
         }
         let mut first_err = None;
-        for p in run.fresh.drain(..).rev() {
+        for (name, p) in run.fresh.drain(..).rev() {
             if let Err(e) = self.release_alloc(p) {
-                log::error!("cleanup: freeing staging buffer {p} failed: {e}");
-                if let Some(i) = self.allocs.get_mut(&p.0) {
-                    i.owner = Owner::Orphan;
-                }
-                first_err.get_or_insert(Error::device(Phase::Cleanup, None, e));
+                log::error!("cleanup: freeing the staging buffer {p} of tensor {name} failed: {e}");
+                self.orphan(p);
+                first_err.get_or_insert(Error::device(Phase::Cleanup, Some(&name), e));
             }
         }
         run.report.phases.cleanup = run.lap();

@@ -319,17 +319,24 @@ impl Worker {
             .ok_or_else(|| Error::State(format!("resident set {set} was released")))
     }
 
-    /// Allocates a case-owned buffer for `name`, uploads `host` unless `dir` is OUT, and records
-    /// it in `set`. On failure nothing this call allocated stays live.
+    /// Allocates a case-owned buffer for `name` (a contiguous `geometry`), uploads `host` unless
+    /// `dir` is OUT, and records it in `set`. Everything is validated before the allocation; on a
+    /// failure after it, nothing this call allocated stays live.
     pub fn resident_add(
         &mut self,
         set: u64,
         name: &str,
-        bytes: u64,
+        geometry: &Geometry,
         dir: Direction,
         host: &[u8],
     ) -> Result<DevPtr> {
         self.check_open()?;
+        if !geometry.is_contiguous() || geometry.offset() != 0 {
+            return Err(Error::Value(format!(
+                "resident tensor '{name}' must be contiguous from its first byte"
+            )));
+        }
+        let bytes = geometry.nbytes();
         if self.set_mut(set)?.iter().any(|e| e.name == name) {
             return Err(Error::Value(format!(
                 "resident tensor '{name}' was already added"
@@ -376,7 +383,8 @@ impl Worker {
         Ok(ptr)
     }
 
-    fn orphan(&mut self, ptr: DevPtr) {
+    /// Keeps an allocation whose free failed recorded, owned by the worker, so `close` retries it.
+    pub(crate) fn orphan(&mut self, ptr: DevPtr) {
         if let Some(i) = self.allocs.get_mut(&ptr.0) {
             i.owner = Owner::Orphan;
         }

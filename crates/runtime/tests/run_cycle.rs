@@ -19,6 +19,10 @@ fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+fn bytes_geo(n: u64) -> Geometry {
+    Geometry::contiguous("r", DType::U8, vec![n]).unwrap()
+}
+
 fn geo(n: u64) -> Geometry {
     Geometry::contiguous("t", DType::F32, vec![n]).unwrap()
 }
@@ -136,7 +140,7 @@ fn resident_views_mirror_refresh_and_release_order() {
     let set = w.resident_open().unwrap();
     let g = Geometry::contiguous("c", DType::I32, vec![4]).unwrap();
     let p = w
-        .resident_add(set, "c", 16, Direction::InOut, &[0u8; 16])
+        .resident_add(set, "c", &bytes_geo(16), Direction::InOut, &[0u8; 16])
         .unwrap();
     for round in 0..3i64 {
         let gen = w
@@ -177,15 +181,15 @@ fn a_failed_resident_upload_frees_what_it_allocated() {
     let set = w.resident_open().unwrap();
     dev.inject_fault(Op::H2d, 1, None).unwrap();
     let e = w
-        .resident_add(set, "w", 8, Direction::In, &[1u8; 8])
+        .resident_add(set, "w", &bytes_geo(8), Direction::In, &[1u8; 8])
         .unwrap_err();
     assert!(e.to_string().contains("[resident_add] tensor w"), "{e}");
     assert_eq!(dev.stats().live_allocations, 0);
     assert!(w
-        .resident_add(set, "w", 8, Direction::In, &[1u8; 8])
+        .resident_add(set, "w", &bytes_geo(8), Direction::In, &[1u8; 8])
         .is_ok());
     assert!(
-        w.resident_add(set, "w", 8, Direction::In, &[1u8; 8])
+        w.resident_add(set, "w", &bytes_geo(8), Direction::In, &[1u8; 8])
             .is_err(),
         "duplicate name"
     );
@@ -196,7 +200,7 @@ fn release_attempts_every_free_when_one_fails() {
     let (mut w, dev) = worker(SvmPolicy::Always, Staging::Arena);
     let set = w.resident_open().unwrap();
     for name in ["a", "b", "c"] {
-        w.resident_add(set, name, 8, Direction::In, &[0u8; 8])
+        w.resident_add(set, name, &bytes_geo(8), Direction::In, &[0u8; 8])
             .unwrap();
     }
     dev.inject_fault(Op::Free, 2, None).unwrap();
@@ -215,7 +219,7 @@ proptest! {
         let set = w.resident_open().unwrap();
         let mut ptrs = vec![];
         for i in 0..n {
-            ptrs.push(w.resident_add(set, &format!("t{i}"), 8 + i as u64, Direction::Out, &vec![0u8; 8 + i]).unwrap());
+            ptrs.push(w.resident_add(set, &format!("t{i}"), &bytes_geo(8 + i as u64), Direction::Out, &vec![0u8; 8 + i]).unwrap());
         }
         prop_assert!(w.resident_release(set).is_empty());
         let frees: Vec<DevPtr> = dev.call_log().iter().filter(|c| c.op == Op::Free).map(|c| DevPtr(c.addr)).collect();
