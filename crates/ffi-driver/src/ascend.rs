@@ -1035,9 +1035,9 @@ impl Device for AscendDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
-        self.fault(&mut st, Op::Unmap, ptr.0, 0)?;
+        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
+        self.fault(&mut st, Op::Unmap, ptr.0, bytes)?;
         let r = self.do_unmap(&mut st, ptr.0);
-        let bytes = r.as_ref().copied().unwrap_or(0);
         st.ledger.logged(Op::Unmap, ptr.0, bytes, r.map(|_| ()))
     }
 

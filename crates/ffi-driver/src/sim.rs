@@ -409,9 +409,15 @@ impl Device for SimDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
-        st.fault(Op::Unmap, ptr.0, 0)?;
-        let r = Self::do_unmap(&mut st, ptr);
-        st.ledger.logged(Op::Unmap, ptr.0, 0, r)
+        // The mapping's size, for the log and the error (0 when nothing is mapped here).
+        let bytes = st
+            .find(Op::Unmap, ptr.0, 1)
+            .ok()
+            .and_then(|(_, b)| b.mappings.iter().find(|&&(s, _)| s == ptr.0))
+            .map_or(0, |&(_, l)| l);
+        st.fault(Op::Unmap, ptr.0, bytes)?;
+        let r = Self::do_unmap(&mut st, ptr).map_err(|e| e.sized(bytes));
+        st.ledger.logged(Op::Unmap, ptr.0, bytes, r)
     }
 
     fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {
