@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
 use crate::loader::{self, LoadError, VendorLib};
-use crate::{DeviceError, HostMem, Ledger, Op};
+use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, Op};
 
 /// Environment override: a directory (or `:`-separated list) holding `libascendcl.so` /
 /// `libruntime.so` and `libascend_hal.so`. When set, only these directories are searched.
@@ -399,6 +399,12 @@ struct MapEntry {
     mem: Arc<HostMem>,
 }
 
+impl Ledgered for State {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
 #[derive(Debug)]
 struct State {
     ledger: Ledger,
@@ -700,15 +706,22 @@ impl AscendDevice {
         Ok(())
     }
 
-    /// Common prologue: an injected fault fails the call before the vendor function (logged).
-    fn fault(&self, st: &mut State, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = st.ledger.injected(op, addr, bytes) {
-            return Err(self
-                .check_err(op, code, "injected fault")
-                .at(addr)
-                .sized(bytes));
+    /// A runtime copy's status as a result.
+    fn copy_result(&self, op: Op, code: i64, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        if code == 0 {
+            return Ok(());
         }
-        Ok(())
+        let what = if op == Op::H2d {
+            "host-to-device copy"
+        } else {
+            "device-to-host copy"
+        };
+        Err(self.rt_err(op, code, what).at(addr).sized(bytes))
+    }
+
+    /// The error of an injected fault: it fails the call before the vendor function.
+    fn injected(&self, op: Op) -> impl FnOnce(i64) -> DeviceError + '_ {
+        move |code| self.check_err(op, code, "injected fault")
     }
 
     /// The live allocation `(base, size)` containing `[addr, addr + bytes)`, else an error.
@@ -940,32 +953,38 @@ impl Device for AscendDevice {
     }
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
-        let mut st = self.lock();
-        self.fault(&mut st, Op::Alloc, 0, bytes)?;
-        let r = self.do_alloc(&mut st, bytes);
-        let addr = r.as_ref().map_or(0, |p| p.0);
-        st.ledger.logged(Op::Alloc, addr, bytes, r)
+        let op = Op::Alloc;
+        traced(&mut *self.lock(), op, 0, bytes, self.injected(op), |st| {
+            self.do_alloc(st, bytes)
+        })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let size = st.ledger.live_size(ptr).unwrap_or(0);
-        self.fault(&mut st, Op::Free, ptr.0, size)?;
-        let r = self.do_free(&mut st, ptr);
-        st.ledger.logged(Op::Free, ptr.0, size, r)
+        let op = Op::Free;
+        traced(&mut *st, op, ptr.0, size, self.injected(op), |st| {
+            self.do_free(st, ptr)
+        })
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        let bytes = src.len() as u64;
-        let mut st = self.lock();
-        self.fault(&mut st, Op::H2d, dst.0, bytes)?;
-        let r = (|| {
-            let (base, size) = self.containing(&st, Op::H2d, dst.0, bytes)?;
-            if bytes > 0 {
-                self.bind(&mut st, Op::H2d)?;
+        let (op, bytes) = (Op::H2d, src.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                let (base, size) = self.containing(st, op, dst.0, bytes)?;
+                if bytes == 0 {
+                    return Ok(());
+                }
+                self.bind(st, op)?;
                 let dest_max = base + size - dst.0;
-                // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
-                // live allocation with `dest_max` bytes from `dst` (checked above).
+                // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a live
+                // allocation with `dest_max` bytes from `dst` (checked above).
                 let code = unsafe {
                     self.runtime.memcpy(
                         dst.0 as *mut c_void,
@@ -975,27 +994,25 @@ impl Device for AscendDevice {
                         MEMCPY_HOST_TO_DEVICE,
                     )
                 };
-                if code != 0 {
-                    return Err(self
-                        .rt_err(Op::H2d, code, "host-to-device copy")
-                        .at(dst.0)
-                        .sized(bytes));
-                }
-            }
-            st.ledger.on_copy(Op::H2d, bytes);
-            Ok(())
-        })();
-        st.ledger.logged(Op::H2d, dst.0, bytes, r)
+                self.copy_result(op, code, dst.0, bytes)
+            },
+        )
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
-        let bytes = dst.len() as u64;
-        let mut st = self.lock();
-        self.fault(&mut st, Op::D2h, src.0, bytes)?;
-        let r = (|| {
-            self.containing(&st, Op::D2h, src.0, bytes)?;
-            if bytes > 0 {
-                self.bind(&mut st, Op::D2h)?;
+        let (op, bytes) = (Op::D2h, dst.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            src.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                self.containing(st, op, src.0, bytes)?;
+                if bytes == 0 {
+                    return Ok(());
+                }
+                self.bind(st, op)?;
                 // SAFETY: `dst` is valid for `bytes` writes (and is its whole capacity);
                 // `[src, src + bytes)` lies inside a live allocation (checked above).
                 let code = unsafe {
@@ -1007,38 +1024,30 @@ impl Device for AscendDevice {
                         MEMCPY_DEVICE_TO_HOST,
                     )
                 };
-                if code != 0 {
-                    return Err(self
-                        .rt_err(Op::D2h, code, "device-to-host copy")
-                        .at(src.0)
-                        .sized(bytes));
-                }
-            }
-            st.ledger.on_copy(Op::D2h, bytes);
-            Ok(())
-        })();
-        st.ledger.logged(Op::D2h, src.0, bytes, r)
+                self.copy_result(op, code, src.0, bytes)
+            },
+        )
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
-        let mut st = self.lock();
-        self.fault(&mut st, Op::Map, ptr.0, bytes)?;
-        let r = self.do_map(&mut st, ptr, bytes);
-        let code = match &r {
-            Ok(MapGrant::Refused { code, .. }) => *code,
-            Ok(MapGrant::Mapped { .. }) => 0,
-            Err(e) => e.code,
-        };
-        st.ledger.record(Op::Map, ptr.0, bytes, code);
-        r
+        let op = Op::Map;
+        traced(
+            &mut *self.lock(),
+            op,
+            ptr.0,
+            bytes,
+            self.injected(op),
+            |st| self.do_map(st, ptr, bytes),
+        )
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
-        self.fault(&mut st, Op::Unmap, ptr.0, bytes)?;
-        let r = self.do_unmap(&mut st, ptr.0);
-        st.ledger.logged(Op::Unmap, ptr.0, bytes, r.map(|_| ()))
+        let op = Op::Unmap;
+        traced(&mut *st, op, ptr.0, bytes, self.injected(op), |st| {
+            self.do_unmap(st, ptr.0).map(|_| ())
+        })
     }
 
     fn stats(&self) -> Stats {

@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::loader::{self, LoadError, VendorLib};
-use crate::{DeviceError, Ledger, Op};
+use crate::{traced, DeviceError, Ledger, Ledgered, Op};
 
 /// Environment override: the path (or name) of the CUDA driver library.
 pub const ENV_CUDA_LIB: &str = "SIMPLER_CUDA_LIB";
@@ -80,6 +80,12 @@ struct CudaFns {
     mem_free: CuMemFreeFn,
     memcpy_htod: CuMemcpyHtoDFn,
     memcpy_dtoh: CuMemcpyDtoHFn,
+}
+
+impl Ledgered for State {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
 }
 
 #[derive(Debug)]
@@ -256,11 +262,22 @@ impl CudaDevice {
         Ok(())
     }
 
-    fn fault(st: &mut State, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = st.ledger.injected(op, addr, bytes) {
-            return Err(Self::err(op, code, "injected fault").at(addr).sized(bytes));
+    /// The error of an injected fault: it fails the call before the vendor function.
+    fn injected(op: Op) -> impl FnOnce(i64) -> DeviceError {
+        move |code| Self::err(op, code, "injected fault")
+    }
+
+    /// A copy's CUresult as a result.
+    fn copy_result(op: Op, code: i64, addr: u64, bytes: u64) -> Result<(), DeviceError> {
+        if code == 0 {
+            return Ok(());
         }
-        Ok(())
+        let what = if op == Op::H2d {
+            "host-to-device copy"
+        } else {
+            "device-to-host copy"
+        };
+        Err(Self::err(op, code, what).at(addr).sized(bytes))
     }
 
     fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
@@ -333,102 +350,100 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
-        let mut st = self.lock();
-        Self::fault(&mut st, Op::Alloc, 0, bytes)?;
-        let r = self.do_alloc(&mut st, bytes);
-        let addr = r.as_ref().map_or(0, |p| p.0);
-        st.ledger.logged(Op::Alloc, addr, bytes, r)
+        let op = Op::Alloc;
+        traced(&mut *self.lock(), op, 0, bytes, Self::injected(op), |st| {
+            self.do_alloc(st, bytes)
+        })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let size = st.ledger.live_size(ptr).unwrap_or(0);
-        Self::fault(&mut st, Op::Free, ptr.0, size)?;
-        let r = self.do_free(&mut st, ptr);
-        st.ledger.logged(Op::Free, ptr.0, size, r)
+        let op = Op::Free;
+        traced(&mut *st, op, ptr.0, size, Self::injected(op), |st| {
+            self.do_free(st, ptr)
+        })
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        let bytes = src.len() as u64;
-        let mut st = self.lock();
-        Self::fault(&mut st, Op::H2d, dst.0, bytes)?;
-        let r = (|| {
-            Self::containing(&st, Op::H2d, dst.0, bytes)?;
-            if !src.is_empty() {
-                self.make_current(&st, Op::H2d)?;
-                // SAFETY: `src` is valid for `src.len()` reads; `[dst, dst + len)` lies inside a
-                // live allocation (checked above).
+        let (op, bytes) = (Op::H2d, src.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                Self::containing(st, op, dst.0, bytes)?;
+                if src.is_empty() {
+                    return Ok(());
+                }
+                self.make_current(st, op)?;
+                // SAFETY: `src` is valid for `src.len()` reads; `[dst, dst + len)` lies inside a live
+                // allocation (checked above).
                 let code = i64::from(unsafe {
                     (self.f.memcpy_htod)(dst.0, src.as_ptr().cast(), src.len())
                 });
-                if code != 0 {
-                    return Err(Self::err(Op::H2d, code, "host-to-device copy")
-                        .at(dst.0)
-                        .sized(bytes));
-                }
-            }
-            st.ledger.on_copy(Op::H2d, bytes);
-            Ok(())
-        })();
-        st.ledger.logged(Op::H2d, dst.0, bytes, r)
+                Self::copy_result(op, code, dst.0, bytes)
+            },
+        )
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
-        let bytes = dst.len() as u64;
-        let mut st = self.lock();
-        Self::fault(&mut st, Op::D2h, src.0, bytes)?;
-        let r = (|| {
-            Self::containing(&st, Op::D2h, src.0, bytes)?;
-            if !dst.is_empty() {
-                self.make_current(&st, Op::D2h)?;
-                // SAFETY: `dst` is valid for `dst.len()` writes; `[src, src + len)` lies inside
-                // a live allocation (checked above).
+        let (op, bytes) = (Op::D2h, dst.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            src.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                Self::containing(st, op, src.0, bytes)?;
+                if dst.is_empty() {
+                    return Ok(());
+                }
+                self.make_current(st, op)?;
+                // SAFETY: `dst` is valid for `dst.len()` writes; `[src, src + len)` lies inside a
+                // live allocation (checked above).
                 let code = i64::from(unsafe {
                     (self.f.memcpy_dtoh)(dst.as_mut_ptr().cast(), src.0, dst.len())
                 });
-                if code != 0 {
-                    return Err(Self::err(Op::D2h, code, "device-to-host copy")
-                        .at(src.0)
-                        .sized(bytes));
-                }
-            }
-            st.ledger.on_copy(Op::D2h, bytes);
-            Ok(())
-        })();
-        st.ledger.logged(Op::D2h, src.0, bytes, r)
+                Self::copy_result(op, code, src.0, bytes)
+            },
+        )
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
-        let mut st = self.lock();
-        Self::fault(&mut st, Op::Map, ptr.0, bytes)?;
-        let r = Self::containing(&st, Op::Map, ptr.0, bytes.max(1)).map(|_| {
-            st.ledger.on_map(false);
-            MapGrant::Refused {
-                code: CUDA_ERROR_NOT_SUPPORTED,
-                reason: "cuMemAlloc memory has no host mapping on CUDA; every host view is a \
-                         mirror"
-                    .to_string(),
-            }
-        });
-        let code = match &r {
-            Ok(MapGrant::Refused { code, .. }) => *code,
-            Ok(MapGrant::Mapped { .. }) => 0,
-            Err(e) => e.code,
-        };
-        st.ledger.record(Op::Map, ptr.0, bytes, code);
-        r
+        let op = Op::Map;
+        traced(
+            &mut *self.lock(),
+            op,
+            ptr.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                Self::containing(st, op, ptr.0, bytes.max(1))?;
+                st.ledger.on_map(false);
+                Ok(MapGrant::Refused {
+                    code: CUDA_ERROR_NOT_SUPPORTED,
+                    reason:
+                        "cuMemAlloc memory has no host mapping on CUDA; every host view is a mirror"
+                            .to_string(),
+                })
+            },
+        )
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        Self::fault(&mut st, Op::Unmap, ptr.0, 0)?;
-        let r = Err(Self::err(
-            Op::Unmap,
-            CUDA_ERROR_INVALID_VALUE,
-            "no host mapping starts at this address (CUDA never maps device memory)",
-        )
-        .at(ptr.0));
-        st.ledger.logged(Op::Unmap, ptr.0, 0, r)
+        let op = Op::Unmap;
+        traced(&mut *self.lock(), op, ptr.0, 0, Self::injected(op), |_| {
+            Err(Self::err(
+                op,
+                CUDA_ERROR_INVALID_VALUE,
+                "no host mapping starts at this address (CUDA never maps device memory)",
+            )
+            .at(ptr.0))
+        })
     }
 
     fn stats(&self) -> Stats {

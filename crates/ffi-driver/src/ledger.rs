@@ -4,8 +4,68 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::{CallRecord, DevPtr, Stats};
+use crate::{CallRecord, DevPtr, MapGrant, Stats};
 use crate::{DeviceError, Op};
+
+/// A backend's lock-protected state: whatever it keeps, it keeps a [`Ledger`].
+pub trait Ledgered {
+    fn ledger(&mut self) -> &mut Ledger;
+}
+
+/// How a successful call's result appears in the call log.
+pub trait Outcome {
+    /// The logged code: 0, except for a refused mapping, which logs the refusal's code.
+    fn log_code(&self) -> i64 {
+        0
+    }
+    /// The logged address when the call produced it (an allocation).
+    fn log_addr(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl Outcome for () {}
+
+impl Outcome for DevPtr {
+    fn log_addr(&self) -> Option<u64> {
+        Some(self.0)
+    }
+}
+
+impl Outcome for MapGrant {
+    fn log_code(&self) -> i64 {
+        match self {
+            MapGrant::Mapped { .. } => 0,
+            MapGrant::Refused { code, .. } => *code,
+        }
+    }
+}
+
+/// One driver call, the same way on every backend: a pending injected fault fails it before
+/// `body` runs (the backend names the error with `injected`); otherwise `body` makes the call.
+/// Either way the call is logged, and a successful copy is counted.
+pub fn traced<S: Ledgered, T: Outcome>(
+    st: &mut S,
+    op: Op,
+    addr: u64,
+    bytes: u64,
+    injected: impl FnOnce(i64) -> DeviceError,
+    body: impl FnOnce(&mut S) -> Result<T, DeviceError>,
+) -> Result<T, DeviceError> {
+    if let Some(code) = st.ledger().injected(op, addr, bytes) {
+        return Err(injected(code).at(addr).sized(bytes));
+    }
+    let r = body(st);
+    let ledger = st.ledger();
+    match &r {
+        Ok(v) => {
+            ledger.on_copy(op, bytes);
+            ledger.record(op, v.log_addr().unwrap_or(addr), bytes, v.log_code());
+        }
+        Err(e) => ledger.record(op, addr, bytes, e.code),
+    }
+    r
+}
 
 /// How many calls the log keeps (the oldest are dropped first).
 pub const CALL_LOG_CAPACITY: usize = 1 << 16;
@@ -66,16 +126,15 @@ impl Ledger {
         Ok(())
     }
 
-    /// Prologue of every driver call: counts the call against pending faults and, when an
-    /// injected fault fires, logs the call as failed and returns its code (the caller turns it
-    /// into its backend's error without calling the vendor).
+    /// Counts a call against pending faults and, when an injected fault fires, logs the call as
+    /// failed and returns its code (see [`traced`]).
     pub fn injected(&mut self, op: Op, addr: u64, bytes: u64) -> Option<i64> {
         let code = self.take_fault(op)?;
         self.record(op, addr, bytes, code);
         Some(code)
     }
 
-    /// Epilogue of every driver call: logs its outcome (0 or the error's code) and passes it on.
+    /// Logs the outcome of a call made outside [`traced`] (teardown in `close`) and passes it on.
     pub fn logged<T>(
         &mut self,
         op: Op,
@@ -193,6 +252,53 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Ledgered for Ledger {
+        fn ledger(&mut self) -> &mut Ledger {
+            self
+        }
+    }
+
+    fn fail(code: i64) -> DeviceError {
+        DeviceError::new(Op::H2d, "test_copy", code, "TEST", "failed")
+    }
+
+    #[test]
+    fn traced_logs_every_outcome_and_counts_only_successful_copies() {
+        let mut l = Ledger::new();
+        traced(&mut l, Op::H2d, 0x10, 8, fail, |_| Ok(())).unwrap();
+        let e = traced(&mut l, Op::H2d, 0x10, 8, fail, |_| -> Result<(), _> {
+            Err(fail(5))
+        });
+        assert_eq!(e.unwrap_err().code, 5);
+        l.inject(Op::H2d, 1, 9).unwrap();
+        let e = traced(&mut l, Op::H2d, 0x10, 8, fail, |_| -> Result<(), _> {
+            unreachable!("an injected fault fails the call before its body")
+        });
+        assert_eq!(
+            (e.as_ref().unwrap_err().code, e.unwrap_err().addr),
+            (9, Some(0x10))
+        );
+        let p = traced(&mut l, Op::Alloc, 0, 4, fail, |_| Ok(DevPtr(0x40))).unwrap();
+        let refused = MapGrant::Refused {
+            code: 0xfffe,
+            reason: String::new(),
+        };
+        traced(&mut l, Op::Map, p.0, 4, fail, |_| Ok(refused)).unwrap();
+        let s = l.stats();
+        assert_eq!((s.h2d_calls, s.h2d_bytes), (1, 8));
+        let log: Vec<(Op, u64, i64)> = l.log().iter().map(|c| (c.op, c.addr, c.code)).collect();
+        assert_eq!(
+            log,
+            [
+                (Op::H2d, 0x10, 0),
+                (Op::H2d, 0x10, 5),
+                (Op::H2d, 0x10, 9),
+                (Op::Alloc, 0x40, 0),
+                (Op::Map, 0x40, 0xfffe)
+            ]
+        );
+    }
 
     #[test]
     fn faults_fire_on_the_nth_call_once() {

@@ -22,6 +22,6 @@ pub mod sim;
 pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 pub use error::{codes, DeviceError, Op};
 pub use hostmem::{HostMem, HostMemError};
-pub use ledger::Ledger;
+pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
 pub use open::{open_device, DeviceSpec, OpenError};

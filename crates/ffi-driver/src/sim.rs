@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
-use crate::{DeviceError, HostMem, Ledger, Op};
+use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, Op};
 
 /// First sim device address. Non-canonical on x86-64 (4- and 5-level paging) and outside any
 /// aarch64 user range, so a dereference faults.
@@ -147,16 +147,16 @@ impl State {
         }
         Ok((addr - base, block))
     }
+}
 
-    /// Common prologue of every call: an injected fault fails it (and is logged).
-    fn fault(&mut self, op: Op, addr: u64, bytes: u64) -> Result<(), DeviceError> {
-        if let Some(code) = self.ledger.injected(op, addr, bytes) {
-            return Err(err(op, call_name(op), code, "injected fault")
-                .at(addr)
-                .sized(bytes));
-        }
-        Ok(())
+impl Ledgered for State {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
     }
+}
+
+fn injected(op: Op) -> impl FnOnce(i64) -> DeviceError {
+    move |code| err(op, call_name(op), code, "injected fault")
 }
 
 impl SimDevice {
@@ -349,62 +349,46 @@ impl Device for SimDevice {
     }
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
-        let mut st = self.lock();
-        st.fault(Op::Alloc, 0, bytes)?;
-        let r = self.do_alloc(&mut st, bytes);
-        let addr = r.as_ref().map_or(0, |p| p.0);
-        st.ledger.logged(Op::Alloc, addr, bytes, r)
+        let op = Op::Alloc;
+        traced(&mut *self.lock(), op, 0, bytes, injected(op), |st| {
+            self.do_alloc(st, bytes)
+        })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let size = st.blocks.get(&ptr.0).map_or(0, |b| b.size);
-        st.fault(Op::Free, ptr.0, size)?;
-        let r = Self::do_free(&mut st, ptr);
-        st.ledger.logged(Op::Free, ptr.0, size, r)
+        let op = Op::Free;
+        traced(&mut *st, op, ptr.0, size, injected(op), |st| {
+            Self::do_free(st, ptr)
+        })
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
-        let bytes = src.len() as u64;
-        let mut st = self.lock();
-        st.fault(Op::H2d, dst.0, bytes)?;
-        let r = st.find(Op::H2d, dst.0, bytes).and_then(|(off, b)| {
-            b.mem.write(off as usize, src).map_err(|e| {
-                err(Op::H2d, "sim_memcpy_h2d", codes::BAD_ADDRESS, e.to_string()).at(dst.0)
-            })
-        });
-        if r.is_ok() {
-            st.ledger.on_copy(Op::H2d, bytes);
-        }
-        st.ledger.logged(Op::H2d, dst.0, bytes, r)
+        let (op, bytes) = (Op::H2d, src.len() as u64);
+        traced(&mut *self.lock(), op, dst.0, bytes, injected(op), |st| {
+            let (off, b) = st.find(op, dst.0, bytes)?;
+            b.mem
+                .write(off as usize, src)
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))
+        })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
-        let bytes = dst.len() as u64;
-        let mut st = self.lock();
-        st.fault(Op::D2h, src.0, bytes)?;
-        let r = st.find(Op::D2h, src.0, bytes).and_then(|(off, b)| {
-            b.mem.read(off as usize, dst).map_err(|e| {
-                err(Op::D2h, "sim_memcpy_d2h", codes::BAD_ADDRESS, e.to_string()).at(src.0)
-            })
-        });
-        if r.is_ok() {
-            st.ledger.on_copy(Op::D2h, bytes);
-        }
-        st.ledger.logged(Op::D2h, src.0, bytes, r)
+        let (op, bytes) = (Op::D2h, dst.len() as u64);
+        traced(&mut *self.lock(), op, src.0, bytes, injected(op), |st| {
+            let (off, b) = st.find(op, src.0, bytes)?;
+            b.mem
+                .read(off as usize, dst)
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(src.0))
+        })
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
-        let mut st = self.lock();
-        st.fault(Op::Map, ptr.0, bytes)?;
-        let r = self.do_map(&mut st, ptr, bytes);
-        let code = match &r {
-            Ok(MapGrant::Refused { code, .. }) => *code,
-            Ok(MapGrant::Mapped { .. }) => 0,
-            Err(e) => e.code,
-        };
-        st.ledger.record(Op::Map, ptr.0, bytes, code);
-        r
+        let op = Op::Map;
+        traced(&mut *self.lock(), op, ptr.0, bytes, injected(op), |st| {
+            self.do_map(st, ptr, bytes)
+        })
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
@@ -415,9 +399,10 @@ impl Device for SimDevice {
             .ok()
             .and_then(|(_, b)| b.mappings.iter().find(|&&(s, _)| s == ptr.0))
             .map_or(0, |&(_, l)| l);
-        st.fault(Op::Unmap, ptr.0, bytes)?;
-        let r = Self::do_unmap(&mut st, ptr).map_err(|e| e.sized(bytes));
-        st.ledger.logged(Op::Unmap, ptr.0, bytes, r)
+        let op = Op::Unmap;
+        traced(&mut *st, op, ptr.0, bytes, injected(op), |st| {
+            Self::do_unmap(st, ptr).map_err(|e| e.sized(bytes))
+        })
     }
 
     fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {
