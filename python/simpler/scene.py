@@ -108,19 +108,6 @@ class SceneTestCase:
             a, g = _comparable(actual[name]), _comparable(golden[name])
             np.testing.assert_allclose(a, g, rtol=self.RTOL, atol=self.ATOL, err_msg=f"output '{name}'")
 
-    @classmethod
-    def run_case(
-        cls,
-        case: Mapping[str, Any] | str,
-        platform: str = "sim",
-        rounds: int = 1,
-        skip_golden: bool = False,
-        worker_options: Mapping[str, Any] | None = None,
-        worker: Worker | None = None,
-    ) -> list[RunReport]:
-        """Runs one case (a ``CASES`` entry or its name); one report per round. See :func:`run_case`."""
-        return run_case(cls, case, platform, rounds, skip_golden, worker_options, worker)
-
 
 def _comparable(v: Any) -> np.ndarray:
     arr = np.asarray(v)
@@ -342,6 +329,10 @@ def run_case(
             if own and worker is not None:
                 worker.close()
     return reports
+
+
+# `TestX.run_case(case, ...)`: the same function, with the class bound.
+SceneTestCase.run_case = classmethod(run_case)  # type: ignore[attr-defined]
 
 
 def _compare(

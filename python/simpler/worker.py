@@ -260,6 +260,7 @@ class _Staged:
     arr: np.ndarray  # the caller's array
     work: np.ndarray  # what is staged (the array itself, or a contiguous copy)
     direction: ArgDirection
+    extent: np.ndarray  # uint8 view of work's byte extent: uploaded at bind, copied back into
 
 
 class Worker:
@@ -442,17 +443,9 @@ class Worker:
                 work = (
                     t if _arrays.stageable(t) else np.ascontiguousarray(t).astype(t.dtype.newbyteorder("="))
                 )
-                staged[i] = _Staged(t, work, d)
+                s = staged[i] = _Staged(t, work, d, _arrays.extent_bytes(work))
                 specs.append(
-                    (
-                        "staged",
-                        name,
-                        dt,
-                        list(work.shape),
-                        _arrays.element_strides(work),
-                        d.value,
-                        _arrays.extent_bytes(work),
-                    )
+                    ("staged", name, dt, list(work.shape), _arrays.element_strides(work), d.value, s.extent)
                 )
             if want is not None and dt != want:
                 raise ArgumentTypeError(
@@ -478,9 +471,7 @@ class Worker:
             finally:
                 native._end_execute(gen, ok)
             hosts = [
-                _arrays.extent_bytes(staged[i].work)
-                if i in staged and staged[i].direction is not ArgDirection.IN
-                else None
+                staged[i].extent if i in staged and staged[i].direction is not ArgDirection.IN else None
                 for i in range(len(tensors))
             ]
             native._copy_back(gen, hosts)
