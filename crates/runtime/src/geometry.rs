@@ -2,13 +2,17 @@
 //!
 //! A tensor is a dtype, a shape, element strides and a start offset (elements) over a base
 //! address. Every derived quantity is computed with checked arithmetic, and an overflow is an
-//! error naming the tensor, never a wrap (DESIGN 4.1). The byte *extent* is what a strided view
-//! touches, `(1 + sum((shape_i - 1) * stride_i)) * elem_size`; staging, registration and host
-//! views all use it, so a transposed or sliced view moves intact.
+//! error naming the tensor, never a wrap. The byte *extent* is what a strided view touches,
+//! `(1 + sum((shape_i - 1) * stride_i)) * elem_size`; staging, registration and host views all
+//! use it, so a transposed or sliced view moves intact (see `docs/concepts.md`).
 //!
-//! Shapes have at most [`MAX_DIMS`] dimensions (8: more than any of our workloads need, and it
-//! keeps index validation cheap). Strides are non-negative; the Python layer turns a
-//! negative-stride numpy view into a contiguous copy before it gets here.
+//! Shapes have at most [`MAX_DIMS`] dimensions and are stored inline, so a geometry is a plain
+//! `Copy` value: making a view or recording a task tensor allocates nothing. Strides are
+//! non-negative; the Python layer turns a negative-stride numpy view into a contiguous copy
+//! before it gets here. Constructors take the tensor's name as a `Display` value that is only
+//! formatted when an error is reported (views are made on the orchestrator's hot path).
+
+use std::fmt::{self, Display};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -17,34 +21,32 @@ use crate::error::{Error, Result};
 pub const MAX_DIMS: usize = 8;
 
 /// The layout of a tensor over a base address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     dtype: DType,
-    shape: Vec<u64>,
-    strides: Vec<u64>,
+    ndim: u8,
+    shape: [u64; MAX_DIMS],
+    strides: [u64; MAX_DIMS],
+    /// Start offset in elements.
     offset: u64,
     numel: u64,
-    /// `offset * elem_size`.
-    start: u64,
-    /// Bytes spanned from `start`; 0 for a zero-element tensor.
+    /// Bytes spanned from the first element; 0 for a zero-element tensor.
     extent: u64,
 }
 
-fn ovf(what: &str, quantity: &str) -> Error {
-    Error::geometry(what, format!("{quantity} overflows 64 bits"))
+impl fmt::Debug for Geometry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Geometry")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
+            .field("offset", &self.offset)
+            .finish()
+    }
 }
 
-/// Row-major (C) element strides of `shape`.
-pub fn contiguous_strides(what: &str, shape: &[u64]) -> Result<Vec<u64>> {
-    let mut strides = vec![0u64; shape.len()];
-    let mut acc: u64 = 1;
-    for (i, &s) in shape.iter().enumerate().rev() {
-        strides[i] = acc;
-        acc = acc
-            .checked_mul(s.max(1))
-            .ok_or_else(|| ovf(what, "the element count"))?;
-    }
-    Ok(strides)
+fn ovf(what: &dyn Display, quantity: &str) -> Error {
+    Error::geometry(what.to_string(), format!("{quantity} overflows 64 bits"))
 }
 
 /// Rounds `x` up to a multiple of `align` (a power of two).
@@ -73,75 +75,89 @@ pub fn span_contains(outer: u64, outer_len: u64, start: u64, len: u64) -> bool {
 }
 
 impl Geometry {
-    /// Builds and validates a geometry. `what` names the tensor in errors.
+    /// Builds and validates a geometry (`strides: None` is row-major contiguous). `what` names the
+    /// tensor in errors and is formatted only when one is reported.
     pub fn new(
-        what: &str,
+        what: &dyn Display,
         dtype: DType,
-        shape: Vec<u64>,
-        strides: Option<Vec<u64>>,
+        shape: &[u64],
+        strides: Option<&[u64]>,
         offset: u64,
     ) -> Result<Geometry> {
-        if shape.len() > MAX_DIMS {
+        let ndim = shape.len();
+        if ndim > MAX_DIMS {
             return Err(Error::geometry(
-                what,
-                format!(
-                    "rank {} exceeds the supported maximum of {MAX_DIMS}",
-                    shape.len()
-                ),
+                what.to_string(),
+                format!("rank {ndim} exceeds the supported maximum of {MAX_DIMS}"),
             ));
         }
-        let strides = match strides {
-            Some(s) if s.len() != shape.len() => {
+        let mut g = Geometry {
+            dtype,
+            ndim: ndim as u8,
+            shape: [0; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+            offset,
+            numel: 0,
+            extent: 0,
+        };
+        g.shape[..ndim].copy_from_slice(shape);
+        match strides {
+            Some(s) if s.len() != ndim => {
                 return Err(Error::geometry(
-                    what,
-                    format!("{} strides for a rank-{} shape", s.len(), shape.len()),
+                    what.to_string(),
+                    format!("{} strides for a rank-{ndim} shape", s.len()),
                 ))
             }
-            Some(s) => s,
-            None => contiguous_strides(what, &shape)?,
-        };
-        let numel = shape
+            Some(s) => g.strides[..ndim].copy_from_slice(s),
+            None => {
+                let mut acc: u64 = 1;
+                for i in (0..ndim).rev() {
+                    g.strides[i] = acc;
+                    acc = acc
+                        .checked_mul(shape[i].max(1))
+                        .ok_or_else(|| ovf(what, "the element count"))?;
+                }
+            }
+        }
+        g.numel = shape
             .iter()
             .try_fold(1u64, |acc, &s| acc.checked_mul(s))
             .ok_or_else(|| ovf(what, &format!("the element count of shape {shape:?}")))?;
         let es = dtype.size();
-        numel
+        g.numel
             .checked_mul(es)
             .ok_or_else(|| ovf(what, &format!("nbytes of shape {shape:?}")))?;
-        let extent = if numel == 0 {
-            0
-        } else {
-            let last = shape.iter().zip(&strides).try_fold(0u64, |acc, (&n, &st)| {
-                (n - 1).checked_mul(st).and_then(|x| acc.checked_add(x))
-            });
-            last.and_then(|l| l.checked_add(1))
+        if g.numel > 0 {
+            let last = g.shape[..ndim]
+                .iter()
+                .zip(&g.strides[..ndim])
+                .try_fold(0u64, |acc, (&n, &st)| {
+                    (n - 1).checked_mul(st).and_then(|x| acc.checked_add(x))
+                });
+            g.extent = last
+                .and_then(|l| l.checked_add(1))
                 .and_then(|e| e.checked_mul(es))
                 .ok_or_else(|| {
                     ovf(
                         what,
-                        &format!("the byte extent of shape {shape:?} strides {strides:?}"),
+                        &format!(
+                            "the byte extent of shape {shape:?} strides {:?}",
+                            g.strides()
+                        ),
                     )
-                })?
-        };
+                })?;
+        }
         let start = offset
             .checked_mul(es)
             .ok_or_else(|| ovf(what, "the start byte offset"))?;
         start
-            .checked_add(extent)
+            .checked_add(g.extent)
             .ok_or_else(|| ovf(what, "the end of the byte span"))?;
-        Ok(Geometry {
-            dtype,
-            shape,
-            strides,
-            offset,
-            numel,
-            start,
-            extent,
-        })
+        Ok(g)
     }
 
     /// A contiguous geometry of `shape` at offset 0.
-    pub fn contiguous(what: &str, dtype: DType, shape: Vec<u64>) -> Result<Geometry> {
+    pub fn contiguous(what: &dyn Display, dtype: DType, shape: &[u64]) -> Result<Geometry> {
         Geometry::new(what, dtype, shape, None, 0)
     }
 
@@ -149,17 +165,17 @@ impl Geometry {
         self.dtype
     }
     pub fn shape(&self) -> &[u64] {
-        &self.shape
+        &self.shape[..self.ndim as usize]
     }
     pub fn strides(&self) -> &[u64] {
-        &self.strides
+        &self.strides[..self.ndim as usize]
     }
     /// Start offset in elements.
     pub fn offset(&self) -> u64 {
         self.offset
     }
     pub fn ndim(&self) -> usize {
-        self.shape.len()
+        self.ndim as usize
     }
     pub fn numel(&self) -> u64 {
         self.numel
@@ -170,7 +186,7 @@ impl Geometry {
     }
     /// Byte offset of the first element from the base.
     pub fn start_byte(&self) -> u64 {
-        self.start
+        self.offset * self.dtype.size()
     }
     /// Bytes the tensor spans from `start_byte` (0 when it has no elements).
     pub fn extent(&self) -> u64 {
@@ -178,13 +194,19 @@ impl Geometry {
     }
     /// `start_byte + extent`: the base buffer must be at least this large.
     pub fn end_byte(&self) -> u64 {
-        self.start + self.extent
+        self.start_byte() + self.extent
+    }
+
+    /// The same layout starting at element `offset` of the base. The caller guarantees the
+    /// result stays inside a validated span (a task view whose containment was checked).
+    pub(crate) fn at_offset(&self, offset: u64) -> Geometry {
+        Geometry { offset, ..*self }
     }
 
     /// Row-major contiguous (dimensions of size 1 ignore their stride).
     pub fn is_contiguous(&self) -> bool {
         let mut expect = 1u64;
-        for (&n, &s) in self.shape.iter().zip(&self.strides).rev() {
+        for (&n, &s) in self.shape().iter().zip(self.strides()).rev() {
             if n != 1 && s != expect {
                 return false;
             }
@@ -198,16 +220,18 @@ impl Geometry {
     /// over exactly the elements of the ones before it; `extent == nbytes` alone is not enough
     /// (a zero stride can hide a gap behind an overlap).
     pub fn is_dense(&self) -> bool {
-        let mut dims: Vec<(u64, u64)> = self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .filter(|(&n, _)| n > 1)
-            .map(|(&n, &st)| (st, n))
-            .collect();
+        let mut dims = [(0u64, 0u64); MAX_DIMS];
+        let mut k = 0;
+        for (&n, &st) in self.shape().iter().zip(self.strides()) {
+            if n > 1 {
+                dims[k] = (st, n);
+                k += 1;
+            }
+        }
+        let dims = &mut dims[..k];
         dims.sort_unstable();
         let mut expect = 1u64;
-        for (st, n) in dims {
+        for &(st, n) in dims.iter() {
             if st != expect {
                 return false;
             }
@@ -228,60 +252,147 @@ impl Geometry {
 
     /// Whether any element's bytes intersect `[lo, hi)` (offsets relative to `start_byte`).
     pub fn elements_overlap(&self, lo: u64, hi: u64) -> bool {
+        if lo >= hi || self.numel == 0 {
+            return false;
+        }
         if self.is_dense() {
-            return lo < self.extent && hi > 0 && lo < hi;
+            return lo < self.extent && hi > 0;
         }
         let es = self.dtype.size();
         self.any_element(|o| o < hi && lo < o + es)
     }
 
+    /// Sorted, merged byte intervals `[start, end)` of the elements, relative to the base
+    /// (`start_byte` included). Dense tensors are one interval.
+    pub fn element_intervals(&self) -> Vec<(u64, u64)> {
+        let base = self.start_byte();
+        if self.numel == 0 {
+            return Vec::new();
+        }
+        if self.is_dense() {
+            return vec![(base, base + self.extent)];
+        }
+        let es = self.dtype.size();
+        let mut v = Vec::with_capacity(self.numel as usize);
+        self.for_each_element(|o| v.push((base + o, base + o + es)));
+        v.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (s, e) in v {
+            match out.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        out
+    }
+
+    /// Whether an element of `self` placed at device address `a` shares a byte with an element
+    /// of `other` placed at `b` (each geometry relative to its own base address). Exact for
+    /// strided layouts; dense ones compare spans.
+    pub fn elements_intersect(&self, a: u64, other: &Geometry, b: u64) -> bool {
+        let (sa, sb) = (a + self.start_byte(), b + other.start_byte());
+        if self.numel == 0
+            || other.numel == 0
+            || sa + self.extent <= sb
+            || sb + other.extent <= sa
+        {
+            return false;
+        }
+        match (self.is_dense(), other.is_dense()) {
+            (true, true) => true,
+            (true, false) => other.elements_overlap(
+                sa.saturating_sub(sb),
+                (sa + self.extent).saturating_sub(sb),
+            ),
+            (false, true) => self.elements_overlap(
+                sb.saturating_sub(sa),
+                (sb + other.extent).saturating_sub(sa),
+            ),
+            (false, false) => {
+                let x = self.element_intervals();
+                let y = other.element_intervals();
+                let (mut i, mut j) = (0, 0);
+                while i < x.len() && j < y.len() {
+                    let (xs, xe) = (a + x[i].0, a + x[i].1);
+                    let (ys, ye) = (b + y[j].0, b + y[j].1);
+                    if xs < ye && ys < xe {
+                        return true;
+                    }
+                    if xe <= ye {
+                        i += 1;
+                    } else {
+                        j += 1;
+                    }
+                }
+                false
+            }
+        }
+    }
+
     /// The same layout re-based so the extent starts at byte 0 (offset 0).
     pub fn rebased(&self) -> Geometry {
-        Geometry {
-            offset: 0,
-            start: 0,
-            ..self.clone()
-        }
+        Geometry { offset: 0, ..*self }
     }
 
     /// Byte offset from the base of the element at `index` (one entry per dimension). `name`
     /// names the tensor in errors (formatted only on failure: this is the orchestrator's hot path).
-    pub fn byte_offset_of(&self, name: &str, index: &[i64]) -> Result<u64> {
-        if index.len() != self.shape.len() {
+    pub fn byte_offset_of(&self, name: &dyn Display, index: &[i64]) -> Result<u64> {
+        if index.len() != self.ndim() {
             return Err(Error::Value(format!(
                 "tensor {name}: index {index:?} has {} entries, tensor has rank {} (shape {:?})",
                 index.len(),
-                self.shape.len(),
-                self.shape
+                self.ndim(),
+                self.shape()
             )));
         }
         let mut elem = self.offset;
-        for (d, ((&i, &n), &s)) in index.iter().zip(&self.shape).zip(&self.strides).enumerate() {
+        for (d, ((&i, &n), &s)) in index
+            .iter()
+            .zip(self.shape())
+            .zip(self.strides())
+            .enumerate()
+        {
             if i < 0 || i as u64 >= n {
                 return Err(Error::Value(format!(
                     "tensor {name}: index {index:?} out of bounds for shape {:?} (dimension {d})",
-                    self.shape
+                    self.shape()
                 )));
             }
             // In range and inside the validated extent, so this cannot overflow; still checked.
             elem = (i as u64)
                 .checked_mul(s)
                 .and_then(|x| elem.checked_add(x))
-                .ok_or_else(|| ovf(&format!("tensor {name}"), "the element offset"))?;
+                .ok_or_else(|| ovf(&format_args!("tensor {name}"), "the element offset"))?;
         }
         elem.checked_mul(self.dtype.size())
-            .ok_or_else(|| ovf(&format!("tensor {name}"), "the byte offset"))
+            .ok_or_else(|| ovf(&format_args!("tensor {name}"), "the byte offset"))
     }
 
-    /// A sub-view: `shape` elements starting at `offsets` in every dimension, same strides.
-    pub fn view(&self, what: &str, shape: &[i64], offsets: &[i64]) -> Result<Geometry> {
+    /// The single element at `index`, as a rank-0 geometry at that element's offset (what an
+    /// element access touches).
+    pub fn element(&self, name: &dyn Display, index: &[i64]) -> Result<Geometry> {
+        let byte = self.byte_offset_of(name, index)?;
+        let es = self.dtype.size();
+        Ok(Geometry {
+            dtype: self.dtype,
+            ndim: 0,
+            shape: [0; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+            offset: byte / es,
+            numel: 1,
+            extent: es,
+        })
+    }
+
+    /// The element offset of a sub-view `shape` at `offsets`, after checking that it lies inside
+    /// this tensor in every dimension (the one rule behind `view` and batched views).
+    pub fn view_offset(&self, what: &dyn Display, shape: &[i64], offsets: &[i64]) -> Result<u64> {
         if shape.len() != self.ndim() || offsets.len() != self.ndim() {
             return Err(Error::Value(format!(
                 "{what}: view shape {shape:?} / offsets {offsets:?} must both have rank {}",
                 self.ndim()
             )));
         }
-        let mut new_shape = Vec::with_capacity(shape.len());
         let mut elem = self.offset;
         for d in 0..self.ndim() {
             let (n, o) = (shape[d], offsets[d]);
@@ -289,20 +400,29 @@ impl Geometry {
             if n < 0 || o < 0 || end.is_none_or(|e| e as u64 > self.shape[d]) {
                 return Err(Error::Value(format!(
                     "{what}: view shape {shape:?} at offsets {offsets:?} runs past shape {:?} (dimension {d})",
-                    self.shape
+                    self.shape()
                 )));
             }
-            new_shape.push(n as u64);
             elem = (o as u64)
                 .checked_mul(self.strides[d])
                 .and_then(|x| elem.checked_add(x))
                 .ok_or_else(|| ovf(what, "the view offset"))?;
         }
+        Ok(elem)
+    }
+
+    /// A sub-view: `shape` elements starting at `offsets` in every dimension, same strides.
+    pub fn view(&self, what: &dyn Display, shape: &[i64], offsets: &[i64]) -> Result<Geometry> {
+        let elem = self.view_offset(what, shape, offsets)?;
+        let mut new_shape = [0u64; MAX_DIMS];
+        for (d, &n) in shape.iter().enumerate() {
+            new_shape[d] = n as u64;
+        }
         Geometry::new(
             what,
             self.dtype,
-            new_shape,
-            Some(self.strides.clone()),
+            &new_shape[..self.ndim()],
+            Some(self.strides()),
             elem,
         )
     }
@@ -323,11 +443,11 @@ impl Geometry {
         }
         let es = self.dtype.size();
         let nd = self.ndim();
-        let mut idx = vec![0u64; nd];
+        let mut idx = [0u64; MAX_DIMS];
         loop {
-            let off: u64 = idx
+            let off: u64 = idx[..nd]
                 .iter()
-                .zip(&self.strides)
+                .zip(self.strides())
                 .map(|(i, s)| i * s)
                 .sum::<u64>()
                 * es;
@@ -357,83 +477,83 @@ mod tests {
 
     #[test]
     fn contiguous_basics() {
-        let g = Geometry::contiguous("t", DType::F32, vec![2, 3]).unwrap();
+        let g = Geometry::contiguous(&"t", DType::F32, &[2, 3]).unwrap();
         assert_eq!((g.numel(), g.nbytes(), g.extent()), (6, 24, 24));
         assert_eq!(g.strides(), &[3, 1]);
         assert!(g.is_contiguous() && g.is_dense());
-        assert_eq!(g.byte_offset_of("t", &[1, 2]).unwrap(), 20);
-        assert!(g.byte_offset_of("t", &[2, 0]).is_err());
-        assert!(g.byte_offset_of("t", &[0]).is_err());
-        assert!(g.byte_offset_of("t", &[-1, 0]).is_err());
+        assert_eq!(g.byte_offset_of(&"t", &[1, 2]).unwrap(), 20);
+        assert!(g.byte_offset_of(&"t", &[2, 0]).is_err());
+        assert!(g.byte_offset_of(&"t", &[0]).is_err());
+        assert!(g.byte_offset_of(&"t", &[-1, 0]).is_err());
     }
 
     #[test]
     fn transposed_extent_is_exact() {
         // A (3, 4) float32 transposed: shape (4, 3), strides (1, 4).
-        let g = Geometry::new("t", DType::F32, vec![4, 3], Some(vec![1, 4]), 0).unwrap();
+        let g = Geometry::new(&"t", DType::F32, &[4, 3], Some(&[1, 4]), 0).unwrap();
         assert_eq!(g.extent(), 48);
         assert!(!g.is_contiguous());
         assert!(g.is_dense());
         // Every other column of a (4, 6) array: shape (4, 3), strides (6, 2) -> (3*6 + 2*2 + 1) * 4.
-        let g = Geometry::new("t", DType::F32, vec![4, 3], Some(vec![6, 2]), 1).unwrap();
+        let g = Geometry::new(&"t", DType::F32, &[4, 3], Some(&[6, 2]), 1).unwrap();
         assert_eq!((g.extent(), g.start_byte(), g.end_byte()), (92, 4, 96));
         assert!(!g.is_dense());
     }
 
     #[test]
     fn huge_shapes_are_errors_not_wraps() {
-        let e = Geometry::contiguous("x", DType::F32, vec![1 << 40, 1 << 40]).unwrap_err();
+        let e = Geometry::contiguous(&"x", DType::F32, &[1 << 40, 1 << 40]).unwrap_err();
         assert!(matches!(e, Error::Geometry { .. }), "{e}");
         assert!(e.to_string().contains("x"), "{e}");
-        let e = Geometry::new("y", DType::F64, vec![4], Some(vec![1]), u64::MAX / 4).unwrap_err();
+        let e = Geometry::new(&"y", DType::F64, &[4], Some(&[1]), u64::MAX / 4).unwrap_err();
         assert!(e.to_string().contains("start byte offset"), "{e}");
-        assert!(Geometry::contiguous("z", DType::U8, vec![1; 9]).is_err());
+        assert!(Geometry::contiguous(&"z", DType::U8, &[1; 9]).is_err());
         assert!(align_up(u64::MAX, 512).is_err());
         assert_eq!(align_up(513, 512).unwrap(), 1024);
     }
 
     #[test]
     fn zero_element_tensors_name_no_bytes() {
-        let g = Geometry::contiguous("e", DType::F32, vec![0, 5]).unwrap();
+        let g = Geometry::contiguous(&"e", DType::F32, &[0, 5]).unwrap();
         assert_eq!((g.numel(), g.extent()), (0, 0));
     }
 
     #[test]
     fn views_are_contained() {
-        let g = Geometry::contiguous("kv", DType::F16, vec![8, 4, 16]).unwrap();
-        let v = g.view("kv", &[1, 4, 16], &[3, 0, 0]).unwrap();
+        let g = Geometry::contiguous(&"kv", DType::F16, &[8, 4, 16]).unwrap();
+        let v = g.view(&"kv", &[1, 4, 16], &[3, 0, 0]).unwrap();
         assert_eq!((v.start_byte(), v.extent()), (3 * 64 * 2, 128));
-        assert!(g.view("kv", &[2, 4, 16], &[7, 0, 0]).is_err());
-        assert!(g.view("kv", &[1, 4], &[0, 0]).is_err());
-        assert!(g.view("kv", &[-1, 4, 16], &[0, 0, 0]).is_err());
-        assert!(g.view("kv", &[1, 4, 16], &[i64::MAX, 0, 0]).is_err());
+        assert!(g.view(&"kv", &[2, 4, 16], &[7, 0, 0]).is_err());
+        assert!(g.view(&"kv", &[1, 4], &[0, 0]).is_err());
+        assert!(g.view(&"kv", &[-1, 4, 16], &[0, 0, 0]).is_err());
+        assert!(g.view(&"kv", &[1, 4, 16], &[i64::MAX, 0, 0]).is_err());
     }
 
     #[test]
     fn density_sees_through_overlap() {
         // as_strided(base, (2, 2), (12, 0)) of float32: extent 16 == nbytes 16, but elements
         // 1 and 2 of the base are gaps and each element is viewed twice.
-        let g = Geometry::new("t", DType::F32, vec![2, 2], Some(vec![3, 0]), 0).unwrap();
+        let g = Geometry::new(&"t", DType::F32, &[2, 2], Some(&[3, 0]), 0).unwrap();
         assert_eq!(g.extent(), g.nbytes());
         assert!(!g.is_dense());
         assert!(
-            Geometry::new("t", DType::F32, vec![4, 3], Some(vec![1, 4]), 0)
+            Geometry::new(&"t", DType::F32, &[4, 3], Some(&[1, 4]), 0)
                 .unwrap()
                 .is_dense()
         );
-        let col = Geometry::new("t", DType::F32, vec![4, 1], Some(vec![2, 1]), 0).unwrap();
+        let col = Geometry::new(&"t", DType::F32, &[4, 1], Some(&[2, 1]), 0).unwrap();
         assert!(
             col.elements_overlap(0, 4) && !col.elements_overlap(4, 8) && col.elements_overlap(8, 9)
         );
         let mut dst = [9u8; 16];
-        let g2 = Geometry::new("t", DType::U8, vec![2], Some(vec![8]), 0).unwrap();
+        let g2 = Geometry::new(&"t", DType::U8, &[2], Some(&[8]), 0).unwrap();
         g2.copy_elements(&[1u8; 9], &mut dst[..9]);
         assert_eq!(&dst[..9], &[1, 9, 9, 9, 9, 9, 9, 9, 1]);
     }
 
     #[test]
     fn element_walk_matches_strides() {
-        let g = Geometry::new("t", DType::I16, vec![2, 2], Some(vec![1, 3]), 0).unwrap();
+        let g = Geometry::new(&"t", DType::I16, &[2, 2], Some(&[1, 3]), 0).unwrap();
         let mut offs = vec![];
         g.for_each_element(|o| offs.push(o));
         assert_eq!(offs, vec![0, 6, 2, 8]);
@@ -467,7 +587,7 @@ mod tests {
             let start = offset as u128 * es;
             let fits = numel * es <= u64::MAX as u128 && numel <= u64::MAX as u128
                 && extent <= u64::MAX as u128 && start + extent <= u64::MAX as u128;
-            match Geometry::new("p", dtype, shape.clone(), Some(strides.clone()), offset) {
+            match Geometry::new(&"p", dtype, &shape, Some(&strides), offset) {
                 Ok(g) => {
                     prop_assert!(fits);
                     prop_assert_eq!(g.numel() as u128, numel);
@@ -500,11 +620,48 @@ mod tests {
         ) {
             let shape: Vec<u64> = dims.iter().map(|d| d.0).collect();
             let strides: Vec<u64> = dims.iter().map(|d| d.1).collect();
-            let g = Geometry::new("p", DType::F32, shape.clone(), Some(strides), 3).unwrap();
+            let g = Geometry::new(&"p", DType::F32, &shape, Some(&strides), 3).unwrap();
             let idx: Vec<i64> = shape.iter().enumerate()
                 .map(|(i, &n)| ((seed >> (i * 8)) % n) as i64).collect();
-            let off = g.byte_offset_of("p", &idx).unwrap();
+            let off = g.byte_offset_of(&"p", &idx).unwrap();
             prop_assert!(span_contains(g.start_byte(), g.extent(), off, 4));
+        }
+    }
+}
+
+#[cfg(test)]
+mod intersect_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bytes_of(g: &Geometry, base: u64) -> std::collections::BTreeSet<u64> {
+        let es = g.dtype().size();
+        let mut s = std::collections::BTreeSet::new();
+        g.for_each_element(|o| {
+            for b in 0..es {
+                s.insert(base + g.start_byte() + o + b);
+            }
+        });
+        s
+    }
+
+    proptest! {
+        #[test]
+        fn intersection_matches_byte_sets(
+            a in prop::collection::vec((1u64..5, 0u64..7), 1..3),
+            b in prop::collection::vec((1u64..5, 0u64..7), 1..3),
+            oa in 0u64..12, ob in 0u64..12, shift in 0u64..16,
+        ) {
+            let sa: Vec<u64> = a.iter().map(|d| d.0).collect();
+            let ta: Vec<u64> = a.iter().map(|d| d.1).collect();
+            let sb: Vec<u64> = b.iter().map(|d| d.0).collect();
+            let tb: Vec<u64> = b.iter().map(|d| d.1).collect();
+            let ga = Geometry::new(&"a", DType::I16, &sa, Some(&ta), oa).unwrap();
+            let gb = Geometry::new(&"b", DType::I16, &sb, Some(&tb), ob).unwrap();
+            let (base_a, base_b) = (1000, 1000 + shift);
+            let expect = !bytes_of(&ga, base_a).is_disjoint(&bytes_of(&gb, base_b));
+            prop_assert_eq!(ga.elements_intersect(base_a, &gb, base_b), expect);
+            prop_assert_eq!(gb.elements_intersect(base_b, &ga, base_a), expect);
         }
     }
 }

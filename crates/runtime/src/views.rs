@@ -1,4 +1,4 @@
-//! The allocation-scoped host-view cache (DESIGN 4.5).
+//! The allocation-scoped host-view cache (see `docs/concepts.md`, "Host views").
 //!
 //! Keyed by allocation base address, owned by the worker (who owns malloc/free), and released
 //! before the allocation is freed. A means is established on first access and kept for the
@@ -45,6 +45,16 @@ pub struct ViewEvents {
     pub mirrored: u64,
     pub refreshes: u64,
     pub refresh_bytes: u64,
+}
+
+impl ViewEvents {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: ViewEvents) {
+        self.mapped += other.mapped;
+        self.mirrored += other.mirrored;
+        self.refreshes += other.refreshes;
+        self.refresh_bytes += other.refresh_bytes;
+    }
 }
 
 #[derive(Debug)]

@@ -1,95 +1,25 @@
 //! The worker: owner of every device allocation it makes (user buffers, resident sets, the
-//! staging arena), of the allocation-scoped host-view cache, and of the run in progress.
+//! staging arena, the scratch pool), of the allocation-scoped host-view cache, and of the run in
+//! progress.
 //!
-//! Ownership rules:
-//! * a means (mapping or mirror) is released before its allocation is freed, on every path
-//!   (`free`, resident release, arena growth, fresh-staging cleanup, `close`);
-//! * a buffer owned by a resident set cannot be freed with `free`; a buffer bound to the run in
-//!   progress cannot be freed at all;
-//! * a free that fails leaves the allocation recorded, so `close` tries again and reports it.
+//! Its run methods are the steps of one run; `cycle.rs` calls them in order. Each takes the run's
+//! [`RunId`], so a handle from a finished run is refused rather than misused. A buffer bound to
+//! the run in progress cannot be freed or released.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
-use simpler_driver::{CloseReport, DevPtr, Device, DeviceError, Stats};
+use simpler_driver::{CloseReport, DevPtr, Device, Stats};
 
-use crate::arena::Arena;
+use crate::dtype::{DType, Value};
 use crate::error::{Error, Phase, Result};
-use crate::geometry::{span_contains, Geometry};
-use crate::run::RunState;
-use crate::views::ViewCache;
-
-/// How host-staged tensors get device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Staging {
-    /// Bump-allocated from a retained arena (no malloc/free on a warm run).
-    Arena,
-    /// A fresh allocation per staged tensor per run, freed at cleanup (the upstream mainline,
-    /// kept so the staging cost stays observable).
-    Fresh,
-}
-
-impl Staging {
-    /// Parses `"arena"` / `"fresh"`.
-    pub fn parse(s: &str) -> Result<Staging> {
-        match s {
-            "arena" => Ok(Staging::Arena),
-            "fresh" => Ok(Staging::Fresh),
-            _ => Err(Error::Value(format!(
-                "staging must be 'arena' or 'fresh', not '{s}'"
-            ))),
-        }
-    }
-}
-
-/// Argument direction, from a signature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    In,
-    Out,
-    InOut,
-}
-
-impl Direction {
-    /// Whether the device may write it.
-    pub fn writes(self) -> bool {
-        !matches!(self, Direction::In)
-    }
-    /// Whether its host contents are uploaded.
-    pub fn reads(self) -> bool {
-        !matches!(self, Direction::Out)
-    }
-    /// `"IN"`, `"OUT"`, `"INOUT"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Direction::In => "IN",
-            Direction::Out => "OUT",
-            Direction::InOut => "INOUT",
-        }
-    }
-}
-
-/// Who owns an allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owner {
-    User,
-    Resident(u64),
-    Staging,
-    /// A resident or staging allocation whose free failed; `close` retries it.
-    Orphan,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AllocInfo {
-    pub bytes: u64,
-    pub owner: Owner,
-}
-
-#[derive(Debug)]
-pub(crate) struct ResidentEntry {
-    pub name: String,
-    pub ptr: DevPtr,
-}
+use crate::geometry::Geometry;
+use crate::memory::{Memory, Owner};
+use crate::resident::ResidentSets;
+use crate::run::{BatchScalar, BatchSlot, HostWindow, RunId, RunReport, RunState, TaskCall, TensorInfo};
+use crate::scratch::ScratchPool;
+use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
+use crate::staging::{Arena, Staging};
 
 /// What `close` found.
 #[derive(Debug, Default, Clone)]
@@ -104,44 +34,53 @@ pub struct CloseSummary {
     pub errors: Vec<Error>,
 }
 
-/// The worker. Not `Sync`: the bindings serialize access with a lock.
+/// The worker. Not `Sync`: hosts share it behind a lock (see `cycle.rs`).
 #[derive(Debug)]
 pub struct Worker {
-    pub(crate) dev: Arc<dyn Device>,
-    pub(crate) staging: Staging,
-    pub(crate) allocs: HashMap<u64, AllocInfo>,
-    pub(crate) views: ViewCache,
-    pub(crate) arena: Arena,
-    /// The retained scratch pool: chunks (base, size) that `orch.scratch` tensors are carved from.
-    pub(crate) scratch: Vec<(DevPtr, u64)>,
-    pub(crate) resident: BTreeMap<u64, Vec<ResidentEntry>>,
-    next_set: u64,
-    pub(crate) run: Option<RunState>,
-    pub(crate) run_gen: u64,
+    mem: Memory,
+    staging: Staging,
+    arena: Arena,
+    scratch: ScratchPool,
+    resident: ResidentSets,
+    run: Option<RunState>,
+    next_run: u64,
     closed: bool,
+}
+
+fn not_in_progress(run: RunId) -> Error {
+    Error::State(format!(
+        "run {} is not in progress (this handle belongs to a finished run, or the worker was closed)",
+        run.0
+    ))
+}
+
+fn buffer_err(e: simpler_driver::DeviceError) -> Error {
+    Error::device(Phase::Buffer, None, e)
 }
 
 impl Worker {
     /// A worker over `dev`.
     pub fn new(dev: Arc<dyn Device>, staging: Staging) -> Worker {
         Worker {
-            dev,
+            mem: Memory::new(dev),
             staging,
-            allocs: HashMap::new(),
-            views: ViewCache::default(),
             arena: Arena::default(),
-            scratch: Vec::new(),
-            resident: BTreeMap::new(),
-            next_set: 1,
+            scratch: ScratchPool::default(),
+            resident: ResidentSets::default(),
             run: None,
-            run_gen: 0,
+            next_run: 1,
             closed: false,
         }
     }
 
+    /// This worker's id (handles carry it).
+    pub fn id(&self) -> u64 {
+        self.mem.id
+    }
+
     /// The driver.
     pub fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
+        &self.mem.dev
     }
 
     /// The staging mode.
@@ -151,7 +90,7 @@ impl Worker {
 
     /// Cumulative driver counters.
     pub fn stats(&self) -> Stats {
-        self.dev.stats()
+        self.mem.dev.stats()
     }
 
     /// The current staging arena allocation, if any.
@@ -159,16 +98,14 @@ impl Worker {
         self.arena.current()
     }
 
-    /// Live host views: (mapped, mirrored, refused staging allocations).
-    pub fn view_counts(&self) -> (u64, u64, u64) {
-        self.views.counts()
+    /// The scratch pool's chunks (base, size).
+    pub fn scratch_chunks(&self) -> &[(DevPtr, u64)] {
+        self.scratch.chunks()
     }
 
-    pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closed {
-            return Err(Error::State("worker is closed".into()));
-        }
-        Ok(())
+    /// Live host views: (mapped, mirrored, refused staging allocations).
+    pub fn view_counts(&self) -> (u64, u64, u64) {
+        self.mem.views.counts()
     }
 
     /// Whether `close` has run.
@@ -176,130 +113,110 @@ impl Worker {
         self.closed
     }
 
-    fn buffer_err(e: DeviceError) -> Error {
-        Error::device(Phase::Buffer, None, e)
+    /// Whether a run is in progress.
+    pub fn is_busy(&self) -> bool {
+        self.run.is_some()
     }
 
-    /// Allocates a user buffer of `bytes` (> 0).
-    pub fn malloc(&mut self, bytes: u64) -> Result<DevPtr> {
-        self.check_open()?;
-        if bytes == 0 {
-            return Err(Error::Value(
-                "malloc of 0 bytes: a device buffer needs at least 1 byte".into(),
-            ));
+    fn check_open(&self) -> Result<()> {
+        if self.closed {
+            return Err(Error::State("worker is closed".into()));
         }
-        let ptr = self.dev.alloc(bytes).map_err(Self::buffer_err)?;
-        self.allocs.insert(
-            ptr.0,
-            AllocInfo {
-                bytes,
-                owner: Owner::User,
-            },
-        );
-        Ok(ptr)
-    }
-
-    /// The live allocation starting at `ptr`.
-    pub(crate) fn alloc_info(&self, ptr: DevPtr, what: &str) -> Result<AllocInfo> {
-        self.allocs.get(&ptr.0).copied().ok_or_else(|| {
-            Error::State(format!(
-                "{what}: device address {ptr} is not a live allocation of this worker (freed, released or never allocated)"
-            ))
-        })
+        Ok(())
     }
 
     fn bound_to_run(&self, ptr: DevPtr) -> bool {
         self.run.as_ref().is_some_and(|r| r.binds(ptr))
     }
 
-    /// Frees a user buffer: its host view first, then the allocation.
-    pub fn free(&mut self, ptr: DevPtr) -> Result<()> {
+    // ---- buffers -------------------------------------------------------------------------
+
+    /// Allocates a user buffer of `bytes` (> 0).
+    pub fn malloc(&mut self, bytes: u64) -> Result<BufferRef> {
         self.check_open()?;
-        let info = self.alloc_info(ptr, "free")?;
+        if bytes == 0 {
+            return Err(Error::Value(
+                "malloc of 0 bytes: a device buffer needs at least 1 byte".into(),
+            ));
+        }
+        self.mem.alloc(bytes, Owner::User, Phase::Buffer, None)
+    }
+
+    /// Frees a user buffer: its host view first, then the allocation.
+    pub fn free(&mut self, buf: BufferRef) -> Result<()> {
+        self.check_open()?;
+        let info = self.mem.lookup(buf, &"free")?;
         match info.owner {
             Owner::User => {}
             Owner::Resident(_) => {
                 return Err(Error::State(format!(
-                    "free: buffer {ptr} is owned by a ResidentTaskArgs; release that instead"
+                    "free: buffer {} is owned by a ResidentTaskArgs; release that instead",
+                    buf.ptr
                 )))
             }
             _ => {
                 return Err(Error::State(format!(
-                    "free: buffer {ptr} is owned by the worker"
+                    "free: buffer {} is owned by the worker",
+                    buf.ptr
                 )))
             }
         }
-        if self.bound_to_run(ptr) {
+        if self.bound_to_run(buf.ptr) {
             return Err(Error::State(format!(
-                "free: buffer {ptr} is bound as an argument of the run in progress"
+                "free: buffer {} is bound as an argument of the run in progress",
+                buf.ptr
             )));
         }
-        self.release_alloc(ptr).map_err(Self::buffer_err)
-    }
-
-    /// Unmaps/drops the view, then frees; forgets the allocation only if the free succeeded.
-    pub(crate) fn release_alloc(&mut self, ptr: DevPtr) -> std::result::Result<(), DeviceError> {
-        self.views.release(&*self.dev, ptr)?;
-        self.dev.free(ptr)?;
-        self.allocs.remove(&ptr.0);
-        Ok(())
-    }
-
-    fn check_span(&self, ptr: DevPtr, offset: u64, len: u64, what: &str) -> Result<AllocInfo> {
-        let info = self.alloc_info(ptr, what)?;
-        if !span_contains(0, info.bytes, offset, len) {
-            return Err(Error::Value(format!(
-                "{what}: {len} bytes at offset {offset} run past buffer {ptr} of {} bytes",
-                info.bytes
-            )));
-        }
-        Ok(info)
+        self.mem.release(buf.ptr).map_err(buffer_err)
     }
 
     /// Copies host bytes into a buffer at `offset`. A mirror of the buffer goes stale.
-    pub fn copy_to(&mut self, ptr: DevPtr, offset: u64, src: &[u8]) -> Result<()> {
+    pub fn copy_to(&mut self, buf: BufferRef, offset: u64, src: &[u8]) -> Result<()> {
         self.check_open()?;
-        self.check_span(ptr, offset, src.len() as u64, "copy_to")?;
+        self.mem.check_span(buf, offset, src.len() as u64, "copy_to")?;
         if src.is_empty() {
             return Ok(());
         }
-        let r = self.dev.copy_h2d(DevPtr(ptr.0 + offset), src);
+        let r = self.mem.dev.copy_h2d(DevPtr(buf.ptr.0 + offset), src);
         // Even a failed copy may have moved some bytes.
-        self.views.mark_stale(ptr);
-        r.map_err(Self::buffer_err)
+        self.mem.views.mark_stale(buf.ptr);
+        r.map_err(buffer_err)
     }
 
     /// Copies `dst.len()` bytes at `offset` of a buffer to the host.
-    pub fn copy_from(&self, ptr: DevPtr, offset: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn copy_from(&self, buf: BufferRef, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check_open()?;
-        self.check_span(ptr, offset, dst.len() as u64, "copy_from")?;
+        self.mem.check_span(buf, offset, dst.len() as u64, "copy_from")?;
         if dst.is_empty() {
             return Ok(());
         }
-        self.dev
-            .copy_d2h(dst, DevPtr(ptr.0 + offset))
-            .map_err(Self::buffer_err)
+        self.mem
+            .dev
+            .copy_d2h(dst, DevPtr(buf.ptr.0 + offset))
+            .map_err(buffer_err)
     }
 
-    /// Checks that `geometry` fits the live buffer at `ptr` (for `Buffer.tensor` and binding).
-    pub fn check_tensor(&self, ptr: DevPtr, geometry: &Geometry, what: &str) -> Result<()> {
+    /// Checks that `geometry` fits the live buffer (a device tensor over it).
+    pub fn check_tensor(&self, buf: BufferRef, geometry: &Geometry, what: &dyn std::fmt::Display) -> Result<()> {
         self.check_open()?;
-        let info = self.alloc_info(ptr, what)?;
-        if geometry.end_byte() > info.bytes {
-            return Err(Error::Value(format!(
-                "{what}: tensor spans bytes [{}, {}) of buffer {ptr}, which has only {} bytes",
-                geometry.start_byte(),
-                geometry.end_byte(),
-                info.bytes
-            )));
-        }
-        Ok(())
+        self.mem.check_tensor(buf, geometry, what).map(|_| ())
     }
 
-    /// The host-view mechanism of the allocation at `ptr`: `"mapping"`, `"mirror"`, or `None`.
-    pub fn host_view_info(&self, ptr: DevPtr) -> Result<Option<&'static str>> {
-        self.alloc_info(ptr, "host_view_info")?;
-        Ok(self.views.kind(ptr))
+    /// The host-view mechanism of the buffer's allocation: `"mapping"`, `"mirror"`, or `None`.
+    pub fn host_view_info(&self, buf: BufferRef) -> Result<Option<&'static str>> {
+        self.mem.lookup(buf, &"host_view_info")?;
+        Ok(self.mem.views.kind(buf.ptr))
+    }
+
+    /// Releases the staging arena and the scratch pool (e.g. after a one-off large run). Not
+    /// during a run.
+    pub fn trim_staging(&mut self) -> Result<()> {
+        self.check_open()?;
+        if self.run.is_some() {
+            return Err(Error::State("trim_staging: a run is in progress".into()));
+        }
+        self.arena.trim(&mut self.mem)?;
+        self.scratch.trim(&mut self.mem)
     }
 
     // ---- resident sets -------------------------------------------------------------------
@@ -307,21 +224,11 @@ impl Worker {
     /// Opens an empty resident set; returns its id.
     pub fn resident_open(&mut self) -> Result<u64> {
         self.check_open()?;
-        let id = self.next_set;
-        self.next_set += 1;
-        self.resident.insert(id, Vec::new());
-        Ok(id)
+        Ok(self.resident.open())
     }
 
-    fn set_mut(&mut self, set: u64) -> Result<&mut Vec<ResidentEntry>> {
-        self.resident
-            .get_mut(&set)
-            .ok_or_else(|| Error::State(format!("resident set {set} was released")))
-    }
-
-    /// Allocates a case-owned buffer for `name` (a contiguous `geometry`), uploads `host` unless
-    /// `dir` is OUT, and records it in `set`. Everything is validated before the allocation; on a
-    /// failure after it, nothing this call allocated stays live.
+    /// Makes a host fixture resident in `set` (see `resident.rs`); `Ok(None)` when it has no
+    /// bytes and stays host-staged.
     pub fn resident_add(
         &mut self,
         set: u64,
@@ -329,143 +236,260 @@ impl Worker {
         geometry: &Geometry,
         dir: Direction,
         host: &[u8],
-    ) -> Result<DevPtr> {
+    ) -> Result<Option<BufferRef>> {
         self.check_open()?;
-        if !geometry.is_contiguous() || geometry.offset() != 0 {
-            return Err(Error::Value(format!(
-                "resident tensor '{name}' must be contiguous from its first byte"
-            )));
-        }
-        let bytes = geometry.nbytes();
-        if self.set_mut(set)?.iter().any(|e| e.name == name) {
-            return Err(Error::Value(format!(
-                "resident tensor '{name}' was already added"
-            )));
-        }
-        if bytes == 0 {
-            return Err(Error::Value(format!(
-                "resident tensor '{name}' has no bytes; zero-size fixtures stay host-staged"
-            )));
-        }
-        if host.len() as u64 != bytes {
-            return Err(Error::Value(format!(
-                "resident tensor '{name}': {} host bytes for a {bytes}-byte tensor",
-                host.len()
-            )));
-        }
-        let ptr = self
-            .dev
-            .alloc(bytes)
-            .map_err(|e| Error::device(Phase::ResidentAdd, Some(name), e))?;
-        self.allocs.insert(
-            ptr.0,
-            AllocInfo {
-                bytes,
-                owner: Owner::Resident(set),
-            },
-        );
-        if dir.reads() {
-            if let Err(e) = self.dev.copy_h2d(ptr, host) {
-                let err = Error::device(Phase::ResidentAdd, Some(name), e);
-                if let Err(fe) = self.release_alloc(ptr) {
-                    log::error!(
-                        "resident add '{name}': freeing {ptr} after a failed upload failed: {fe}"
-                    );
-                    self.orphan(ptr);
-                }
-                return Err(err);
-            }
-        }
-        self.set_mut(set)?.push(ResidentEntry {
-            name: name.to_owned(),
-            ptr,
-        });
-        Ok(ptr)
-    }
-
-    /// Keeps an allocation whose free failed recorded, owned by the worker, so `close` retries it.
-    pub(crate) fn orphan(&mut self, ptr: DevPtr) {
-        if let Some(i) = self.allocs.get_mut(&ptr.0) {
-            i.owner = Owner::Orphan;
-        }
+        self.resident
+            .add(&mut self.mem, set, name, geometry, dir, host)
     }
 
     /// Whether `set` is still open.
     pub fn resident_is_open(&self, set: u64) -> bool {
-        self.resident.contains_key(&set)
+        self.resident.is_open(set)
     }
 
-    /// Releases a resident set in LIFO order, attempting every free even when one fails (each
-    /// failure is logged and returned). Idempotent: releasing a released set does nothing.
+    /// Releases a resident set in LIFO order (see `resident.rs`). Refused, with nothing freed,
+    /// while one of its tensors is bound to the run in progress.
     pub fn resident_release(&mut self, set: u64) -> Vec<Error> {
-        let Some(entries) = self.resident.get(&set) else {
-            return Vec::new();
-        };
-        if let Some(e) = entries.iter().find(|e| self.bound_to_run(e.ptr)) {
+        if let Some((name, _)) = self
+            .resident
+            .buffers(set)
+            .find(|(_, b)| self.bound_to_run(b.ptr))
+        {
             return vec![Error::State(format!(
-                "release: resident tensor '{}' is bound to the run in progress",
-                e.name
+                "release: resident tensor '{name}' is bound to the run in progress"
             ))];
         }
-        let entries = self.resident.remove(&set).unwrap_or_default();
-        let mut errors = Vec::new();
-        for e in entries.into_iter().rev() {
-            if let Err(err) = self.release_alloc(e.ptr) {
-                log::error!(
-                    "release of resident tensor '{}' ({}) failed: {err}",
-                    e.name,
-                    e.ptr
-                );
-                self.orphan(e.ptr);
-                errors.push(Error::device(Phase::Release, Some(&e.name), err));
-            }
-        }
-        errors
+        self.resident.release(&mut self.mem, set)
     }
 
-    /// Names and addresses of a resident set, in insertion order.
-    pub fn resident_entries(&self, set: u64) -> Result<Vec<(String, DevPtr)>> {
-        let entries = self
-            .resident
-            .get(&set)
-            .ok_or_else(|| Error::State(format!("resident set {set} was released")))?;
-        Ok(entries.iter().map(|e| (e.name.clone(), e.ptr)).collect())
+    // ---- the run -------------------------------------------------------------------------
+
+    fn active(&mut self, run: RunId) -> Result<(&mut RunState, &mut Memory)> {
+        match &mut self.run {
+            Some(r) if r.id == run => Ok((r, &mut self.mem)),
+            _ => Err(not_in_progress(run)),
+        }
+    }
+
+    /// Binds a new run (validated first): stages host arrays (`hosts` lends their byte extents,
+    /// in order) and records device tensors as lazy view entries. `started` is when the run's
+    /// call began (bind is timed from there). On failure everything this call took is released
+    /// and no run is in progress.
+    pub fn begin_run(&mut self, call: &RunCall<'_>, hosts: &[&[u8]], started: Instant) -> Result<RunId> {
+        self.check_open()?;
+        if self.run.is_some() {
+            return Err(Error::State(
+                "worker busy: a run is in progress (one worker runs one call at a time)".into(),
+            ));
+        }
+        call.validate()?;
+        let id = RunId(self.next_run);
+        self.next_run += 1;
+        let mut run = RunState::new(id, started, self.mem.dev.stats());
+        match run.bind(&mut self.mem, &mut self.arena, self.staging, call, hosts) {
+            Ok(()) => {
+                run.report.phases.bind = run.lap();
+                self.run = Some(run);
+                Ok(id)
+            }
+            Err(e) => {
+                // Fresh staging allocations of this bind are released; the arena is retained.
+                for (name, p) in run.fresh.drain(..).rev() {
+                    let _ = self.mem.release_or_orphan(
+                        p,
+                        &format_args!("bind rollback of the staging buffer of tensor {name}"),
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Name, geometry (relative to its allocation) and direction of argument `arg` of the run.
+    pub fn run_tensor(&mut self, run: RunId, arg: u32) -> Result<TensorInfo> {
+        let (r, _) = self.active(run)?;
+        let a = r.arg(arg)?;
+        Ok(TensorInfo {
+            name: a.name.clone(),
+            geometry: a.geometry,
+            dir: a.dir,
+        })
+    }
+
+    /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
+    pub fn orch_read(&mut self, run: RunId, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
+        let (r, mem) = self.active(run)?;
+        r.read(mem, arg, view, index)
+    }
+
+    /// `set_tensor_data`: writes `value` at `index` of `view`.
+    pub fn orch_write(
+        &mut self,
+        run: RunId,
+        arg: u32,
+        view: &Geometry,
+        index: &[i64],
+        value: Value,
+    ) -> Result<()> {
+        let (r, mem) = self.active(run)?;
+        r.write(mem, arg, view, index, value)
+    }
+
+    /// `read_tensor`: a host window over `view`'s bytes.
+    pub fn orch_read_tensor(&mut self, run: RunId, arg: u32, view: &Geometry) -> Result<HostWindow> {
+        let (r, mem) = self.active(run)?;
+        r.read_window(mem, arg, view)
+    }
+
+    /// `orch.scratch`: a run-scoped tensor; returns its argument index.
+    pub fn scratch(&mut self, run: RunId, name: Option<&str>, dtype: DType, shape: &[u64]) -> Result<u32> {
+        match &mut self.run {
+            Some(r) if r.id == run => {
+                r.scratch(&mut self.mem, &mut self.scratch, name, dtype, shape)
+            }
+            _ => Err(not_in_progress(run)),
+        }
+    }
+
+    /// `submit`: one task; returns its index.
+    pub fn submit(
+        &mut self,
+        run: RunId,
+        kernel: KernelRef<'_>,
+        tensors: &[(u32, Geometry)],
+        scalars: &[Value],
+    ) -> Result<u64> {
+        let (r, _) = self.active(run)?;
+        r.submit(kernel, tensors, scalars)
+    }
+
+    /// `submit_many`: `count` tasks of one kernel; returns the first task's index.
+    pub fn submit_many(
+        &mut self,
+        run: RunId,
+        kernel: KernelRef<'_>,
+        slots: &[BatchSlot<'_>],
+        scalars: &[BatchScalar<'_>],
+        count: Option<u64>,
+    ) -> Result<u64> {
+        let (r, _) = self.active(run)?;
+        r.submit_many(kernel, slots, scalars, count)
+    }
+
+    /// Ends orchestration; returns the number of tasks to run.
+    pub fn begin_execute(&mut self, run: RunId) -> Result<u64> {
+        let (r, _) = self.active(run)?;
+        r.begin_execute()
+    }
+
+    /// Fills `call` with the next task; false after the last.
+    pub fn next_task(&mut self, run: RunId, call: &mut TaskCall) -> Result<bool> {
+        let (r, mem) = self.active(run)?;
+        r.next_task(mem, call)
+    }
+
+    /// Writes back the host copies of the task that just ran.
+    pub fn finish_task(&mut self, run: RunId) -> Result<()> {
+        let (r, mem) = self.active(run)?;
+        r.finish_task(mem)
+    }
+
+    /// Ends execution (`ok == false` when a task failed).
+    pub fn end_execute(&mut self, run: RunId, ok: bool) -> Result<()> {
+        let (r, mem) = self.active(run)?;
+        r.end_execute(mem, ok);
+        Ok(())
+    }
+
+    /// Starts copy back: `(staged index, argument)` of every staged output to copy (none after a
+    /// failure).
+    pub fn begin_copy_back(&mut self, run: RunId) -> Result<Vec<(usize, u32)>> {
+        let (r, _) = self.active(run)?;
+        r.begin_copy_back()
+    }
+
+    /// Copies staged output `arg` into `dst`, its host byte extent.
+    pub fn copy_back_one(&mut self, run: RunId, arg: u32, dst: &mut [u8]) -> Result<()> {
+        let (r, mem) = self.active(run)?;
+        r.copy_back_one(mem, arg, dst)
+    }
+
+    /// Ends copy back.
+    pub fn end_copy_back(&mut self, run: RunId) -> Result<()> {
+        let (r, _) = self.active(run)?;
+        r.end_copy_back();
+        Ok(())
+    }
+
+    /// Marks the run failed (an orchestration or kernel error): copy back will be skipped.
+    pub fn fail_run(&mut self, run: RunId) {
+        if let Ok((r, _)) = self.active(run) {
+            r.failed = true;
+        }
+    }
+
+    /// Cleans up the run (always) and returns its report; a cleanup failure is returned after
+    /// everything was attempted. The worker is free for the next run either way.
+    pub fn finish_run(&mut self, run: RunId) -> Result<RunReport> {
+        self.active(run)?;
+        let Some(state) = self.run.take() else {
+            unreachable!("checked by active()")
+        };
+        match state.finish(&mut self.mem) {
+            (report, None) => Ok(report),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// Abandons `run` if it is still in progress: marks it failed and cleans it up (used by the
+    /// cycle's guard when a run is left by a panic).
+    pub fn abandon_run(&mut self, run: RunId) {
+        if self.run.as_ref().is_some_and(|r| r.id == run) {
+            self.fail_run(run);
+            if let Err(e) = self.finish_run(run) {
+                log::error!("abandoning run {}: {e}", run.0);
+            }
+        }
+    }
+
+    /// Abandons the run in progress, if any (`close` from another thread ends a run this way;
+    /// that run's next step finds it gone).
+    fn abort_run(&mut self) {
+        if let Some(id) = self.run.as_ref().map(|r| r.id) {
+            self.abandon_run(id);
+        }
     }
 
     // ---- close ---------------------------------------------------------------------------
 
-    /// Ends the run in progress (if any), releases resident sets (newest first), user buffers and
-    /// the arena — each view before its allocation — then closes the driver. Idempotent.
+    /// Ends the run in progress (if any), releases resident sets (newest first), user buffers,
+    /// the arena and the scratch pool — each view before its allocation — then closes the driver.
+    /// Idempotent.
     pub fn close(&mut self) -> CloseSummary {
         let mut s = CloseSummary::default();
         if self.closed {
             return s;
         }
-        if self.run.is_some() {
-            self.abort_run();
-        }
-        let sets: Vec<u64> = self.resident.keys().rev().copied().collect();
+        self.abort_run();
+        let sets = self.resident.ids_newest_first();
         s.resident_sets = sets.len() as u64;
         for set in sets {
-            s.errors.extend(self.resident_release(set));
+            s.errors.extend(self.resident.release(&mut self.mem, set));
         }
-        let mut rest: Vec<(u64, AllocInfo)> = self.allocs.iter().map(|(&p, &i)| (p, i)).collect();
-        rest.sort_by_key(|b| std::cmp::Reverse(b.0));
-        for (p, info) in rest {
+        for (p, info) in self.mem.live() {
             if info.owner == Owner::User {
                 s.user_buffers += 1;
             }
-            if let Err(e) = self.release_alloc(DevPtr(p)) {
+            if let Err(e) = self.mem.release(p) {
                 s.errors.push(Error::device(Phase::Close, None, e));
             }
         }
-        self.arena = Arena::default();
-        self.scratch.clear();
-        s.device = self.dev.close();
+        self.arena.forget();
+        self.scratch.forget();
+        s.device = self.mem.dev.close();
         // The driver's close removed every mapping, including those whose unmap failed above:
         // drop their view entries too, so nothing of the device outlives close.
-        self.views = ViewCache::default();
-        self.allocs.clear();
+        self.mem.forget_all();
         self.closed = true;
         if s.user_buffers > 0 || s.resident_sets > 0 {
             log::warn!(

@@ -1,4 +1,4 @@
-//! Accessor containment (issue 8): an orchestrator read or write succeeds exactly when the element
+//! Accessor containment: an orchestrator read or write succeeds exactly when the element
 //! it names lies inside the accessed argument's byte extent, touches exactly that element, and
 //! never reaches other bytes of the allocation (or any other allocation).
 //!
@@ -9,13 +9,15 @@
 //! with a model after every case. Run over resident (device) and staged arguments, through a
 //! mapping (`svm=always`) and through a mirror / staged copy (`svm=never`).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+mod common;
 
+use std::collections::HashMap;
+
+use common::*;
 use proptest::prelude::*;
-use simpler_driver::sim::{SimConfig, SimDevice, SvmPolicy};
+use simpler_driver::sim::{SimDevice, SvmPolicy};
 use simpler_driver::{DevPtr, Device};
-use simpler_runtime::{BindArg, DType, Direction, Error, Geometry, Staging, Value, Worker};
+use simpler_runtime::{ArgValue, DType, Direction, Error, Geometry, RunArgSpec, Staging, Value};
 
 const ES: u64 = 4; // int32 elements
 
@@ -142,132 +144,135 @@ fn expected_elem(arg: &Geometry, p: &Probe) -> Option<i128> {
     }
 }
 
-/// Runs one case: binds an argument with layout `l` (resident or staged), applies every probe,
-/// checks each outcome and the device bytes against a model.
+/// Runs one case: binds an argument with layout `l` (resident or staged) in a run whose
+/// orchestration applies every probe; checks each outcome and the device bytes against a model.
 fn check(
     l: &Layout,
     probes: &[Probe],
     resident: bool,
     svm: SvmPolicy,
 ) -> Result<(), TestCaseError> {
-    let dev = Arc::new(SimDevice::new(SimConfig {
-        svm,
-        ..SimConfig::default()
-    }));
-    let mut w = Worker::new(dev.clone(), Staging::Arena);
+    let (cell, dev) = sim(svm, Staging::Arena);
     let g0 = Geometry::new(
-        "a",
+        &"a",
         DType::I32,
-        l.shape.clone(),
-        Some(l.strides.clone()),
+        &l.shape,
+        Some(&l.strides),
         if resident { l.offset } else { 0 },
     )
     .unwrap();
-    let host;
-    let (gen, alloc, alloc_elems) = if resident {
+    let (args, staged_bytes, buf) = if resident {
         let elems = g0.end_byte() / ES + l.pad;
-        let p = w.malloc(elems * ES).unwrap();
-        w.copy_to(p, 0, &i32s(0..elems as i32)).unwrap();
-        let gen = w
-            .begin_run(&[BindArg::Device {
-                name: "a".into(),
-                ptr: p,
-                geometry: g0.clone(),
-                dir: Direction::InOut,
-            }])
-            .unwrap();
-        (gen, p, elems)
+        let mut w = cell.lock().unwrap();
+        let b = w.malloc(elems * ES).unwrap();
+        w.copy_to(b, 0, &i32s(0..elems as i32)).unwrap();
+        let spec = RunArgSpec {
+            name: "a".into(),
+            value: ArgValue::Device {
+                buffer: b,
+                geometry: g0,
+            },
+        };
+        (vec![spec], vec![], Some((b.ptr, elems)))
     } else {
         // The only staged tensor: its slice starts at byte 0 of the arena.
-        host = i32s(0..(g0.extent() / ES) as i32);
-        let gen = w
-            .begin_run(&[BindArg::Staged {
-                name: "a".into(),
-                geometry: g0.clone(),
-                dir: Direction::InOut,
-                host: &host,
-            }])
-            .unwrap();
-        let (p, cap) = w.arena().unwrap();
-        (gen, p, cap / ES)
+        (vec![staged("a", g0)], vec![i32s(0..(g0.extent() / ES) as i32)], None)
     };
-    let (_, arg, _) = w.run_arg(gen, 0).unwrap();
-    let span = (
-        arg.start_byte() as i128,
-        (arg.start_byte() + arg.extent()) as i128,
-    );
-    let mut model: HashMap<i128, i32> = HashMap::new();
-    let before = read_all(&dev, alloc, alloc_elems);
-    for (k, p) in probes.iter().enumerate() {
-        let (geometry, index, write) = match p {
-            Probe::View {
-                shape,
-                offsets,
-                index,
-                write,
-            } => match arg.view("a", shape, offsets) {
-                Ok(v) => (v, index.clone(), *write),
+    let s = sig(&[Direction::InOut]);
+    let failures = std::cell::RefCell::new(Vec::<String>::new());
+    let device = std::cell::RefCell::new(None);
+    let mut host = Host::new(staged_bytes, |run| {
+        let o = orch(&cell, run);
+        let arg = o.tensor(0).unwrap().geometry;
+        let (alloc, alloc_elems) = buf.unwrap_or_else(|| {
+            let (p, cap) = cell.lock().unwrap().arena().unwrap();
+            (p, cap / ES)
+        });
+        let span = (
+            arg.start_byte() as i128,
+            (arg.start_byte() + arg.extent()) as i128,
+        );
+        let mut model: HashMap<i128, i32> = HashMap::new();
+        let before = read_all(&dev, alloc, alloc_elems);
+        let fail = |m: String| failures.borrow_mut().push(m);
+        for (k, p) in probes.iter().enumerate() {
+            let (geometry, index, write) = match p {
+                Probe::View {
+                    shape,
+                    offsets,
+                    index,
+                    write,
+                } => match arg.view(&"a", shape, offsets) {
+                    Ok(v) => (v, index.clone(), *write),
+                    Err(e) => {
+                        if expected_elem(&arg, p).is_some() {
+                            fail(format!("view refused: {e}"));
+                        }
+                        continue;
+                    }
+                },
+                Probe::Forged {
+                    shape,
+                    strides,
+                    offset,
+                    index,
+                    write,
+                } => match Geometry::new(&"a", DType::I32, shape, Some(strides), *offset) {
+                    Ok(g) => (g, index.clone(), *write),
+                    Err(_) => continue,
+                },
+            };
+            let want = expected_elem(&arg, p);
+            let inside =
+                want.is_some_and(|e| e * ES as i128 >= span.0 && (e + 1) * ES as i128 <= span.1);
+            let value = -(k as i32) - 2; // never an element position
+            let r = if write {
+                o.write(0, &geometry, &index, Value::Int(value as i64))
+                    .map(|()| None)
+            } else {
+                o.read(0, &geometry, &index).map(Some)
+            };
+            match r {
+                Ok(got) => {
+                    if !inside {
+                        fail(format!("probe {p:?} succeeded outside the extent {span:?}"));
+                        continue;
+                    }
+                    let e = want.expect("inside");
+                    if let Some(v) = got {
+                        let have = model.get(&e).copied().unwrap_or(before[e as usize]);
+                        if v != Value::Int(have as i64) {
+                            fail(format!("probe {p:?} read {v:?}, model has {have}"));
+                        }
+                    } else {
+                        model.insert(e, value);
+                    }
+                }
                 Err(e) => {
-                    prop_assert!(expected_elem(&arg, p).is_none(), "view refused: {e}");
-                    continue;
+                    if inside {
+                        fail(format!("probe {p:?} inside the extent was refused: {e}"));
+                    }
+                    if !matches!(e, Error::Value(_) | Error::NoHostView { .. }) {
+                        fail(format!("unexpected error kind: {e}"));
+                    }
                 }
-            },
-            Probe::Forged {
-                shape,
-                strides,
-                offset,
-                index,
-                write,
-            } => match Geometry::new(
-                "a",
-                DType::I32,
-                shape.clone(),
-                Some(strides.clone()),
-                *offset,
-            ) {
-                Ok(g) => (g, index.clone(), *write),
-                Err(_) => continue,
-            },
-        };
-        let want = expected_elem(&arg, p);
-        let inside =
-            want.is_some_and(|e| e * ES as i128 >= span.0 && (e + 1) * ES as i128 <= span.1);
-        let value = -(k as i32) - 2; // never an element position
-        let r = if write {
-            w.orch_write(gen, 0, &geometry, &index, Value::Int(value as i64))
-                .map(|()| None)
-        } else {
-            w.orch_read(gen, 0, &geometry, &index).map(Some)
-        };
-        match r {
-            Ok(got) => {
-                prop_assert!(inside, "probe {p:?} succeeded outside the extent {span:?}");
-                let e = want.expect("inside");
-                if let Some(v) = got {
-                    let have = model.get(&e).copied().unwrap_or(before[e as usize]);
-                    prop_assert_eq!(v, Value::Int(have as i64), "probe {:?}", p);
-                } else {
-                    model.insert(e, value);
-                }
-            }
-            Err(e) => {
-                prop_assert!(!inside, "probe {p:?} inside the extent was refused: {e}");
-                prop_assert!(
-                    matches!(e, Error::Value(_) | Error::NoHostView { .. }),
-                    "unexpected error kind: {e}"
-                );
             }
         }
-    }
-    // Exactly the written elements changed, on the device.
+        *device.borrow_mut() = Some((alloc, alloc_elems, before, model));
+        Ok(())
+    });
+    go(&cell, "probe", &s, &args, &mut host).unwrap();
+    drop(host);
+    let failures = failures.take();
+    prop_assert!(failures.is_empty(), "{:?}", failures);
+    // Exactly the written elements changed, on the device (read before close frees it).
+    let (alloc, alloc_elems, before, model) = device.take().unwrap();
     let after = read_all(&dev, alloc, alloc_elems);
     for (i, (&b, &a)) in before.iter().zip(&after).enumerate() {
         let want = model.get(&(i as i128)).copied().unwrap_or(b);
         prop_assert_eq!(a, want, "element {} of the allocation", i);
     }
-    w.fail_run(gen);
-    let _ = w.finish_run(gen);
-    let s = w.close();
+    let s = cell.lock().unwrap().close();
     prop_assert!(s.errors.is_empty());
     prop_assert_eq!(dev.stats().live_allocations, 0);
     Ok(())

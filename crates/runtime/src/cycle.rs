@@ -1,0 +1,231 @@
+//! The run cycle's one home: [`run`] drives `bind -> orchestrate -> execute -> copy back ->
+//! clean up` for one call, and is the only place that knows the order of the phases.
+//!
+//! The embedding (the Python bindings, or a Rust test) supplies what is its own through
+//! [`RunHost`]: the bytes of its host arrays, the orchestration function and the kernels. The
+//! worker is reached through a [`WorkerCell`], locked once per step and never across a call
+//! into the host, so an orchestration can read tensor data and submit tasks through the same
+//! cell, and another thread can still reach the worker (and be refused while it is busy).
+//!
+//! Whatever fails, and wherever — the host's bytes, a phase, the orchestration, a kernel, an
+//! interrupt the host reports at a checkpoint, or a panic — the run is finished: cleaned up, its
+//! fresh staging buffers released, the worker free for the next run. A failure in an earlier
+//! phase skips copy back; the first error is the one returned.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::dtype::{DType, Value};
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::run::{BatchScalar, BatchSlot, HostWindow, RunId, RunReport, TaskCall, TensorInfo};
+use crate::spec::{KernelRef, RunCall};
+use crate::worker::Worker;
+
+/// Shared access to a worker.
+pub trait WorkerCell: Sync {
+    /// Runs `f` with the worker locked. `heavy` says that `f` moves bulk bytes or waits on the
+    /// driver: a host with an interpreter lock releases it meanwhile. A host must never wait for
+    /// the worker while holding a lock that the holder of the worker may need.
+    fn with<R: Send>(&self, heavy: bool, f: impl FnOnce(&mut Worker) -> R + Send) -> R;
+}
+
+impl WorkerCell for Mutex<Worker> {
+    fn with<R: Send>(&self, _heavy: bool, f: impl FnOnce(&mut Worker) -> R + Send) -> R {
+        f(&mut self.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// What the embedding supplies to a run.
+pub trait RunHost {
+    /// The embedding's own failure (a Python exception, say), handed back unchanged.
+    type Error;
+
+    /// Lends the byte extents of the staged arguments (in argument order) for the duration of
+    /// `f`, which binds them.
+    fn lend_staged<R>(&mut self, f: impl FnOnce(&[&[u8]]) -> R) -> std::result::Result<R, Self::Error>;
+
+    /// Lends the host byte extent of staged argument `staged` (its index among the staged
+    /// arguments) for writing, for the duration of `f`, which copies the device bytes into it.
+    fn lend_output<R>(
+        &mut self,
+        staged: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> std::result::Result<R, Self::Error>;
+
+    /// Runs the orchestration function of `run`; it reaches the run through the worker cell.
+    fn orchestrate(&mut self, run: RunId) -> std::result::Result<(), Self::Error>;
+
+    /// Runs one task: kernel `call.kernel` over `call.buffers` and `call.scalars`.
+    fn kernel(&mut self, call: &TaskCall) -> std::result::Result<(), Self::Error>;
+
+    /// Called between phases: a host reports a pending interrupt here (Ctrl+C while the worker
+    /// was busy in native code), which ends the run like any other failure.
+    fn checkpoint(&mut self) -> std::result::Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// Why a run failed: the runtime's error, or the host's own.
+#[derive(Debug)]
+pub enum RunError<E> {
+    Runtime(Error),
+    Host(E),
+}
+
+impl<E> From<Error> for RunError<E> {
+    fn from(e: Error) -> Self {
+        RunError::Runtime(e)
+    }
+}
+
+/// Finishes a run that its driver left by unwinding (a panic): nothing else is in flight then.
+struct Guard<'c, C: WorkerCell> {
+    cell: &'c C,
+    run: RunId,
+    armed: bool,
+}
+
+impl<C: WorkerCell> Drop for Guard<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            let run = self.run;
+            self.cell.with(true, |w| w.abandon_run(run));
+        }
+    }
+}
+
+/// Runs `call` once. `started` is when the host's call began: converting its arguments is
+/// part of the timed bind phase. Returns the run's report.
+pub fn run<C: WorkerCell, H: RunHost>(
+    cell: &C,
+    call: &RunCall<'_>,
+    host: &mut H,
+    started: Instant,
+) -> std::result::Result<RunReport, RunError<H::Error>> {
+    let run = host
+        .lend_staged(|hosts| cell.with(true, |w| w.begin_run(call, hosts, started)))
+        .map_err(RunError::Host)??;
+    let mut guard = Guard {
+        cell,
+        run,
+        armed: true,
+    };
+    let body = phases(cell, run, host);
+    if body.is_err() {
+        cell.with(false, |w| w.fail_run(run));
+    }
+    let cleanup = cell.with(true, |w| w.finish_run(run));
+    guard.armed = false;
+    match (body, cleanup) {
+        (Ok(()), r) => r.map_err(RunError::Runtime),
+        (Err(e), Ok(_)) => Err(e),
+        (Err(e), Err(ce)) => {
+            log::error!("cleanup after a failed run also failed: {ce}");
+            Err(e)
+        }
+    }
+}
+
+/// Orchestrate, execute and copy back (bind is done; cleanup follows whatever this returns).
+fn phases<C: WorkerCell, H: RunHost>(
+    cell: &C,
+    run: RunId,
+    host: &mut H,
+) -> std::result::Result<(), RunError<H::Error>> {
+    host.checkpoint().map_err(RunError::Host)?;
+    host.orchestrate(run).map_err(RunError::Host)?;
+    cell.with(false, |w| w.begin_execute(run))?;
+    let copies = cell.with(false, |w| !w.device().has_kernel_memory());
+    let mut task = TaskCall::default();
+    let executed = (|| -> std::result::Result<(), RunError<H::Error>> {
+        while cell.with(copies, |w| w.next_task(run, &mut task))? {
+            host.kernel(&task).map_err(RunError::Host)?;
+            if task.needs_finish {
+                cell.with(true, |w| w.finish_task(run))?;
+            }
+        }
+        Ok(())
+    })();
+    drop(task);
+    let ok = executed.is_ok();
+    cell.with(false, |w| w.end_execute(run, ok))?;
+    executed?;
+    host.checkpoint().map_err(RunError::Host)?;
+    let outputs = cell.with(false, |w| w.begin_copy_back(run))?;
+    let copied = outputs.into_iter().try_for_each(|(staged, arg)| {
+        host.lend_output(staged, |dst| {
+            cell.with(true, |w| w.copy_back_one(run, arg, dst))
+        })
+        .map_err(RunError::Host)?
+        .map_err(RunError::Runtime)
+    });
+    cell.with(false, |w| w.end_copy_back(run))?;
+    copied
+}
+
+/// An orchestration's handle on its run, for embeddings: each method locks the cell for one
+/// step (the bindings' orchestrator object is this, made reachable from Python).
+#[derive(Debug)]
+pub struct Orch<'c, C: WorkerCell> {
+    pub cell: &'c C,
+    pub run: RunId,
+}
+
+impl<C: WorkerCell> Orch<'_, C> {
+    /// Name, geometry and direction of argument `arg` (a scratch tensor is an argument too).
+    pub fn tensor(&self, arg: u32) -> Result<TensorInfo> {
+        let run = self.run;
+        self.cell.with(false, |w| w.run_tensor(run, arg))
+    }
+
+    /// `get_tensor_data`.
+    pub fn read(&self, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
+        let run = self.run;
+        self.cell.with(false, |w| w.orch_read(run, arg, view, index))
+    }
+
+    /// `set_tensor_data`.
+    pub fn write(&self, arg: u32, view: &Geometry, index: &[i64], value: Value) -> Result<()> {
+        let run = self.run;
+        self.cell
+            .with(false, |w| w.orch_write(run, arg, view, index, value))
+    }
+
+    /// `read_tensor`.
+    pub fn read_tensor(&self, arg: u32, view: &Geometry) -> Result<HostWindow> {
+        let run = self.run;
+        self.cell.with(false, |w| w.orch_read_tensor(run, arg, view))
+    }
+
+    /// `orch.scratch`; returns the new argument's index.
+    pub fn scratch(&self, name: Option<&str>, dtype: DType, shape: &[u64]) -> Result<u32> {
+        let run = self.run;
+        self.cell.with(false, |w| w.scratch(run, name, dtype, shape))
+    }
+
+    /// `submit`; returns the task's index.
+    pub fn submit(
+        &self,
+        kernel: KernelRef<'_>,
+        tensors: &[(u32, Geometry)],
+        scalars: &[Value],
+    ) -> Result<u64> {
+        let run = self.run;
+        self.cell
+            .with(false, |w| w.submit(run, kernel, tensors, scalars))
+    }
+
+    /// `submit_many`; returns the first task's index.
+    pub fn submit_many(
+        &self,
+        kernel: KernelRef<'_>,
+        slots: &[BatchSlot<'_>],
+        scalars: &[BatchScalar<'_>],
+        count: Option<u64>,
+    ) -> Result<u64> {
+        let run = self.run;
+        self.cell
+            .with(false, |w| w.submit_many(run, kernel, slots, scalars, count))
+    }
+}

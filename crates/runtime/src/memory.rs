@@ -1,0 +1,184 @@
+//! The worker's memory: the driver, the table of every live allocation (who owns it, its size,
+//! its generation) and the allocation-scoped host-view cache.
+//!
+//! Ownership rules, kept by every path that frees (`free`, resident release, arena growth,
+//! fresh-staging cleanup, `trim_staging`, `close`):
+//! * a host view (mapping or mirror) is released before its allocation is freed;
+//! * a free that fails leaves the allocation recorded (as an orphan when a resident set or the
+//!   worker owned it), so `close` tries again and reports it;
+//! * a handle names an allocation by address *and* generation, so a handle kept past `free`
+//!   cannot reach a newer allocation at the same address.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use simpler_driver::{DevPtr, Device, DeviceError};
+
+use crate::error::{Error, Phase, Result};
+use crate::geometry::{span_contains, Geometry};
+use crate::spec::BufferRef;
+use crate::views::ViewCache;
+
+/// Who owns an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// `Worker::malloc`.
+    User,
+    /// A resident set (its id).
+    Resident(u64),
+    /// The staging arena, a fresh staging buffer or a scratch pool chunk.
+    Staging,
+    /// A resident or staging allocation whose free failed; `close` retries it.
+    Orphan,
+}
+
+/// What the table records of one allocation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllocInfo {
+    pub bytes: u64,
+    pub owner: Owner,
+    pub gen: u64,
+}
+
+static NEXT_WORKER: AtomicU64 = AtomicU64::new(1);
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Memory {
+    pub(crate) dev: Arc<dyn Device>,
+    /// This worker's id: handles carry it, so a handle from another worker is refused.
+    pub(crate) id: u64,
+    allocs: HashMap<u64, AllocInfo>,
+    pub(crate) views: ViewCache,
+    next_gen: u64,
+}
+
+impl Memory {
+    /// The memory of a new worker over `dev`.
+    pub fn new(dev: Arc<dyn Device>) -> Memory {
+        Memory {
+            dev,
+            id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
+            allocs: HashMap::new(),
+            views: ViewCache::default(),
+            next_gen: 1,
+        }
+    }
+
+    /// Allocates `bytes` for `owner`; a driver failure is reported in `phase` for `tensor`.
+    pub(crate) fn alloc(
+        &mut self,
+        bytes: u64,
+        owner: Owner,
+        phase: Phase,
+        tensor: Option<&str>,
+    ) -> Result<BufferRef> {
+        let ptr = self
+            .dev
+            .alloc(bytes)
+            .map_err(|e| Error::device(phase, tensor, e))?;
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        self.allocs.insert(ptr.0, AllocInfo { bytes, owner, gen });
+        Ok(BufferRef {
+            worker: self.id,
+            ptr,
+            gen,
+        })
+    }
+
+    /// The live allocation a handle names. A handle from another worker, or to an allocation
+    /// that was freed (even if a newer one now starts at the same address), is an error.
+    pub(crate) fn lookup(&self, buf: BufferRef, what: &dyn std::fmt::Display) -> Result<AllocInfo> {
+        if buf.worker != self.id {
+            return Err(Error::Value(format!(
+                "{what}: buffer {} belongs to another worker",
+                buf.ptr
+            )));
+        }
+        match self.allocs.get(&buf.ptr.0) {
+            Some(i) if i.gen == buf.gen => Ok(*i),
+            _ => Err(Error::State(format!(
+                "{what}: buffer {} was freed (the handle outlived its allocation)",
+                buf.ptr
+            ))),
+        }
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the buffer.
+    pub(crate) fn check_span(
+        &self,
+        buf: BufferRef,
+        offset: u64,
+        len: u64,
+        what: &str,
+    ) -> Result<AllocInfo> {
+        let info = self.lookup(buf, &what)?;
+        if !span_contains(0, info.bytes, offset, len) {
+            return Err(Error::Value(format!(
+                "{what}: {len} bytes at offset {offset} run past buffer {} of {} bytes",
+                buf.ptr, info.bytes
+            )));
+        }
+        Ok(info)
+    }
+
+    /// Checks that `geometry` fits the buffer.
+    pub(crate) fn check_tensor(
+        &self,
+        buf: BufferRef,
+        geometry: &Geometry,
+        what: &dyn std::fmt::Display,
+    ) -> Result<AllocInfo> {
+        let info = self.lookup(buf, what)?;
+        if geometry.end_byte() > info.bytes {
+            return Err(Error::Value(format!(
+                "{what}: tensor spans bytes [{}, {}) of buffer {}, which has only {} bytes",
+                geometry.start_byte(),
+                geometry.end_byte(),
+                buf.ptr,
+                info.bytes
+            )));
+        }
+        Ok(info)
+    }
+
+    /// Releases the allocation's host view, then frees it; forgets it only if the free
+    /// succeeded.
+    pub(crate) fn release(&mut self, ptr: DevPtr) -> std::result::Result<(), DeviceError> {
+        self.views.release(&*self.dev, ptr)?;
+        self.dev.free(ptr)?;
+        self.allocs.remove(&ptr.0);
+        Ok(())
+    }
+
+    /// Releases an allocation the worker or a resident set owns; on failure it stays recorded as
+    /// an orphan (so `close` retries it) and the error is logged and returned.
+    pub(crate) fn release_or_orphan(
+        &mut self,
+        ptr: DevPtr,
+        what: &dyn std::fmt::Display,
+    ) -> std::result::Result<(), DeviceError> {
+        self.release(ptr).inspect_err(|e| {
+            log::error!("{what}: freeing {ptr} failed: {e}");
+            if let Some(i) = self.allocs.get_mut(&ptr.0) {
+                i.owner = Owner::Orphan;
+            }
+        })
+    }
+
+    /// Live allocations, newest address first (the order `close` frees them in).
+    pub(crate) fn live(&self) -> Vec<(DevPtr, AllocInfo)> {
+        let mut v: Vec<(DevPtr, AllocInfo)> =
+            self.allocs.iter().map(|(&p, &i)| (DevPtr(p), i)).collect();
+        v.sort_by_key(|b| std::cmp::Reverse(b.0));
+        v
+    }
+
+    /// Forgets every allocation and view (after the driver's own close removed them).
+    pub(crate) fn forget_all(&mut self) {
+        self.views = ViewCache::default();
+        self.allocs.clear();
+    }
+}

@@ -1,0 +1,139 @@
+//! Resident sets: the case-owned device buffers of `ResidentTaskArgs`.
+//!
+//! A set is opened empty; `add` validates a fixture completely before allocating, uploads it
+//! unless it is OUT, and frees what it allocated when the upload fails. `release` frees in LIFO
+//! order, attempting every free even when one fails, and is idempotent.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Phase, Result};
+use crate::geometry::Geometry;
+use crate::memory::{Memory, Owner};
+use crate::spec::{BufferRef, Direction};
+
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    buf: BufferRef,
+}
+
+/// The worker's resident sets, by id.
+#[derive(Debug)]
+pub struct ResidentSets {
+    sets: BTreeMap<u64, Vec<Entry>>,
+    next: u64,
+}
+
+impl Default for ResidentSets {
+    fn default() -> Self {
+        ResidentSets {
+            sets: BTreeMap::new(),
+            next: 1,
+        }
+    }
+}
+
+impl ResidentSets {
+    /// Opens an empty set; returns its id.
+    pub(crate) fn open(&mut self) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.sets.insert(id, Vec::new());
+        id
+    }
+
+    /// Whether `set` is still open.
+    pub fn is_open(&self, set: u64) -> bool {
+        self.sets.contains_key(&set)
+    }
+
+    /// Ids of the open sets, newest first.
+    pub(crate) fn ids_newest_first(&self) -> Vec<u64> {
+        self.sets.keys().rev().copied().collect()
+    }
+
+    /// The buffers of `set`, in add order.
+    pub(crate) fn buffers(&self, set: u64) -> impl Iterator<Item = (&str, BufferRef)> {
+        self.sets
+            .get(&set)
+            .into_iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e.buf))
+    }
+
+    /// Makes a host fixture resident in `set` under `name`. Everything is checked before the
+    /// allocation: the set is open, the name is new, the fixture is contiguous from its first
+    /// byte and `host` holds exactly its bytes. A fixture without bytes is not made resident:
+    /// it stays host-staged, and `Ok(None)` says so. On a failure after the allocation nothing
+    /// this call allocated stays live.
+    pub(crate) fn add(
+        &mut self,
+        mem: &mut Memory,
+        set: u64,
+        name: &str,
+        geometry: &Geometry,
+        dir: Direction,
+        host: &[u8],
+    ) -> Result<Option<BufferRef>> {
+        let what = format!("resident tensor '{name}'");
+        let entries = self
+            .sets
+            .get(&set)
+            .ok_or_else(|| Error::State(format!("{what}: its resident set was released")))?;
+        if entries.iter().any(|e| e.name == name) {
+            return Err(Error::Value(format!("{what} was already added")));
+        }
+        if !geometry.is_contiguous() || geometry.offset() != 0 {
+            return Err(Error::Value(format!(
+                "{what}: array must be C-contiguous in native byte order (shape {:?}, element \
+                 strides {:?}); use np.ascontiguousarray",
+                geometry.shape(),
+                geometry.strides()
+            )));
+        }
+        let bytes = geometry.nbytes();
+        if bytes == 0 {
+            log::debug!("{what} has no bytes: it stays host-staged");
+            return Ok(None);
+        }
+        if host.len() as u64 != bytes {
+            return Err(Error::Value(format!(
+                "{what}: {} host bytes for a {bytes}-byte tensor",
+                host.len()
+            )));
+        }
+        let buf = mem.alloc(bytes, Owner::Resident(set), Phase::ResidentAdd, Some(name))?;
+        if dir.reads() {
+            if let Err(e) = mem.dev.copy_h2d(buf.ptr, host) {
+                let err = Error::device(Phase::ResidentAdd, Some(name), e);
+                let _ = mem.release_or_orphan(
+                    buf.ptr,
+                    &format_args!("resident add '{name}' after a failed upload"),
+                );
+                return Err(err);
+            }
+        }
+        if let Some(entries) = self.sets.get_mut(&set) {
+            entries.push(Entry {
+                name: name.to_owned(),
+                buf,
+            });
+        }
+        Ok(Some(buf))
+    }
+
+    /// Releases `set` in LIFO order, attempting every free even when one fails (each failure is
+    /// logged and returned; the allocation stays as an orphan that `close` retries). Releasing
+    /// a released set does nothing.
+    pub(crate) fn release(&mut self, mem: &mut Memory, set: u64) -> Vec<Error> {
+        let entries = self.sets.remove(&set).unwrap_or_default();
+        let mut errors = Vec::new();
+        for e in entries.into_iter().rev() {
+            let what = format_args!("release of resident tensor '{}'", e.name);
+            if let Err(err) = mem.release_or_orphan(e.buf.ptr, &what) {
+                errors.push(Error::device(Phase::Release, Some(&e.name), err));
+            }
+        }
+        errors
+    }
+}

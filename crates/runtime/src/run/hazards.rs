@@ -1,0 +1,154 @@
+//! The hazard index: which bytes the tasks submitted so far read and write.
+//!
+//! Tasks execute after orchestration, so an orchestrator read of bytes a submitted task writes
+//! would see stale data, and an orchestrator write of bytes a submitted task reads or writes would
+//! change what the task sees. Both are refused with a `HazardError`, exactly: only when an
+//! element of the access shares a byte with an element of a task tensor.
+//!
+//! Spans are kept per *region*: a staged argument's slice of the arena, a scratch tensor's carve
+//! (each disjoint from every other), or a device allocation (shared by the device arguments over
+//! it). An access consults only its own region, so reading a control tensor that no task touches
+//! costs one empty check however many tasks were submitted. A region's spans are appended as
+//! tasks are recorded (a dense span equal to the previous one is recorded once) and sorted once, lazily, by the next access that needs them; a query is then a
+//! binary search plus the few spans around the accessed bytes.
+
+use simpler_driver::DevPtr;
+
+use crate::geometry::Geometry;
+use crate::run::tasks::TaskStore;
+
+/// The bytes one task tensor touches.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    /// Absolute device addresses `[start, end)`.
+    pub start: u64,
+    pub end: u64,
+    /// The task store slot and element offset that give the exact layout (non-dense spans).
+    pub slot: u32,
+    pub elem: u64,
+    /// The (first) task the span belongs to, for messages.
+    pub task: u64,
+    pub writes: bool,
+    /// Every byte of `[start, end)` belongs to an element (no exact check needed).
+    pub dense: bool,
+}
+
+#[derive(Debug)]
+struct Region {
+    base: DevPtr,
+    spans: Vec<Span>,
+    sorted: bool,
+    max_len: u64,
+    written: bool,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct HazardIndex {
+    regions: Vec<Region>,
+}
+
+/// A conflicting task: its index and whether it writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Conflict {
+    pub task: u64,
+    pub writes: bool,
+}
+
+impl HazardIndex {
+    /// A new region over the allocation at `base`; returns its id.
+    pub fn add_region(&mut self, base: DevPtr) -> u32 {
+        self.regions.push(Region {
+            base,
+            spans: Vec::new(),
+            sorted: true,
+            max_len: 0,
+            written: false,
+        });
+        (self.regions.len() - 1) as u32
+    }
+
+    /// Records a task span in `region`.
+    pub fn record(&mut self, region: u32, span: Span) {
+        let r = &mut self.regions[region as usize];
+        r.written |= span.writes;
+        if let Some(last) = r.spans.last() {
+            // A tensor used by task after task (a scratch buffer, a shared input): one span, the
+            // first task's, which does touch every byte of it.
+            let same = last.start == span.start
+                && last.end == span.end
+                && last.writes == span.writes
+                && last.dense
+                && span.dense;
+            if same {
+                return;
+            }
+            if span.start < last.start {
+                r.sorted = false;
+            }
+        }
+        r.max_len = r.max_len.max(span.end - span.start);
+        r.spans.push(span);
+    }
+
+    /// The first recorded task tensor in `region` that an access of `access` (relative to the
+    /// region's allocation) conflicts with: one that writes, for a read (`write == false`); any,
+    /// for a write.
+    pub fn conflict(
+        &mut self,
+        region: u32,
+        access: &Geometry,
+        write: bool,
+        store: &TaskStore,
+    ) -> Option<Conflict> {
+        let r = &mut self.regions[region as usize];
+        if r.spans.is_empty() || (!write && !r.written) || access.extent() == 0 {
+            return None;
+        }
+        if !r.sorted {
+            r.spans.sort_by_key(|s| s.start);
+            r.sorted = true;
+        }
+        let base = r.base.0;
+        let (lo, hi) = (
+            base + access.start_byte(),
+            base + access.start_byte() + access.extent(),
+        );
+        let max_len = r.max_len;
+        let first = r.spans.partition_point(|s| s.start.saturating_add(max_len) <= lo);
+        let access_dense = access.is_dense();
+        for s in r.spans[first..].iter().take_while(|s| s.start < hi) {
+            if s.end <= lo || (!write && !s.writes) {
+                continue;
+            }
+            let hit = if s.dense && access_dense {
+                true
+            } else if s.dense {
+                access.elements_overlap(s.start.saturating_sub(lo), s.end - lo)
+            } else {
+                let g = store.slot_geometry(s.slot, s.elem);
+                access.elements_intersect(base, &g, base)
+            };
+            if hit {
+                return Some(Conflict {
+                    task: s.task,
+                    writes: s.writes,
+                });
+            }
+        }
+        None
+    }
+
+    /// The allocations some recorded task writes (each once).
+    pub fn written_allocations(&self) -> impl Iterator<Item = DevPtr> + '_ {
+        let mut seen: Vec<DevPtr> = Vec::new();
+        self.regions.iter().filter(|r| r.written).filter_map(move |r| {
+            if seen.contains(&r.base) {
+                None
+            } else {
+                seen.push(r.base);
+                Some(r.base)
+            }
+        })
+    }
+}

@@ -1,0 +1,21 @@
+//! The run cycle's state and phases: `bind -> orchestrate -> execute -> copy back -> clean up`.
+//!
+//! One room per concern: `state` (the run in progress), `bind`, `access` (orchestrator data
+//! access), `submit` (tasks and scratch tensors), `tasks` (the compact task store),
+//! `hazards` (the hazard index), `execute`, `copy_back` (copy back and clean up) and
+//! `report`. The order of the phases lives in `cycle.rs`, which drives them through the
+//! worker.
+
+mod access;
+mod bind;
+mod copy_back;
+mod execute;
+mod hazards;
+mod report;
+mod state;
+mod submit;
+mod tasks;
+
+pub use report::{Counters, Phases, RunReport};
+pub use state::{HostWindow, RunId, RunState, TaskCall, TensorInfo};
+pub use submit::{BatchScalar, BatchSlot};

@@ -1,0 +1,87 @@
+//! The run report: how long each phase took and what the run did.
+
+/// Phase durations in nanoseconds. Together they cover the whole native run, from the call's
+/// entry (argument conversion is part of `bind`) to the end of `cleanup` (which includes freeing
+/// the run's task list).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Phases {
+    pub bind: u64,
+    pub orchestrate: u64,
+    pub execute: u64,
+    pub copy_back: u64,
+    pub cleanup: u64,
+}
+
+impl Phases {
+    /// `(name, nanoseconds)` pairs, in phase order.
+    pub fn entries(&self) -> [(&'static str, u64); 5] {
+        [
+            ("bind", self.bind),
+            ("orchestrate", self.orchestrate),
+            ("execute", self.execute),
+            ("copy_back", self.copy_back),
+            ("cleanup", self.cleanup),
+        ]
+    }
+
+    /// Every phase but execute: the cost of getting arguments to and from the device.
+    pub fn dispatch(&self) -> u64 {
+        self.bind + self.orchestrate + self.copy_back + self.cleanup
+    }
+}
+
+/// Per-run counters (documented in `docs/concepts.md`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub staged_tensors: u64,
+    pub staged_bytes: u64,
+    pub copied_back_bytes: u64,
+    pub device_mallocs: u64,
+    pub device_frees: u64,
+    pub resident_tensors: u64,
+    pub views_mapped: u64,
+    pub views_mirrored: u64,
+    pub mirror_refreshes: u64,
+    pub mirror_refresh_bytes: u64,
+    pub orch_reads: u64,
+    pub orch_writes: u64,
+    pub tasks: u64,
+    pub submits: u64,
+    pub staged_view_copies: u64,
+    pub scratch_tensors: u64,
+    pub scratch_bytes: u64,
+}
+
+impl Counters {
+    /// `(name, value)` pairs, in the documented order.
+    pub fn entries(&self) -> [(&'static str, u64); 17] {
+        [
+            ("staged_tensors", self.staged_tensors),
+            ("staged_bytes", self.staged_bytes),
+            ("copied_back_bytes", self.copied_back_bytes),
+            ("device_mallocs", self.device_mallocs),
+            ("device_frees", self.device_frees),
+            ("resident_tensors", self.resident_tensors),
+            ("views_mapped", self.views_mapped),
+            ("views_mirrored", self.views_mirrored),
+            ("mirror_refreshes", self.mirror_refreshes),
+            ("mirror_refresh_bytes", self.mirror_refresh_bytes),
+            ("orch_reads", self.orch_reads),
+            ("orch_writes", self.orch_writes),
+            ("tasks", self.tasks),
+            ("submits", self.submits),
+            ("staged_view_copies", self.staged_view_copies),
+            ("scratch_tensors", self.scratch_tensors),
+            ("scratch_bytes", self.scratch_bytes),
+        ]
+    }
+}
+
+/// What a run did and how long each phase took.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RunReport {
+    pub phases: Phases,
+    pub counters: Counters,
+    /// Whether every phase succeeded.
+    pub ok: bool,
+}

@@ -1,0 +1,201 @@
+//! The state of the run in progress: its arguments, its tasks, its hazard index, where the cycle
+//! stands, and the report being filled. The phases (`bind`, `access`, `submit`, `execute`,
+//! `copy_back`, `finish`) are `impl RunState` blocks in their own modules.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use simpler_driver::{DevPtr, HostMem, Stats};
+
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::run::hazards::HazardIndex;
+use crate::run::report::RunReport;
+use crate::run::tasks::{Cursor as TaskCursor, Slot, TaskStore};
+use crate::scratch::Cursor as ScratchCursor;
+use crate::spec::Direction;
+use crate::views::ViewEvents;
+
+/// Identifies a run of a worker (a generation number): a handle from a finished run is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RunId(pub u64);
+
+/// Where the cycle stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    Orchestrate,
+    Execute,
+    Executed,
+    CopiedBack,
+}
+
+#[derive(Debug)]
+pub(crate) enum ArgKind {
+    /// A host array staged into the arena (or a fresh allocation); `host` is its index among the
+    /// run's staged arguments (the order the host lends their bytes in).
+    Staged {
+        host: usize,
+        copy: Option<Arc<HostMem>>,
+    },
+    /// A tensor over a device buffer (resident pass-through).
+    Device,
+    /// A run-scoped tensor of the orchestration (`orch.scratch`), carved from the scratch pool.
+    Scratch { copy: Option<Arc<HostMem>> },
+}
+
+#[derive(Debug)]
+pub(crate) struct RunArg {
+    /// Shared, so the per-access paths copy a pointer, not the string.
+    pub name: Arc<str>,
+    pub dir: Direction,
+    /// Relative to `alloc`.
+    pub geometry: Geometry,
+    /// The allocation holding the tensor (base, size); `None` when it has no bytes.
+    pub alloc: Option<(DevPtr, u64)>,
+    pub kind: ArgKind,
+    /// Its hazard-index region (meaningless without `alloc`).
+    pub region: u32,
+}
+
+impl RunArg {
+    /// Absolute device span `(start, len)` of the tensor.
+    pub fn span(&self) -> Option<(u64, u64)> {
+        self.alloc
+            .map(|(p, _)| (p.0 + self.geometry.start_byte(), self.geometry.extent()))
+    }
+}
+
+/// A task tensor handed to a kernel as a host copy (drivers without kernel memory): written back
+/// to `addr` after the kernel when `dir` writes.
+#[derive(Debug)]
+pub(crate) struct PendingCopy {
+    pub addr: u64,
+    pub mem: Arc<HostMem>,
+    pub dir: Direction,
+    pub name: Arc<str>,
+    /// The view's layout over the copy (offset 0).
+    pub geometry: Geometry,
+}
+
+/// What the run's orchestration sees of an argument (or of a view handle made from one).
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: Arc<str>,
+    pub geometry: Geometry,
+    pub dir: Direction,
+}
+
+/// A host window over device bytes handed to a kernel or returned by `read_tensor`: `len` bytes
+/// at `offset` of `mem`, laid out as `geometry` (rebased to start at `offset`).
+#[derive(Debug, Clone)]
+pub struct HostWindow {
+    pub mem: Arc<HostMem>,
+    pub offset: usize,
+    pub len: usize,
+    pub geometry: Geometry,
+    /// True when `mem` is the device memory itself or a view cache entry (no copy was made).
+    pub zero_copy: bool,
+    /// Whether the holder may write the bytes (a kernel's OUT/INOUT tensors).
+    pub writable: bool,
+}
+
+/// One task to run, filled by `Worker::next_task` (reused from task to task).
+#[derive(Debug, Default)]
+pub struct TaskCall {
+    /// Its index in submission order.
+    pub task: u64,
+    /// The host's id of its kernel.
+    pub kernel: u32,
+    /// Its scalars.
+    pub scalars: Vec<crate::dtype::Value>,
+    /// One window per tensor, in the kernel's signature order.
+    pub buffers: Vec<HostWindow>,
+    /// Whether host copies must be written back (`Worker::finish_task`) after the kernel.
+    pub needs_finish: bool,
+    pub(crate) tensors: Vec<(Slot, u64)>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct RunState {
+    pub(crate) id: RunId,
+    pub(crate) args: Vec<RunArg>,
+    pub(crate) tasks: TaskStore,
+    pub(crate) hazards: HazardIndex,
+    pub(crate) stage: Stage,
+    pub(crate) failed: bool,
+    mark: Instant,
+    pub(crate) report: RunReport,
+    pub(crate) stats_before: Stats,
+    pub(crate) events: ViewEvents,
+    /// Fresh staging allocations of this run, with the tensor each holds.
+    pub(crate) fresh: Vec<(Arc<str>, DevPtr)>,
+    pub(crate) scratch_at: ScratchCursor,
+    pub(crate) exec: TaskCursor,
+    /// Host copies of the task being executed (drivers without kernel memory).
+    pub(crate) pending: Vec<PendingCopy>,
+}
+
+impl RunState {
+    pub(crate) fn new(id: RunId, started: Instant, stats_before: Stats) -> RunState {
+        RunState {
+            id,
+            args: Vec::new(),
+            tasks: TaskStore::default(),
+            hazards: HazardIndex::default(),
+            stage: Stage::Orchestrate,
+            failed: false,
+            mark: started,
+            report: RunReport::default(),
+            stats_before,
+            events: ViewEvents::default(),
+            fresh: Vec::new(),
+            scratch_at: ScratchCursor::default(),
+            exec: TaskCursor::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Nanoseconds since the last lap (or the run's start).
+    pub(crate) fn lap(&mut self) -> u64 {
+        let now = Instant::now();
+        let ns = now.duration_since(self.mark).as_nanos() as u64;
+        self.mark = now;
+        ns
+    }
+
+    /// Whether a device argument of this run lives in the allocation at `ptr`.
+    pub(crate) fn binds(&self, ptr: DevPtr) -> bool {
+        self.args
+            .iter()
+            .any(|a| matches!(a.kind, ArgKind::Device) && a.alloc.is_some_and(|(p, _)| p == ptr))
+    }
+
+    /// Argument `arg`, or an error naming the index.
+    pub(crate) fn arg(&self, arg: u32) -> Result<&RunArg> {
+        self.args
+            .get(arg as usize)
+            .ok_or_else(|| Error::Value(format!("run has no argument {arg}")))
+    }
+
+    /// Fails unless the cycle is at `stage`; `what` says what was attempted.
+    pub(crate) fn expect(&self, stage: Stage, what: &str) -> Result<()> {
+        if self.stage != stage {
+            return Err(Error::State(format!(
+                "{what} (run {} is past that phase)",
+                self.id.0
+            )));
+        }
+        Ok(())
+    }
+
+    /// The hazard region of a device argument over the allocation at `base`: shared with the
+    /// earlier device arguments over the same allocation.
+    pub(crate) fn device_region(&mut self, base: DevPtr) -> u32 {
+        self.args
+            .iter()
+            .find(|a| matches!(a.kind, ArgKind::Device) && a.alloc.is_some_and(|(p, _)| p == base))
+            .map(|a| a.region)
+            .unwrap_or_else(|| self.hazards.add_region(base))
+    }
+}

@@ -1,0 +1,325 @@
+//! What an orchestration records: tasks (`submit`, one at a time, and `submit_many`, many tasks
+//! of one kernel in one call) and run-scoped scratch tensors.
+//!
+//! Single and batched submits share every rule: the kernel's signature fixes the tensor count,
+//! the directions and (where it names one) each tensor's dtype; every task tensor must lie inside
+//! the run argument it views. Everything is checked before anything is recorded, so a refused
+//! submit leaves the run as it was.
+
+use std::fmt::Display;
+
+use crate::dtype::{DType, Value};
+use crate::error::{Error, Result};
+use crate::geometry::{span_contains, Geometry};
+use crate::memory::Memory;
+use crate::run::hazards::Span;
+use crate::run::state::{ArgKind, RunArg, RunState, Stage};
+use crate::run::tasks::Slot;
+use crate::scratch::ScratchPool;
+use crate::spec::{Direction, KernelRef};
+
+/// One tensor position of a batched submit.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchSlot<'a> {
+    /// The same tensor (a view of argument `arg`) for every task.
+    One { arg: u32, geometry: Geometry },
+    /// One view per task: the layout `geometry` starting at element `starts[i]` of the argument's
+    /// allocation for task `i`.
+    Views {
+        arg: u32,
+        geometry: Geometry,
+        starts: &'a [u64],
+    },
+}
+
+/// One scalar position of a batched submit.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchScalar<'a> {
+    /// The same value for every task.
+    One(Value),
+    /// One value per task.
+    PerTask(&'a [Value]),
+}
+
+fn run_past(who: &dyn Display, a: &RunArg, addr: u64, len: u64) -> Error {
+    Error::NoHostView {
+        addr,
+        bytes: len,
+        detail: format!("{who}: task tensor runs past argument {}", a.name),
+    }
+}
+
+/// Checks that `geometry` (relative to `a`'s allocation) lies inside `a`.
+fn check_contained(who: &dyn Display, a: &RunArg, geometry: &Geometry) -> Result<()> {
+    if geometry.extent() == 0 {
+        return Ok(());
+    }
+    let (Some((base, _)), Some((s, l))) = (a.alloc, a.span()) else {
+        return Err(run_past(who, a, geometry.start_byte(), geometry.extent()));
+    };
+    let start = base
+        .0
+        .checked_add(geometry.start_byte())
+        .ok_or_else(|| run_past(who, a, geometry.start_byte(), geometry.extent()))?;
+    if !span_contains(s, l, start, geometry.extent()) {
+        return Err(run_past(who, a, start, geometry.extent()));
+    }
+    Ok(())
+}
+
+impl RunState {
+    fn check_submit(&self, kernel: &KernelRef<'_>, slots: usize) -> Result<()> {
+        self.expect(Stage::Orchestrate, "submit is only valid during orchestration")?;
+        if slots != kernel.sig.len() {
+            return Err(Error::Value(format!(
+                "submit {}: signature takes {} tensors, got {slots}",
+                kernel.name,
+                kernel.sig.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks slot `i`'s tensor (a view of `arg` of `dtype`) against the kernel's signature.
+    fn check_slot(&self, kernel: &KernelRef<'_>, i: usize, arg: u32, dtype: DType) -> Result<&RunArg> {
+        let a = self.arg(arg)?;
+        kernel
+            .sig
+            .check_dtype(&format_args!("submit {}", kernel.name), i, &a.name, dtype)?;
+        Ok(a)
+    }
+
+    /// Records the span of task `task`'s tensor `geometry` (at element `elem`) of slot `slot`.
+    fn record_span(&mut self, arg: u32, slot: u32, geometry: &Geometry, elem: u64, task: u64, dir: Direction) {
+        let a = &self.args[arg as usize];
+        let Some((base, _)) = a.alloc else { return };
+        if geometry.extent() == 0 {
+            return;
+        }
+        let start = base.0 + elem * geometry.dtype().size();
+        let region = a.region;
+        self.hazards.record(
+            region,
+            Span {
+                start,
+                end: start + geometry.extent(),
+                slot,
+                elem,
+                task,
+                writes: dir.writes(),
+                dense: geometry.is_dense(),
+            },
+        );
+    }
+
+    /// `submit`: one task of `kernel` over views of this run's arguments (`(arg, view)` in the
+    /// kernel's signature order) with `scalars`. Returns the task's index.
+    pub(crate) fn submit(
+        &mut self,
+        kernel: KernelRef<'_>,
+        tensors: &[(u32, Geometry)],
+        scalars: &[Value],
+    ) -> Result<u64> {
+        self.check_submit(&kernel, tensors.len())?;
+        for (i, (arg, g)) in tensors.iter().enumerate() {
+            let a = self.check_slot(&kernel, i, *arg, g.dtype())?;
+            check_contained(&format_args!("submit {}", kernel.name), a, g)?;
+        }
+        let per_task = u16::try_from(scalars.len()).map_err(|_| {
+            Error::Value(format!("submit {}: too many scalars ({})", kernel.name, scalars.len()))
+        })?;
+        let task = self.tasks.len();
+        for (i, (arg, g)) in tensors.iter().enumerate() {
+            let dir = kernel.sig.params()[i].dir;
+            let slot = self.tasks.next_slot();
+            self.tasks.push_slot(Slot {
+                arg: *arg,
+                dir,
+                geometry: *g,
+                starts: None,
+            });
+            self.record_span(*arg, slot, g, g.offset(), task, dir);
+        }
+        self.tasks
+            .push_batch(kernel.id, 1, tensors.len() as u16, per_task, scalars);
+        self.report.counters.tasks += 1;
+        self.report.counters.submits += 1;
+        Ok(task)
+    }
+
+    /// `submit_many`: `count` tasks of `kernel` (when `None`, the length of the per-task slots
+    /// and scalars, which must agree). Returns the first task's index; the tasks run in order,
+    /// after every task submitted before them.
+    pub(crate) fn submit_many(
+        &mut self,
+        kernel: KernelRef<'_>,
+        slots: &[BatchSlot<'_>],
+        scalars: &[BatchScalar<'_>],
+        count: Option<u64>,
+    ) -> Result<u64> {
+        self.check_submit(&kernel, slots.len())?;
+        let who = format_args!("submit_many {}", kernel.name);
+        // The task count: given, or from the per-task positions, which must all agree.
+        let mut n = count;
+        let lens = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                BatchSlot::Views { starts, .. } => Some((format!("tensor {i}"), starts.len())),
+                BatchSlot::One { .. } => None,
+            })
+            .chain(scalars.iter().enumerate().filter_map(|(i, s)| match s {
+                BatchScalar::PerTask(v) => Some((format!("scalar {i}"), v.len())),
+                BatchScalar::One(_) => None,
+            }));
+        for (what, len) in lens {
+            match n {
+                None => n = Some(len as u64),
+                Some(m) if m != len as u64 => {
+                    return Err(Error::Value(format!(
+                        "{who}: {what} has {len} rows, expected {m} (one per task)"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let n = n.ok_or_else(|| {
+            Error::Value(format!(
+                "{who}: no per-task tensor or scalar, so the task count must be given (count=...)"
+            ))
+        })?;
+        let count = u32::try_from(n)
+            .map_err(|_| Error::Value(format!("{who}: {n} tasks in one call exceeds 2**32 - 1")))?;
+        let per_task = u16::try_from(scalars.len())
+            .map_err(|_| Error::Value(format!("{who}: too many scalars ({})", scalars.len())))?;
+        for (i, s) in slots.iter().enumerate() {
+            match s {
+                BatchSlot::One { arg, geometry } => {
+                    let a = self.check_slot(&kernel, i, *arg, geometry.dtype())?;
+                    check_contained(&who, a, geometry)?;
+                }
+                BatchSlot::Views {
+                    arg,
+                    geometry,
+                    starts,
+                } => {
+                    let a = self.check_slot(&kernel, i, *arg, geometry.dtype())?;
+                    check_views(&who, a, geometry, starts)?;
+                }
+            }
+        }
+        // Record.
+        let first = self.tasks.len();
+        for (i, s) in slots.iter().enumerate() {
+            let dir = kernel.sig.params()[i].dir;
+            let slot = self.tasks.next_slot();
+            match s {
+                BatchSlot::One { arg, geometry } => {
+                    self.tasks.push_slot(Slot {
+                        arg: *arg,
+                        dir,
+                        geometry: *geometry,
+                        starts: None,
+                    });
+                    self.record_span(*arg, slot, geometry, geometry.offset(), first, dir);
+                }
+                BatchSlot::Views {
+                    arg,
+                    geometry,
+                    starts,
+                } => {
+                    let at = self.tasks.push_starts(starts);
+                    self.tasks.push_slot(Slot {
+                        arg: *arg,
+                        dir,
+                        geometry: *geometry,
+                        starts: Some(at),
+                    });
+                    for (t, &e) in starts.iter().enumerate() {
+                        self.record_span(*arg, slot, geometry, e, first + t as u64, dir);
+                    }
+                }
+            }
+        }
+        let mut rows = Vec::with_capacity(count as usize * per_task as usize);
+        for t in 0..count as usize {
+            rows.extend(scalars.iter().map(|s| match s {
+                BatchScalar::One(v) => *v,
+                BatchScalar::PerTask(v) => v[t],
+            }));
+        }
+        self.tasks
+            .push_batch(kernel.id, count, slots.len() as u16, per_task, &rows);
+        self.report.counters.tasks += n;
+        self.report.counters.submits += 1;
+        Ok(first)
+    }
+
+    /// `orch.scratch`: a run-scoped contiguous tensor of `shape` and `dtype`, carved from the
+    /// worker's scratch pool; returns its argument index. It lives until the run's cleanup.
+    pub(crate) fn scratch(
+        &mut self,
+        mem: &mut Memory,
+        pool: &mut ScratchPool,
+        name: Option<&str>,
+        dtype: DType,
+        shape: &[u64],
+    ) -> Result<u32> {
+        self.expect(
+            Stage::Orchestrate,
+            "scratch tensors are created during orchestration",
+        )?;
+        let name: std::sync::Arc<str> = match name {
+            Some(n) => n.into(),
+            None => format!("scratch{}", self.report.counters.scratch_tensors).into(),
+        };
+        let what = format_args!("scratch tensor {name}");
+        let geometry = Geometry::contiguous(&what, dtype, shape)?;
+        let mut arg = RunArg {
+            name: name.clone(),
+            dir: Direction::InOut,
+            geometry,
+            alloc: None,
+            kind: ArgKind::Scratch { copy: None },
+            region: u32::MAX,
+        };
+        let extent = geometry.extent();
+        if extent > 0 {
+            let (base, cap, off) = pool.carve(mem, &mut self.scratch_at, extent, &name)?;
+            arg.geometry = Geometry::new(&what, dtype, shape, None, off / dtype.size())?;
+            arg.alloc = Some((base, cap));
+            arg.region = self.hazards.add_region(base);
+            self.report.counters.scratch_bytes += extent;
+        }
+        self.report.counters.scratch_tensors += 1;
+        self.args.push(arg);
+        Ok((self.args.len() - 1) as u32)
+    }
+}
+
+/// Checks every task view of a per-task slot: layout `geometry` at element `starts[i]` must lie
+/// inside argument `a`.
+fn check_views(who: &dyn Display, a: &RunArg, geometry: &Geometry, starts: &[u64]) -> Result<()> {
+    if geometry.extent() == 0 {
+        return Ok(());
+    }
+    let es = geometry.dtype().size();
+    let Some((base, _)) = a.alloc else {
+        return Err(run_past(who, a, 0, geometry.extent()));
+    };
+    let (s, l) = a.span().unwrap_or_default();
+    for (t, &e) in starts.iter().enumerate() {
+        let start = e.checked_mul(es).and_then(|b| b.checked_add(base.0));
+        match start {
+            Some(st) if span_contains(s, l, st, geometry.extent()) => {}
+            _ => {
+                return Err(Error::NoHostView {
+                    addr: start.unwrap_or(u64::MAX),
+                    bytes: geometry.extent(),
+                    detail: format!("{who}: the view of task {t} runs past argument {}", a.name),
+                })
+            }
+        }
+    }
+    Ok(())
+}

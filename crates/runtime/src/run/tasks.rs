@@ -1,0 +1,132 @@
+//! The run's task store: every submitted task, in submission order, without a heap allocation
+//! per task.
+//!
+//! A submit is one *batch*: a kernel, a task count, a range of slots and a range of scalars. A
+//! single `submit` is a batch of one task whose slots each hold one inline geometry. A batched
+//! submit (`submit_many`) stores each slot once: either one tensor shared by every task, or a
+//! view layout plus one start offset per task (struct-of-arrays: the per-task cost of a view slot
+//! is one `u64`). Scalars are stored row by row, `per_task` values per task. Freeing the store
+//! frees four vectors, however many tasks there were.
+
+use crate::dtype::Value;
+use crate::geometry::Geometry;
+use crate::spec::Direction;
+
+/// One tensor position of a batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot {
+    /// The run argument the tensor views.
+    pub arg: u32,
+    pub dir: Direction,
+    /// The view, relative to the argument's allocation. For a per-task slot, the layout; each
+    /// task's start offset comes from `starts`.
+    pub geometry: Geometry,
+    /// Index into the store's start offsets of this slot's first task (per-task slots only).
+    pub starts: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    kernel: u32,
+    count: u32,
+    first_slot: u32,
+    slots: u16,
+    first_scalar: usize,
+    per_task: u16,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct TaskStore {
+    batches: Vec<Batch>,
+    slots: Vec<Slot>,
+    starts: Vec<u64>,
+    scalars: Vec<Value>,
+    tasks: u64,
+}
+
+/// Where execution stands: the next task to run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Cursor {
+    batch: usize,
+    index: u32,
+    task: u64,
+}
+
+impl TaskStore {
+    /// Tasks recorded so far.
+    pub fn len(&self) -> u64 {
+        self.tasks
+    }
+
+    /// Index of the next slot to be pushed (the id a span of the hazard index refers to).
+    pub fn next_slot(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// The geometry of task `start` of slot `i` (element offset for per-task slots; ignored for
+    /// shared ones).
+    pub fn slot_geometry(&self, i: u32, start: u64) -> Geometry {
+        let s = &self.slots[i as usize];
+        match s.starts {
+            Some(_) => s.geometry.at_offset(start),
+            None => s.geometry,
+        }
+    }
+
+    /// Appends per-task start offsets; returns the index of the first.
+    pub fn push_starts(&mut self, starts: &[u64]) -> usize {
+        let at = self.starts.len();
+        self.starts.extend_from_slice(starts);
+        at
+    }
+
+    /// Appends a slot (its id is [`TaskStore::next_slot`] before the call).
+    pub fn push_slot(&mut self, slot: Slot) {
+        self.slots.push(slot);
+    }
+
+    /// Records a batch of `count` tasks of `kernel` over the last `slots` slots pushed, with
+    /// `scalars` (row-major, `per_task` values per task). Returns the first task's index.
+    pub fn push_batch(&mut self, kernel: u32, count: u32, slots: u16, per_task: u16, scalars: &[Value]) -> u64 {
+        debug_assert_eq!(scalars.len(), count as usize * per_task as usize);
+        let first = self.tasks;
+        self.batches.push(Batch {
+            kernel,
+            count,
+            first_slot: self.slots.len() as u32 - u32::from(slots),
+            slots,
+            first_scalar: self.scalars.len(),
+            per_task,
+        });
+        self.scalars.extend_from_slice(scalars);
+        self.tasks += u64::from(count);
+        first
+    }
+
+    /// The task at `cursor`, advancing it: fills `tensors` with each slot and the element offset
+    /// of the task's view, returns `(task index, kernel, scalars)`; `None` after the last task.
+    pub fn next(&self, cursor: &mut Cursor, tensors: &mut Vec<(Slot, u64)>) -> Option<(u64, u32, &[Value])> {
+        loop {
+            let b = self.batches.get(cursor.batch)?;
+            if cursor.index >= b.count {
+                cursor.batch += 1;
+                cursor.index = 0;
+                continue;
+            }
+            let i = cursor.index as usize;
+            let first = b.first_slot as usize;
+            tensors.clear();
+            tensors.extend(self.slots[first..first + b.slots as usize].iter().map(|s| match s.starts {
+                Some(at) => (*s, self.starts[at + i]),
+                None => (*s, s.geometry.offset()),
+            }));
+            let per = b.per_task as usize;
+            let scalars = &self.scalars[b.first_scalar + i * per..b.first_scalar + (i + 1) * per];
+            let task = cursor.task;
+            cursor.index += 1;
+            cursor.task += 1;
+            return Some((task, b.kernel, scalars));
+        }
+    }
+}

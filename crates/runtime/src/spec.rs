@@ -1,0 +1,186 @@
+//! The typed description of a run, as a host hands it over: argument directions, kernel and
+//! callable signatures, and the arguments of one run (host-staged arrays, device tensors,
+//! scalars). The rules about their shape live here, once: tensors come before scalars, the tensor
+//! count matches the signature, a tensor's dtype matches the one its signature entry names.
+
+use std::sync::Arc;
+
+use simpler_driver::DevPtr;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+
+/// Argument direction, from a signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    In,
+    Out,
+    InOut,
+}
+
+impl Direction {
+    /// Whether the device may write it.
+    pub fn writes(self) -> bool {
+        !matches!(self, Direction::In)
+    }
+    /// Whether its host contents are uploaded.
+    pub fn reads(self) -> bool {
+        !matches!(self, Direction::Out)
+    }
+    /// `"IN"`, `"OUT"`, `"INOUT"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::In => "IN",
+            Direction::Out => "OUT",
+            Direction::InOut => "INOUT",
+        }
+    }
+    /// Parses `"IN"`, `"OUT"` or `"INOUT"` (any case).
+    pub fn parse(s: &str) -> Result<Direction> {
+        match s.to_ascii_uppercase().as_str() {
+            "IN" => Ok(Direction::In),
+            "OUT" => Ok(Direction::Out),
+            "INOUT" => Ok(Direction::InOut),
+            _ => Err(Error::Type(format!(
+                "direction must be IN, OUT or INOUT, not '{s}'"
+            ))),
+        }
+    }
+}
+
+/// One signature entry: a direction, and optionally the dtype the tensor must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Param {
+    pub dir: Direction,
+    pub dtype: Option<DType>,
+}
+
+/// The tensor parameters of a kernel or a callable, in order (scalars are not listed).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Signature {
+    params: Vec<Param>,
+}
+
+impl Signature {
+    /// A signature of `params`.
+    pub fn new(params: Vec<Param>) -> Signature {
+        Signature { params }
+    }
+    /// The entries, in order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+    /// Number of tensor parameters.
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+    /// Whether it takes no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// Checks that tensor `i` (named `name`, of `dtype`) fits entry `i`; `who` names the caller
+    /// (`"run paged_attention"`, `"submit qk"`).
+    pub fn check_dtype(
+        &self,
+        who: &dyn std::fmt::Display,
+        i: usize,
+        name: &str,
+        dtype: DType,
+    ) -> Result<()> {
+        match self.params.get(i).and_then(|p| p.dtype) {
+            Some(want) if want != dtype => Err(Error::Type(format!(
+                "{who}: tensor {name} is {}, signature wants {}",
+                dtype.name(),
+                want.name()
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A kernel as the run cycle records it: the host's id for it, its name and its signature.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelRef<'a> {
+    pub id: u32,
+    pub name: &'a str,
+    pub sig: &'a Signature,
+}
+
+/// A handle to a device allocation: the worker that made it, its base address and its
+/// generation. Real drivers reuse addresses; the generation tells a handle to a freed allocation
+/// from a newer one at the same address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferRef {
+    pub worker: u64,
+    pub ptr: DevPtr,
+    pub gen: u64,
+}
+
+/// One argument of a run, as the host describes it.
+#[derive(Debug, Clone)]
+pub enum ArgValue {
+    /// A host array, staged for this run. `geometry` has offset 0; the host lends its byte
+    /// extent (`geometry.extent()` bytes from the first element) during bind and copy-back.
+    Staged { geometry: Geometry },
+    /// A tensor over a device buffer: passed through, nothing staged.
+    Device {
+        buffer: BufferRef,
+        geometry: Geometry,
+    },
+    /// A scalar (handed to the orchestration by the host; the runtime only checks its place).
+    Scalar,
+}
+
+/// A named argument of a run.
+#[derive(Debug, Clone)]
+pub struct RunArgSpec {
+    pub name: Arc<str>,
+    pub value: ArgValue,
+}
+
+/// A run: the callable's name and signature, and its arguments in order.
+#[derive(Debug, Clone, Copy)]
+pub struct RunCall<'a> {
+    pub callable: &'a str,
+    pub sig: &'a Signature,
+    pub args: &'a [RunArgSpec],
+}
+
+impl RunCall<'_> {
+    /// Checks the arguments against the signature before any device work: tensors first, as
+    /// many as the signature lists, each of the dtype its entry names. Returns the tensor count.
+    pub fn validate(&self) -> Result<usize> {
+        let who = format!("run {}", self.callable);
+        let mut tensors = 0;
+        let mut seen_scalar: Option<&str> = None;
+        for a in self.args {
+            let geometry = match &a.value {
+                ArgValue::Scalar => {
+                    seen_scalar.get_or_insert(&a.name);
+                    continue;
+                }
+                ArgValue::Staged { geometry } | ArgValue::Device { geometry, .. } => geometry,
+            };
+            if let Some(s) = seen_scalar {
+                return Err(Error::Value(format!(
+                    "{who}: tensor '{}' after scalar '{s}' (tensors come first)",
+                    a.name
+                )));
+            }
+            if tensors < self.sig.len() {
+                self.sig
+                    .check_dtype(&who, tensors, &a.name, geometry.dtype())?;
+            }
+            tensors += 1;
+        }
+        if tensors != self.sig.len() {
+            return Err(Error::Value(format!(
+                "{who}: signature has {} tensor arguments, got {tensors}",
+                self.sig.len()
+            )));
+        }
+        Ok(tensors)
+    }
+}
