@@ -61,7 +61,7 @@ def _threads(n, target):
 
 def _replay_frees(log):
     live = set()
-    for op, addr, _n, code in log:
+    for op, addr, _n, code, _phase in log:
         if code == 0 and op == "alloc":
             live.add(addr)
         elif code == 0 and op == "free":

@@ -1,10 +1,10 @@
-"""The fault-injection matrix (issue 8): every driver operation x every phase that calls it x its
+"""The fault-injection matrix: every driver operation x every phase that calls it x its
 first / middle / last call in that phase.
 
 The matrix is derived, not hand-listed. A reference scenario (user buffers, a resident set, two
 runs mixing mirrors, mappings, staged copies, push-backs, a mirror refresh, scratch tensors and
-arena growth, then release, free and close) runs once per configuration on a worker whose native
-object records, for every driver call in the call log, which phase made it. Each (phase, op) pair
+arena growth, then release, free and close) runs once per configuration; the driver's call log
+labels every call with the phase of the worker that made it. Each (phase, op) pair
 that occurs becomes a row; its first, middle and last call become cells. A cell replays the
 scenario with exactly that call failing and checks:
 
@@ -37,64 +37,12 @@ import numpy as np
 import pytest
 
 import simpler as sp
-from simpler import _core
 
 IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
 CODE = 507_901  # the injected code: unique, so the failing call is unambiguous in the log
 OPS = ("alloc", "free", "h2d", "d2h", "map", "unmap")
 LIBS = Path(__file__).resolve().parents[1] / "target" / "fake-ascend-libs"
 ASCEND_ENV = {"SIMPLER_ASCEND_LIB_DIR": str(LIBS), "FAKE_ASCEND_MAP": "min:65536"}
-
-# Native entry points that make driver calls, and the phase each belongs to. The orchestration
-# function marks its own window (orchestrate): view establishment, refreshes, push-backs, scratch.
-PHASE_OF = {
-    "_malloc": "buffer",
-    "_free": "buffer",
-    "_copy_to": "buffer",
-    "_copy_from": "buffer",
-    "_trim_staging": "buffer",
-    "_resident_add": "resident_add",
-    "_resident_release": "release",
-    "_begin_run": "bind",
-    "_task_buffers": "execute",
-    "_finish_task": "execute",
-    "_copy_back": "copy_back",
-    "_finish_run": "cleanup",
-    "_close": "close",
-}
-
-
-class _Marked(_core.Worker):
-    """The native worker, recording ``(first, end, phase)`` call-log windows of each entry point."""
-
-    def window(self, phase):
-        return _Window(self, phase)
-
-
-class _Window:
-    def __init__(self, native, phase):
-        self.native, self.phase = native, phase
-
-    def __enter__(self):
-        self.start = len(self.native.call_log())
-
-    def __exit__(self, *exc):
-        self.native.windows.append((self.start, len(self.native.call_log()), self.phase))
-
-
-def _marking(name, phase):
-    base = getattr(_core.Worker, name)
-
-    def method(self, *args, **kwargs):
-        with self.window(phase):
-            return base(self, *args, **kwargs)
-
-    method.__name__ = name
-    return method
-
-
-for _name, _phase in PHASE_OF.items():
-    setattr(_Marked, _name, _marking(_name, _phase))
 
 
 @contextlib.contextmanager
@@ -114,18 +62,10 @@ def _platform_env(platform):
                 os.environ[k] = v
 
 
-def _marked_worker(platform, staging):
-    """A ``sp.Worker`` whose native object is a ``_Marked`` (records phase windows)."""
-    saved = _core.Worker
-    _core.Worker = _Marked  # simpler.worker builds its native worker as `_core.Worker(...)`
-    try:
-        opts = {"svm": 65536} if platform == "sim" else {}
-        w = sp.Worker(platform, staging=staging, **opts)
-    finally:
-        _core.Worker = saved
-    assert isinstance(w._native, _Marked)
-    w._native.windows = []
-    return w
+def _worker(platform, staging):
+    """A worker of the configuration (sim maps allocations of 64 KiB and more)."""
+    opts = {"svm": 65536} if platform == "sim" else {}
+    return sp.Worker(platform, staging=staging, **opts)
 
 
 # ---- the reference scenario -------------------------------------------------------------------
@@ -148,22 +88,20 @@ BIG = 16384  # float32 elements: 64 KiB, mapped under svm=65536 / FAKE_ASCEND_MA
 
 
 def _orchestrate(o, lens, state, table, ctrl, big, x, acc, out):
-    native = o._w._native
-    with native.window("orchestrate"):
-        assert o.get_tensor_data(lens, 0) == 3  # resident, small: mirror (refused map + fill)
-        s = o.get_tensor_data(state, 0)  # resident INOUT mirror: refreshed in round 2
-        o.set_tensor_data(state, 1, s + 10)  # mirror write: pushed to the device at once
-        assert o.get_tensor_data(table, 3) == 3.0  # resident, large: mapping
-        c = o.get_tensor_data(ctrl, 0)  # user buffer mirror: stale after copy_to
-        o.set_tensor_data(ctrl, 1, c + 1)
-        assert o.get_tensor_data(big, 5) == 5.0  # user buffer, large: mapping
-        o.set_tensor_data(x, 0, 1.5)  # staged IN: arena mapping, or staged copy + push-back
-        assert o.get_tensor_data(acc, 0) == 0.0  # staged INOUT, large
-        tmp = o.scratch([SMALL], "float32", name="tmp")  # scratch pool: allocated once
-        probe = o.scratch([4], "float32", name="probe")
-        o.set_tensor_data(probe, 0, 2.0)  # maps the scratch chunk
-        o.submit(K_FIRST, x, table.view([SMALL], [0]), tmp)
-        o.submit(K_SECOND, tmp, state, acc.view([SMALL], [0]), out)
+    assert o.get_tensor_data(lens, 0) == 3  # resident, small: mirror (refused map + fill)
+    s = o.get_tensor_data(state, 0)  # resident INOUT mirror: refreshed in round 2
+    o.set_tensor_data(state, 1, s + 10)  # mirror write: pushed to the device at once
+    assert o.get_tensor_data(table, 3) == 3.0  # resident, large: mapping
+    c = o.get_tensor_data(ctrl, 0)  # user buffer mirror: stale after copy_to
+    o.set_tensor_data(ctrl, 1, c + 1)
+    assert o.get_tensor_data(big, 5) == 5.0  # user buffer, large: mapping
+    o.set_tensor_data(x, 0, 1.5)  # staged IN: arena mapping, or staged copy + push-back
+    assert o.get_tensor_data(acc, 0) == 0.0  # staged INOUT, large
+    tmp = o.scratch([SMALL], "float32", name="tmp")  # scratch pool: allocated once
+    probe = o.scratch([4], "float32", name="probe")
+    o.set_tensor_data(probe, 0, 2.0)  # maps the scratch chunk
+    o.submit(K_FIRST, x, table.view([SMALL], [0]), tmp)
+    o.submit(K_SECOND, tmp, state, acc.view([SMALL], [0]), out)
 
 
 CALL = sp.Callable(_orchestrate, [IN, INOUT, IN, IN, IN, IN, INOUT, OUT])
@@ -213,9 +151,8 @@ ADD = sp.Kernel(_add, [IN, IN, OUT])
 
 
 def _orch_add(o, x, y, out):
-    with o._w._native.window("orchestrate"):
-        assert o.get_tensor_data(x, 1) == 1.0
-        o.submit(ADD, x, y, out)
+    assert o.get_tensor_data(x, 1) == 1.0
+    o.submit(ADD, x, y, out)
 
 
 ADD_CALL = sp.Callable(_orch_add, [IN, IN, OUT])
@@ -241,7 +178,7 @@ def _clean_case(w):
 def _replay(log, unique_addresses):
     """Live allocations and mappings after ``log``; fails on any double free or unmatched unmap."""
     live, maps, freed = {}, set(), Counter()
-    for i, (op, addr, nbytes, code) in enumerate(log):
+    for i, (op, addr, nbytes, code, _phase) in enumerate(log):
         if code != 0:
             continue
         if op == "alloc":
@@ -264,20 +201,20 @@ def _replay(log, unique_addresses):
     return live, maps, freed
 
 
-def _phase_at(windows, index):
-    """The phase of call-log entry ``index``: the innermost (last closed, narrowest) window."""
-    hits = [(end - start, phase) for start, end, phase in windows if start <= index < end]
-    assert hits, f"driver call {index} was made outside every marked phase"
-    return min(hits)[1]
+def _phase_at(log, index):
+    """The phase of call-log entry ``index``, as the runtime labelled it."""
+    phase = log[index][4]
+    assert phase, f"driver call {index} was made outside every phase"
+    return phase
 
 
-def _phase_calls(w):
+def _phase_calls(log):
     """{(phase, op): [global ordinal of the call among calls of op, ...]} from the call log."""
     ordinal = Counter()
     rows = {}
-    for i, (op, *_rest) in enumerate(w.call_log()):
+    for i, (op, *_rest) in enumerate(log):
         ordinal[op] += 1
-        rows.setdefault((_phase_at(w._native.windows, i), op), []).append(ordinal[op])
+        rows.setdefault((_phase_at(log, i), op), []).append(ordinal[op])
     return rows
 
 
@@ -296,9 +233,10 @@ def _derive(platform, staging):
     key = (platform, staging)
     if key not in _DERIVED:
         with _platform_env(platform):
-            w = _marked_worker(platform, staging)
+            w = _worker(platform, staging)
             _scenario(w)
-        _DERIVED[key] = (_phase_calls(w), w.call_log(), w._native.windows)
+        log = w.call_log()
+        _DERIVED[key] = (_phase_calls(log), log)
     return _DERIVED[key][0]
 
 
@@ -334,9 +272,9 @@ def test_the_derived_matrix_covers_every_operation_and_phase():
         if platform == "ascend" and _ascend_missing():
             continue
         rows = _derive(platform, staging)
-        _, log, windows = _DERIVED[(platform, staging)]
+        _, log = _DERIVED[(platform, staging)]
         for i in range(len(log)):
-            _phase_at(windows, i)
+            _phase_at(log, i)
         assert all(c[3] in (0, 0xFFFE) for c in log), "the reference scenario must not fail"
         assert {op for _, op in rows} == set(OPS), (platform, staging, sorted(rows))
         phases = {p for p, _ in rows}
@@ -356,15 +294,14 @@ def test_the_derived_matrix_covers_every_operation_and_phase():
 def _expected_live(w, fault):
     """What may stay live: the arena, the scratch pool, the caller's buffers, and the orphan."""
     log = w.call_log()
-    windows = w._native.windows
     keep = set()
     arena = w._native._arena()
     if arena:
         keep.add(arena[0])
     freed = {c[1] for c in log if c[0] == "free" and c[3] == 0}
-    for i, (op, addr, _n, code) in enumerate(log):
+    for i, (op, addr, _n, code, _phase) in enumerate(log):
         if op == "alloc" and code == 0:
-            phase = _phase_at(windows, i)
+            phase = _phase_at(log, i)
             if phase == "orchestrate" or (phase == "buffer" and addr not in freed):
                 keep.add(addr)  # a scratch pool chunk / a buffer the caller still owns
     if fault[0] in ("free", "unmap"):
@@ -395,7 +332,7 @@ def test_fault_cell(cell, monkeypatch, caplog):
             monkeypatch.setenv(k, v)
         monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
     unique = platform == "sim"
-    w = _marked_worker(platform, staging)
+    w = _worker(platform, staging)
     w.inject_fault(op, nth=nth, code=CODE)
     err = None
     with caplog.at_level(logging.ERROR, logger="simpler"):
@@ -408,7 +345,7 @@ def test_fault_cell(cell, monkeypatch, caplog):
     assert len(failed) == 1, f"the fault fired {len(failed)} times"
     fault = log[failed[0]]
     assert fault[0] == op
-    assert _phase_at(w._native.windows, failed[0]) == phase, "the fault hit a call of another phase"
+    assert _phase_at(log, failed[0]) == phase, "the fault hit a call of another phase"
     op_in_msg = re.compile(rf"\[{op}[,\]]")
 
     if phase == "close":

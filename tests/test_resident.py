@@ -221,7 +221,7 @@ def test_release_is_lifo_and_idempotent(w):
     res = sp.ResidentTaskArgs(w)
     ptrs = [res.add(n, np.zeros(4, dtype=np.float32)).buffer.ptr for n in ("a", "b", "c")]
     res.release()
-    frees = [addr for op, addr, _, code in w.call_log() if op == "free"]
+    frees = [addr for op, addr, _, code, _ in w.call_log() if op == "free"]
     assert frees[-3:] == ptrs[::-1]
     assert w.stats()["live_allocations"] == 0
     n_calls = len(w.call_log())
@@ -241,7 +241,7 @@ def test_release_attempts_every_free_logs_each_failure_and_raises_the_first(w, c
     with caplog.at_level(logging.ERROR), pytest.raises(DeviceError) as ei:
         res.release()
     assert "'c'" in str(ei.value) or ei.value.tensor == "c"
-    attempted = [addr for op, addr, _, _ in w.call_log() if op == "free"]
+    attempted = [addr for op, addr, _, _, _ in w.call_log() if op == "free"]
     assert attempted[-3:] == ptrs[::-1], "every free must be attempted"
     assert sum("release of resident tensor" in r.getMessage() for r in caplog.records) >= 2
     res.release()  # idempotent, raises nothing the second time
@@ -276,7 +276,7 @@ def test_from_builder_makes_child_memory_tensors_resident(w):
 def test_from_builder_checks_the_count_before_device_work(w):
     args = sp.TaskArgsBuilder(sp.TensorArg("x", np.ones(4), child_memory=True))
     s0 = w.stats()
-    with pytest.raises(ArgumentError, match="signature has 2 tensor arguments, builder has 1"):
+    with pytest.raises(ArgumentError, match="from_builder: signature has 2 tensor arguments, got 1"):
         sp.ResidentTaskArgs.from_builder(w, args, [sp.IN, sp.IN])
     assert w.stats()["allocs"] == s0["allocs"]
 

@@ -414,7 +414,7 @@ def test_run_case_validates_its_inputs(w):
         def generate_args(self, params):
             return sp.TaskArgsBuilder()
 
-    with pytest.raises(ArgumentError, match="signature has 1 tensor arguments, generate_args gave 0"):
+    with pytest.raises(ArgumentError, match="generate_args: signature has 1 tensor arguments, got 0"):
         WrongCount.run_case("one", worker=w)
 
     class NotABuilder(cls):

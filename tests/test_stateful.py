@@ -238,7 +238,7 @@ class WorkerMachine(RuleBasedStateMachine):
     # -- invariants --
     def check_log(self):
         log = self.w.call_log()
-        for op, addr, _n, code in log[self.log_seen :]:
+        for op, addr, _n, code, _phase in log[self.log_seen :]:
             if code != 0:
                 continue
             if op == "alloc":

@@ -452,7 +452,7 @@ def run_decode(
         h2d2 = w.stats()["h2d_bytes"]
         calls = w.call_log()[log_mark:]
         weight_hits = sum(
-            1 for op, addr, _, _ in calls if op == "h2d" and any(s <= addr < e for s, e in weight_ranges)
+            1 for op, addr, *_ in calls if op == "h2d" and any(s <= addr < e for s, e in weight_ranges)
         )
         if mode == "resident":
             inout = [fx for fx in fxs if fx.direction is sp.INOUT]

@@ -1,9 +1,10 @@
-"""Numpy plumbing shared by the worker and the argument specs (private).
+"""Numpy plumbing for the native core (private).
 
-Staged arrays travel to the native core as the bytes of their *extent* (what a strided view
-touches), so a transposed or sliced view is staged intact. Arrays the core cannot take byte for
-byte (negative strides, strides that are not a multiple of the item size, non-native byte order)
-are staged through a contiguous copy that is written back after the run for outputs.
+The native core takes host arrays as the bytes of their *extent* (what a strided view touches),
+so a transposed or sliced view is staged intact; it computes that extent itself and asks for a
+flat byte view of it here. Arrays it cannot take byte for byte (negative strides, strides that
+are not a multiple of the item size, non-native byte order) are staged through a contiguous
+copy made here and written back after the run for outputs.
 """
 
 from __future__ import annotations
@@ -32,40 +33,60 @@ def np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-def dtype_name(dtype: object, what: str) -> str:
-    """The simpler name of ``dtype``; raises ``ArgumentTypeError`` when unsupported."""
+def dtype_name(dtype: object) -> str:
+    """The numpy name of ``dtype`` (a name, a numpy dtype or a scalar type); whether simpler
+    supports it is the native core's decision."""
     try:
-        dt = np.dtype(dtype) if not isinstance(dtype, str) else np_dtype(dtype)
+        return (np.dtype(dtype) if not isinstance(dtype, str) else np_dtype(dtype)).name
     except TypeError as e:
-        raise ArgumentTypeError(f"{what}: unsupported dtype {dtype!r}") from e
-    if dt.name not in SUPPORTED_DTYPES:
-        raise ArgumentTypeError(
-            f"{what}: unsupported dtype '{dt.name}' (supported: {', '.join(SUPPORTED_DTYPES)})"
-        )
-    return dt.name
+        raise ArgumentTypeError(f"unsupported dtype {dtype!r}") from e
 
 
-def stageable(arr: np.ndarray) -> bool:
-    """Whether ``arr`` can be staged byte for byte (otherwise a contiguous copy is staged)."""
-    if not arr.dtype.isnative:
-        return False
-    item = arr.dtype.itemsize
-    return all(s >= 0 and s % item == 0 for s in arr.strides)
-
-
-def element_strides(arr: np.ndarray) -> list[int]:
-    """Strides of ``arr`` in elements (``stageable(arr)`` must hold)."""
-    return [s // arr.dtype.itemsize for s in arr.strides]
-
-
-def extent_bytes(arr: np.ndarray) -> np.ndarray:
-    """A 1-D uint8 view of the bytes ``arr`` spans, starting at its first element."""
-    if arr.size == 0:
+def flat_bytes(arr: np.ndarray, nbytes: int) -> np.ndarray:
+    """A 1-D uint8 view of the ``nbytes`` bytes of ``arr`` from its first element (no copy)."""
+    if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
     item = arr.dtype.itemsize
-    n = 1 + sum((dim - 1) * (st // item) for dim, st in zip(arr.shape, arr.strides))
-    flat = np.lib.stride_tricks.as_strided(arr, shape=(n,), strides=(item,), writeable=arr.flags.writeable)
+    flat = np.lib.stride_tricks.as_strided(
+        arr, shape=(nbytes // item,), strides=(item,), writeable=arr.flags.writeable
+    )
     return flat.view(np.uint8)
+
+
+def native_copy(arr: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``arr`` in native byte order (what is staged for an array the core
+    cannot take byte for byte)."""
+    if arr.dtype.kind == "V":  # ml_dtypes types carry no byte order
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("="), copy=False)
+
+
+def write_back(orig: np.ndarray, work: np.ndarray) -> None:
+    """Copies a staged copy's outputs into the caller's array."""
+    orig[...] = work
+
+
+def offset_rows(offsets: object, rank: int) -> np.ndarray:
+    """``offsets`` as a C-contiguous ``(n, rank)`` int64 array (``(n,)`` is accepted for rank 1)."""
+    a = np.asarray(offsets)
+    if a.dtype.kind not in "iu":
+        if a.size == 0:
+            a = a.astype(np.int64)
+        else:
+            raise ArgumentTypeError(f"view offsets must be integers, not {a.dtype}")
+    if a.ndim == 1 and rank == 1:
+        a = a.reshape(-1, 1)
+    if a.ndim != 2 or a.shape[1] != max(rank, 1):
+        raise ArgumentError(f"view offsets must have shape (n, {rank}), not {a.shape}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def column(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Per-task scalars as a 1-D C-contiguous array of ``dtype``."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ArgumentError(f"per-task scalars must be a 1-D array, not shape {a.shape}")
+    return np.ascontiguousarray(a, dtype=dtype)
 
 
 def window_array(win: _core.HostWindow) -> np.ndarray:
@@ -88,7 +109,8 @@ def require_array(value: object, what: str) -> np.ndarray:
 
 
 def require_contiguous(arr: np.ndarray, what: str) -> None:
-    """Refuses arrays that are not C-contiguous in native byte order."""
+    """Refuses arrays that are not C-contiguous in native byte order (a plain byte copy of them
+    would not be their elements in order)."""
     if not arr.flags.c_contiguous or not arr.dtype.isnative:
         raise ArgumentError(
             f"{what}: array must be C-contiguous in native byte order "

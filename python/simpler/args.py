@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _arrays
+from . import _core
 from .errors import ArgumentError, ArgumentTypeError, StateError
-from .worker import ArgDirection, Buffer, Callable, DeviceTensor, Worker, _check_scalar, _direction
+from .worker import ArgDirection, Buffer, Callable, DeviceTensor, Worker
 
 __all__ = ["BuiltArgs", "ResidentTaskArgs", "Scalar", "TaskArgsBuilder", "TensorArg"]
 
@@ -95,7 +95,7 @@ class Scalar:
 
     def __post_init__(self) -> None:
         _check_name(self.name, "Scalar")
-        _check_scalar(self.value, f"Scalar '{self.name}'")
+        _core.check_scalar(self.value, f"Scalar '{self.name}'")
 
     is_tensor = False
 
@@ -273,6 +273,10 @@ class TaskArgsBuilder:
         return [(s.name, s.value) for s in self._specs.values()]
 
 
+def _no_orchestration(*_args: Any) -> None:
+    """Stands in for an orchestration where only a signature is given."""
+
+
 def _root(arr: np.ndarray) -> np.ndarray:
     """The outermost ndarray owning ``arr``'s storage (kept alive as long as that storage)."""
     while isinstance(arr.base, np.ndarray):
@@ -292,7 +296,7 @@ class _Entry:
 
 
 class ResidentTaskArgs:
-    """Case-owned device buffers for resident tensor arguments (DESIGN 4.3).
+    """Case-owned device buffers for resident tensor arguments (see ``docs/concepts.md``).
 
     ``add(name, host, direction)`` allocates a device buffer, uploads ``host`` unless OUT, and
     keeps nothing of the host array (a weak reference only, to reject a later fixture whose
@@ -326,14 +330,11 @@ class ResidentTaskArgs:
         it (checked before any device work). If an add fails, everything already allocated is
         released and the error re-raised.
         """
-        sig = signature.signature if isinstance(signature, Callable) else signature
-        dirs = [_direction(e[0] if isinstance(e, tuple) else e, "signature") for e in sig]
+        if not isinstance(signature, Callable):
+            signature = Callable(_no_orchestration, signature, name="ResidentTaskArgs.from_builder")
         tensors = builder.tensors()
-        if len(tensors) != len(dirs):
-            raise ArgumentError(
-                f"ResidentTaskArgs.from_builder: signature has {len(dirs)} tensor arguments, "
-                f"builder has {len(tensors)}"
-            )
+        signature.check_tensor_count(len(tensors), "ResidentTaskArgs.from_builder")
+        dirs = [d for d, _ in signature.signature]
         res = cls(worker)
         try:
             for spec, d in zip(tensors, dirs):
@@ -407,31 +408,24 @@ class ResidentTaskArgs:
         self._check_open("add")
         _check_name(name, "ResidentTaskArgs.add")
         what = f"resident tensor '{name}'"
-        d = _direction(direction, what)
-        if name in self._entries:
-            raise ArgumentError(f"{what} was already added")
-        host = _arrays.require_array(host, what)
-        dt = _arrays.dtype_name(host.dtype, what)
-        _arrays.require_contiguous(host, what)
-        if host.nbytes == 0:
-            log.debug("%s has no bytes: it stays host-staged", what)
-            self._entries[name] = _Entry(name, d, host)
-            return host
-        start = int(host.__array_interface__["data"][0])
-        end = start + host.nbytes
-        self._extents = [x for x in self._extents if x[1]() is not None]
-        for other, ref, s, e in self._extents:
-            if start < e and s < end:
-                if ref() is not None:  # storage still owned by that fixture's array: an alias
+        if isinstance(host, np.ndarray) and host.nbytes:
+            start = int(host.__array_interface__["data"][0])
+            end = start + host.nbytes
+            self._extents = [x for x in self._extents if x[1]() is not None]
+            for other, ref, s, e in self._extents:
+                # Storage still owned by that fixture's array: an alias.
+                if start < e and s < end and ref() is not None:
                     raise ArgumentError(
                         f"{what}: its host storage overlaps resident fixture '{other}' "
                         "(an aliased layout cannot be made resident faithfully)"
                     )
-        native = self._worker._native
-        ptr = native._resident_add(
-            self._set, name, dt, list(host.shape), d.value, host.reshape(-1).view(np.uint8)
-        )
-        tensor = Buffer(self._worker, ptr, host.nbytes, owner=self).tensor(host.shape, dt)
+        added = self._worker._native._resident_add(self._set, name, host, direction)
+        d = direction if isinstance(direction, ArgDirection) else ArgDirection[str(direction).upper()]
+        if added is None:  # no bytes: it stays host-staged
+            self._entries[name] = _Entry(name, d, host)
+            return host
+        ptr, gen = added
+        tensor = Buffer(self._worker, ptr, host.nbytes, owner=self, gen=gen).tensor(host.shape, host.dtype)
         self._entries[name] = _Entry(name, d, tensor)
         self._extents.append((name, weakref.ref(_root(host)), start, end))
         return tensor
@@ -482,8 +476,9 @@ class ResidentTaskArgs:
             dst = builder[name]
             t: DeviceTensor = e.value
             what = f"copy_back '{name}'"
-            dst = _arrays.require_array(dst, what)
-            if tuple(dst.shape) != tuple(t.shape) or _arrays.dtype_name(dst.dtype, what) != t.dtype:
+            if not isinstance(dst, np.ndarray):
+                raise ArgumentTypeError(f"{what}: expected a numpy array, got {type(dst).__name__}")
+            if tuple(dst.shape) != tuple(t.shape) or dst.dtype.name != t.dtype:
                 raise ArgumentError(
                     f"{what}: destination is {dst.dtype}{list(dst.shape)}, resident tensor is "
                     f"{t.dtype}{list(t.shape)}"

@@ -19,7 +19,7 @@
         sp.main()
 
 Memory policy is declared per argument (``TensorArg(..., child_memory=True)``) and never depends
-on ``rounds`` (seed 000):
+on ``rounds`` (see ``docs/scene_tests.md``):
 
 =====================  ======================  ==============================  =====================
 declaration            case setup              between rounds                  validation
@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from .args import ResidentTaskArgs, TaskArgsBuilder
 from .errors import ArgumentError, ArgumentTypeError
 from .worker import ArgDirection, Callable, RunReport, Worker
@@ -275,12 +276,7 @@ def run_case(
             raise ArgumentTypeError(
                 f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
             )
-        n_sig = len(callable.signature)
-        if len(args.tensors()) != n_sig:
-            raise ArgumentError(
-                f"{label}: CALLABLE signature has {n_sig} tensor arguments, "
-                f"generate_args gave {len(args.tensors())}"
-            )
+        callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
         resident_specs = [t for t in args.tensors() if t.child_memory]
         if level == 3 and resident_specs:
             raise ArgumentError(
@@ -350,18 +346,14 @@ def _compare(
 
 
 def parse_svm(v: str | None) -> str | int | None:
-    """``--svm``: ``always``, ``never`` or a minimum number of bytes."""
+    """``--svm``: ``always``, ``never`` or a minimum number of bytes (parsed by the native core,
+    the one parser of the option)."""
     if v is None:
         return None
-    if v in ("always", "never"):
-        return v
     try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--svm: 'always', 'never' or a byte count, not {v!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("--svm byte count must be >= 0")
-    return n
+        return _core.parse_svm(v)
+    except ArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_rounds(v: str) -> int:

@@ -1058,6 +1058,10 @@ impl Device for AscendDevice {
         self.lock().ledger.log()
     }
 
+    fn set_phase(&self, phase: &'static str) {
+        self.lock().ledger.set_phase(phase);
+    }
+
     fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
         let default = match op {
             Op::Map | Op::Unmap => codes::INNER_ERR,

@@ -454,6 +454,10 @@ impl Device for CudaDevice {
         self.lock().ledger.log()
     }
 
+    fn set_phase(&self, phase: &'static str) {
+        self.lock().ledger.set_phase(phase);
+    }
+
     fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
         // Default: CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error on real hardware.
         self.lock().ledger.inject(op, nth, code.unwrap_or(700))

@@ -72,6 +72,9 @@ pub struct CallRecord {
     pub bytes: u64,
     /// 0 on success, else the driver's code.
     pub code: i64,
+    /// What its caller was doing (the runtime's phase: `"bind"`, `"execute"`, `"close"`, ...),
+    /// as last set with [`Device::set_phase`]; `""` before any.
+    pub phase: &'static str,
 }
 
 /// What closing a device found and did.
@@ -116,11 +119,21 @@ pub trait Device: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether [`Device::kernel_memory`] answers (device memory is host memory). When false,
+    /// kernels run over host copies, and each task moves bytes through the driver.
+    fn has_kernel_memory(&self) -> bool {
+        false
+    }
+
     /// Cumulative counters.
     fn stats(&self) -> Stats;
 
     /// The call log (most recent calls; see the backend for its bound).
     fn call_log(&self) -> Vec<CallRecord>;
+
+    /// Labels the calls that follow in the call log (the runtime's phase), so a log can be read
+    /// phase by phase.
+    fn set_phase(&self, phase: &'static str);
 
     /// Makes the `nth` next call of `op` fail with `code` (a driver default when `None`).
     fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError>;

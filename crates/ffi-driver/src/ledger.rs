@@ -85,6 +85,7 @@ pub struct Ledger {
     live: BTreeMap<u64, u64>,
     log: VecDeque<CallRecord>,
     faults: Vec<Fault>,
+    phase: &'static str,
 }
 
 impl Ledger {
@@ -162,7 +163,13 @@ impl Ledger {
             addr,
             bytes,
             code,
+            phase: self.phase,
         });
+    }
+
+    /// Labels the calls recorded from now on (see [`crate::Device::set_phase`]).
+    pub fn set_phase(&mut self, phase: &'static str) {
+        self.phase = phase;
     }
 
     /// The call log, oldest first.

@@ -12,8 +12,8 @@ use crate::Device;
 pub struct DeviceSpec {
     /// `"sim"`, `"ascend"` or `"cuda"`.
     pub platform: String,
-    /// sim: `"always"`, `"never"` or a minimum byte count.
-    pub svm: Option<String>,
+    /// sim: which allocations `map_host` grants.
+    pub svm: Option<SvmPolicy>,
     /// sim: poison fresh allocations (default true).
     pub poison: Option<bool>,
     /// sim: simulated device capacity in bytes.
@@ -51,12 +51,8 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
                 ));
             }
             let mut cfg = SimConfig::default();
-            if let Some(s) = &spec.svm {
-                cfg.svm = SvmPolicy::parse(s).ok_or_else(|| {
-                    OpenError::Invalid(format!(
-                        "svm must be 'always', 'never' or a minimum byte count, not '{s}'"
-                    ))
-                })?;
+            if let Some(s) = spec.svm {
+                cfg.svm = s;
             }
             if let Some(p) = spec.poison {
                 cfg.poison = p.then_some(POISON);

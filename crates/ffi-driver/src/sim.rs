@@ -43,12 +43,15 @@ pub enum SvmPolicy {
 }
 
 impl SvmPolicy {
-    /// Parses `"always"`, `"never"` or a byte count.
-    pub fn parse(s: &str) -> Option<SvmPolicy> {
-        match s {
-            "always" => Some(SvmPolicy::Always),
-            "never" => Some(SvmPolicy::Never),
-            n => n.parse().ok().map(SvmPolicy::MinBytes),
+    /// Parses `"always"`, `"never"` or a minimum byte count (the one parser of the option:
+    /// the Python `Worker(svm=...)` and the runners' `--svm` both come here).
+    pub fn parse(s: &str) -> Result<SvmPolicy, String> {
+        match s.trim() {
+            "always" => Ok(SvmPolicy::Always),
+            "never" => Ok(SvmPolicy::Never),
+            n => n.parse().map(SvmPolicy::MinBytes).map_err(|_| {
+                format!("svm must be 'always', 'never' or a minimum byte count, not '{s}'")
+            }),
         }
     }
 
@@ -405,6 +408,10 @@ impl Device for SimDevice {
         })
     }
 
+    fn has_kernel_memory(&self) -> bool {
+        true
+    }
+
     fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {
         let st = self.lock();
         let (off, block) = st.find(Op::D2h, ptr.0, bytes).ok()?;
@@ -417,6 +424,10 @@ impl Device for SimDevice {
 
     fn call_log(&self) -> Vec<CallRecord> {
         self.lock().ledger.log()
+    }
+
+    fn set_phase(&self, phase: &'static str) {
+        self.lock().ledger.set_phase(phase);
     }
 
     fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {

@@ -43,7 +43,10 @@ pub trait RunHost {
 
     /// Lends the byte extents of the staged arguments (in argument order) for the duration of
     /// `f`, which binds them.
-    fn lend_staged<R>(&mut self, f: impl FnOnce(&[&[u8]]) -> R) -> std::result::Result<R, Self::Error>;
+    fn lend_staged<R>(
+        &mut self,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> std::result::Result<R, Self::Error>;
 
     /// Lends the host byte extent of staged argument `staged` (its index among the staged
     /// arguments) for writing, for the duration of `f`, which copies the device bytes into it.
@@ -182,7 +185,8 @@ impl<C: WorkerCell> Orch<'_, C> {
     /// `get_tensor_data`.
     pub fn read(&self, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
         let run = self.run;
-        self.cell.with(false, |w| w.orch_read(run, arg, view, index))
+        self.cell
+            .with(false, |w| w.orch_read(run, arg, view, index))
     }
 
     /// `set_tensor_data`.
@@ -195,13 +199,15 @@ impl<C: WorkerCell> Orch<'_, C> {
     /// `read_tensor`.
     pub fn read_tensor(&self, arg: u32, view: &Geometry) -> Result<HostWindow> {
         let run = self.run;
-        self.cell.with(false, |w| w.orch_read_tensor(run, arg, view))
+        self.cell
+            .with(false, |w| w.orch_read_tensor(run, arg, view))
     }
 
     /// `orch.scratch`; returns the new argument's index.
     pub fn scratch(&self, name: Option<&str>, dtype: DType, shape: &[u64]) -> Result<u32> {
         let run = self.run;
-        self.cell.with(false, |w| w.scratch(run, name, dtype, shape))
+        self.cell
+            .with(false, |w| w.scratch(run, name, dtype, shape))
     }
 
     /// `submit`; returns the task's index.

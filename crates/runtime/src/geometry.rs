@@ -203,8 +203,12 @@ impl Geometry {
         Geometry { offset, ..*self }
     }
 
-    /// Row-major contiguous (dimensions of size 1 ignore their stride).
+    /// Row-major contiguous (dimensions of size 1 ignore their stride; a tensor without
+    /// elements is contiguous).
     pub fn is_contiguous(&self) -> bool {
+        if self.numel == 0 {
+            return true;
+        }
         let mut expect = 1u64;
         for (&n, &s) in self.shape().iter().zip(self.strides()).rev() {
             if n != 1 && s != expect {
@@ -291,19 +295,15 @@ impl Geometry {
     /// strided layouts; dense ones compare spans.
     pub fn elements_intersect(&self, a: u64, other: &Geometry, b: u64) -> bool {
         let (sa, sb) = (a + self.start_byte(), b + other.start_byte());
-        if self.numel == 0
-            || other.numel == 0
-            || sa + self.extent <= sb
-            || sb + other.extent <= sa
+        if self.numel == 0 || other.numel == 0 || sa + self.extent <= sb || sb + other.extent <= sa
         {
             return false;
         }
         match (self.is_dense(), other.is_dense()) {
             (true, true) => true,
-            (true, false) => other.elements_overlap(
-                sa.saturating_sub(sb),
-                (sa + self.extent).saturating_sub(sb),
-            ),
+            (true, false) => {
+                other.elements_overlap(sa.saturating_sub(sb), (sa + self.extent).saturating_sub(sb))
+            }
             (false, true) => self.elements_overlap(
                 sb.saturating_sub(sa),
                 (sb + other.extent).saturating_sub(sa),
@@ -536,11 +536,9 @@ mod tests {
         let g = Geometry::new(&"t", DType::F32, &[2, 2], Some(&[3, 0]), 0).unwrap();
         assert_eq!(g.extent(), g.nbytes());
         assert!(!g.is_dense());
-        assert!(
-            Geometry::new(&"t", DType::F32, &[4, 3], Some(&[1, 4]), 0)
-                .unwrap()
-                .is_dense()
-        );
+        assert!(Geometry::new(&"t", DType::F32, &[4, 3], Some(&[1, 4]), 0)
+            .unwrap()
+            .is_dense());
         let col = Geometry::new(&"t", DType::F32, &[4, 1], Some(&[2, 1]), 0).unwrap();
         assert!(
             col.elements_overlap(0, 4) && !col.elements_overlap(4, 8) && col.elements_overlap(8, 9)

@@ -99,8 +99,14 @@ impl Memory {
         }
         match self.allocs.get(&buf.ptr.0) {
             Some(i) if i.gen == buf.gen => Ok(*i),
-            _ => Err(Error::State(format!(
-                "{what}: buffer {} was freed (the handle outlived its allocation)",
+            Some(_) => Err(Error::State(format!(
+                "{what}: buffer {} was freed; the allocation now at that address is a newer one \
+                 (the handle outlived its allocation)",
+                buf.ptr
+            ))),
+            None => Err(Error::State(format!(
+                "{what}: device address {} is not a live allocation of this worker (freed, \
+                 released or never allocated)",
                 buf.ptr
             ))),
         }

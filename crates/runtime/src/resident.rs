@@ -14,7 +14,8 @@ use crate::spec::{BufferRef, Direction};
 #[derive(Debug)]
 struct Entry {
     name: String,
-    buf: BufferRef,
+    /// `None` for a fixture without bytes (it stays host-staged).
+    buf: Option<BufferRef>,
 }
 
 /// The worker's resident sets, by id.
@@ -58,7 +59,7 @@ impl ResidentSets {
             .get(&set)
             .into_iter()
             .flatten()
-            .map(|e| (e.name.as_str(), e.buf))
+            .filter_map(|e| e.buf.map(|b| (e.name.as_str(), b)))
     }
 
     /// Makes a host fixture resident in `set` under `name`. Everything is checked before the
@@ -94,6 +95,12 @@ impl ResidentSets {
         let bytes = geometry.nbytes();
         if bytes == 0 {
             log::debug!("{what} has no bytes: it stays host-staged");
+            if let Some(entries) = self.sets.get_mut(&set) {
+                entries.push(Entry {
+                    name: name.to_owned(),
+                    buf: None,
+                });
+            }
             return Ok(None);
         }
         if host.len() as u64 != bytes {
@@ -116,7 +123,7 @@ impl ResidentSets {
         if let Some(entries) = self.sets.get_mut(&set) {
             entries.push(Entry {
                 name: name.to_owned(),
-                buf,
+                buf: Some(buf),
             });
         }
         Ok(Some(buf))
@@ -129,8 +136,9 @@ impl ResidentSets {
         let entries = self.sets.remove(&set).unwrap_or_default();
         let mut errors = Vec::new();
         for e in entries.into_iter().rev() {
+            let Some(buf) = e.buf else { continue };
             let what = format_args!("release of resident tensor '{}'", e.name);
-            if let Err(err) = mem.release_or_orphan(e.buf.ptr, &what) {
+            if let Err(err) = mem.release_or_orphan(buf.ptr, &what) {
                 errors.push(Error::device(Phase::Release, Some(&e.name), err));
             }
         }

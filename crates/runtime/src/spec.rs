@@ -80,6 +80,17 @@ impl Signature {
         self.params.is_empty()
     }
 
+    /// Checks that `n` tensors match the signature's count; `who` names the caller.
+    pub fn check_count(&self, who: &dyn std::fmt::Display, n: usize) -> Result<()> {
+        if n != self.params.len() {
+            return Err(Error::Value(format!(
+                "{who}: signature has {} tensor arguments, got {n}",
+                self.params.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that tensor `i` (named `name`, of `dtype`) fits entry `i`; `who` names the caller
     /// (`"run paged_attention"`, `"submit qk"`).
     pub fn check_dtype(
@@ -91,7 +102,7 @@ impl Signature {
     ) -> Result<()> {
         match self.params.get(i).and_then(|p| p.dtype) {
             Some(want) if want != dtype => Err(Error::Type(format!(
-                "{who}: tensor {name} is {}, signature wants {}",
+                "{who}: tensor '{name}' is {}, signature wants {}",
                 dtype.name(),
                 want.name()
             ))),
@@ -123,7 +134,8 @@ pub struct BufferRef {
 pub enum ArgValue {
     /// A host array, staged for this run. `geometry` has offset 0; the host lends its byte
     /// extent (`geometry.extent()` bytes from the first element) during bind and copy-back.
-    Staged { geometry: Geometry },
+    /// `writable`: whether the host array may be written (copy back needs it).
+    Staged { geometry: Geometry, writable: bool },
     /// A tensor over a device buffer: passed through, nothing staged.
     Device {
         buffer: BufferRef,
@@ -161,7 +173,7 @@ impl RunCall<'_> {
                     seen_scalar.get_or_insert(&a.name);
                     continue;
                 }
-                ArgValue::Staged { geometry } | ArgValue::Device { geometry, .. } => geometry,
+                ArgValue::Staged { geometry, .. } | ArgValue::Device { geometry, .. } => geometry,
             };
             if let Some(s) = seen_scalar {
                 return Err(Error::Value(format!(
@@ -169,18 +181,25 @@ impl RunCall<'_> {
                     a.name
                 )));
             }
-            if tensors < self.sig.len() {
+            if let Some(p) = self.sig.params().get(tensors) {
                 self.sig
                     .check_dtype(&who, tensors, &a.name, geometry.dtype())?;
+                if let ArgValue::Staged {
+                    writable: false, ..
+                } = a.value
+                {
+                    if p.dir.writes() {
+                        return Err(Error::Value(format!(
+                            "{who}: tensor '{}' is {} but its array is read-only",
+                            a.name,
+                            p.dir.name()
+                        )));
+                    }
+                }
             }
             tensors += 1;
         }
-        if tensors != self.sig.len() {
-            return Err(Error::Value(format!(
-                "{who}: signature has {} tensor arguments, got {tensors}",
-                self.sig.len()
-            )));
-        }
+        self.sig.check_count(&who, tensors)?;
         Ok(tensors)
     }
 }

@@ -44,7 +44,9 @@ pub const SLICE_ALIGN: u64 = 512;
 
 /// Lays out slices of the given extents back to back, each aligned to [`SLICE_ALIGN`].
 /// Returns each slice's offset and the total footprint. Zero extents take no space.
-pub fn plan_slices<'a>(extents: impl IntoIterator<Item = (&'a str, u64)>) -> Result<(Vec<u64>, u64)> {
+pub fn plan_slices<'a>(
+    extents: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Result<(Vec<u64>, u64)> {
     let mut offsets = Vec::new();
     let mut total: u64 = 0;
     for (name, extent) in extents {
@@ -85,7 +87,8 @@ impl Arena {
         let old = match self.current {
             Some((p, cap)) if cap >= needed => return Ok((p, cap)),
             Some((p, cap)) => {
-                mem.release(p).map_err(|e| Error::device(Phase::Bind, None, e))?;
+                mem.release(p)
+                    .map_err(|e| Error::device(Phase::Bind, None, e))?;
                 self.current = None;
                 cap
             }
@@ -105,7 +108,8 @@ impl Arena {
     /// Frees the arena (view first). On failure it stays, so a retry frees it.
     pub(crate) fn trim(&mut self, mem: &mut Memory) -> Result<()> {
         if let Some((p, _)) = self.current {
-            mem.release(p).map_err(|e| Error::device(Phase::Buffer, None, e))?;
+            mem.release(p)
+                .map_err(|e| Error::device(Phase::Buffer, None, e))?;
             self.current = None;
         }
         Ok(())

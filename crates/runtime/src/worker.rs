@@ -16,7 +16,9 @@ use crate::error::{Error, Phase, Result};
 use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
 use crate::resident::ResidentSets;
-use crate::run::{BatchScalar, BatchSlot, HostWindow, RunId, RunReport, RunState, TaskCall, TensorInfo};
+use crate::run::{
+    BatchScalar, BatchSlot, HostWindow, RunId, RunReport, RunState, TaskCall, TensorInfo,
+};
 use crate::scratch::ScratchPool;
 use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
 use crate::staging::{Arena, Staging};
@@ -45,9 +47,12 @@ pub struct Worker {
     run: Option<RunState>,
     next_run: u64,
     closed: bool,
+    /// The phase the driver's call log labels calls with (set on change only).
+    phase: Option<Phase>,
 }
 
-fn not_in_progress(run: RunId) -> Error {
+/// The error for a step of a run that is not in progress (a handle kept past its run).
+pub fn not_in_progress(run: RunId) -> Error {
     Error::State(format!(
         "run {} is not in progress (this handle belongs to a finished run, or the worker was closed)",
         run.0
@@ -70,6 +75,15 @@ impl Worker {
             run: None,
             next_run: 1,
             closed: false,
+            phase: None,
+        }
+    }
+
+    /// Labels the driver calls that follow with `p` (see `Device::set_phase`).
+    fn enter(&mut self, p: Phase) {
+        if self.phase != Some(p) {
+            self.phase = Some(p);
+            self.mem.dev.set_phase(p.name());
         }
     }
 
@@ -133,6 +147,7 @@ impl Worker {
 
     /// Allocates a user buffer of `bytes` (> 0).
     pub fn malloc(&mut self, bytes: u64) -> Result<BufferRef> {
+        self.enter(Phase::Buffer);
         self.check_open()?;
         if bytes == 0 {
             return Err(Error::Value(
@@ -144,6 +159,7 @@ impl Worker {
 
     /// Frees a user buffer: its host view first, then the allocation.
     pub fn free(&mut self, buf: BufferRef) -> Result<()> {
+        self.enter(Phase::Buffer);
         self.check_open()?;
         let info = self.mem.lookup(buf, &"free")?;
         match info.owner {
@@ -172,8 +188,10 @@ impl Worker {
 
     /// Copies host bytes into a buffer at `offset`. A mirror of the buffer goes stale.
     pub fn copy_to(&mut self, buf: BufferRef, offset: u64, src: &[u8]) -> Result<()> {
+        self.enter(Phase::Buffer);
         self.check_open()?;
-        self.mem.check_span(buf, offset, src.len() as u64, "copy_to")?;
+        self.mem
+            .check_span(buf, offset, src.len() as u64, "copy_to")?;
         if src.is_empty() {
             return Ok(());
         }
@@ -184,9 +202,11 @@ impl Worker {
     }
 
     /// Copies `dst.len()` bytes at `offset` of a buffer to the host.
-    pub fn copy_from(&self, buf: BufferRef, offset: u64, dst: &mut [u8]) -> Result<()> {
+    pub fn copy_from(&mut self, buf: BufferRef, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.enter(Phase::Buffer);
         self.check_open()?;
-        self.mem.check_span(buf, offset, dst.len() as u64, "copy_from")?;
+        self.mem
+            .check_span(buf, offset, dst.len() as u64, "copy_from")?;
         if dst.is_empty() {
             return Ok(());
         }
@@ -197,7 +217,12 @@ impl Worker {
     }
 
     /// Checks that `geometry` fits the live buffer (a device tensor over it).
-    pub fn check_tensor(&self, buf: BufferRef, geometry: &Geometry, what: &dyn std::fmt::Display) -> Result<()> {
+    pub fn check_tensor(
+        &self,
+        buf: BufferRef,
+        geometry: &Geometry,
+        what: &dyn std::fmt::Display,
+    ) -> Result<()> {
         self.check_open()?;
         self.mem.check_tensor(buf, geometry, what).map(|_| ())
     }
@@ -211,6 +236,7 @@ impl Worker {
     /// Releases the staging arena and the scratch pool (e.g. after a one-off large run). Not
     /// during a run.
     pub fn trim_staging(&mut self) -> Result<()> {
+        self.enter(Phase::Buffer);
         self.check_open()?;
         if self.run.is_some() {
             return Err(Error::State("trim_staging: a run is in progress".into()));
@@ -237,6 +263,7 @@ impl Worker {
         dir: Direction,
         host: &[u8],
     ) -> Result<Option<BufferRef>> {
+        self.enter(Phase::ResidentAdd);
         self.check_open()?;
         self.resident
             .add(&mut self.mem, set, name, geometry, dir, host)
@@ -250,6 +277,7 @@ impl Worker {
     /// Releases a resident set in LIFO order (see `resident.rs`). Refused, with nothing freed,
     /// while one of its tensors is bound to the run in progress.
     pub fn resident_release(&mut self, set: u64) -> Vec<Error> {
+        self.enter(Phase::Release);
         if let Some((name, _)) = self
             .resident
             .buffers(set)
@@ -275,7 +303,13 @@ impl Worker {
     /// in order) and records device tensors as lazy view entries. `started` is when the run's
     /// call began (bind is timed from there). On failure everything this call took is released
     /// and no run is in progress.
-    pub fn begin_run(&mut self, call: &RunCall<'_>, hosts: &[&[u8]], started: Instant) -> Result<RunId> {
+    pub fn begin_run(
+        &mut self,
+        call: &RunCall<'_>,
+        hosts: &[&[u8]],
+        started: Instant,
+    ) -> Result<RunId> {
+        self.enter(Phase::Bind);
         self.check_open()?;
         if self.run.is_some() {
             return Err(Error::State(
@@ -316,8 +350,20 @@ impl Worker {
         })
     }
 
+    /// Name, geometry and direction of the first `n` arguments of the run (its tensors).
+    pub fn run_tensors(&mut self, run: RunId, n: usize) -> Result<Vec<TensorInfo>> {
+        (0..n as u32).map(|i| self.run_tensor(run, i)).collect()
+    }
+
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
-    pub fn orch_read(&mut self, run: RunId, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
+    pub fn orch_read(
+        &mut self,
+        run: RunId,
+        arg: u32,
+        view: &Geometry,
+        index: &[i64],
+    ) -> Result<Value> {
+        self.enter(Phase::Orchestrate);
         let (r, mem) = self.active(run)?;
         r.read(mem, arg, view, index)
     }
@@ -331,18 +377,32 @@ impl Worker {
         index: &[i64],
         value: Value,
     ) -> Result<()> {
+        self.enter(Phase::Orchestrate);
         let (r, mem) = self.active(run)?;
         r.write(mem, arg, view, index, value)
     }
 
     /// `read_tensor`: a host window over `view`'s bytes.
-    pub fn orch_read_tensor(&mut self, run: RunId, arg: u32, view: &Geometry) -> Result<HostWindow> {
+    pub fn orch_read_tensor(
+        &mut self,
+        run: RunId,
+        arg: u32,
+        view: &Geometry,
+    ) -> Result<HostWindow> {
+        self.enter(Phase::Orchestrate);
         let (r, mem) = self.active(run)?;
         r.read_window(mem, arg, view)
     }
 
     /// `orch.scratch`: a run-scoped tensor; returns its argument index.
-    pub fn scratch(&mut self, run: RunId, name: Option<&str>, dtype: DType, shape: &[u64]) -> Result<u32> {
+    pub fn scratch(
+        &mut self,
+        run: RunId,
+        name: Option<&str>,
+        dtype: DType,
+        shape: &[u64],
+    ) -> Result<u32> {
+        self.enter(Phase::Orchestrate);
         match &mut self.run {
             Some(r) if r.id == run => {
                 r.scratch(&mut self.mem, &mut self.scratch, name, dtype, shape)
@@ -384,12 +444,14 @@ impl Worker {
 
     /// Fills `call` with the next task; false after the last.
     pub fn next_task(&mut self, run: RunId, call: &mut TaskCall) -> Result<bool> {
+        self.enter(Phase::Execute);
         let (r, mem) = self.active(run)?;
         r.next_task(mem, call)
     }
 
     /// Writes back the host copies of the task that just ran.
     pub fn finish_task(&mut self, run: RunId) -> Result<()> {
+        self.enter(Phase::Execute);
         let (r, mem) = self.active(run)?;
         r.finish_task(mem)
     }
@@ -410,6 +472,7 @@ impl Worker {
 
     /// Copies staged output `arg` into `dst`, its host byte extent.
     pub fn copy_back_one(&mut self, run: RunId, arg: u32, dst: &mut [u8]) -> Result<()> {
+        self.enter(Phase::CopyBack);
         let (r, mem) = self.active(run)?;
         r.copy_back_one(mem, arg, dst)
     }
@@ -431,6 +494,7 @@ impl Worker {
     /// Cleans up the run (always) and returns its report; a cleanup failure is returned after
     /// everything was attempted. The worker is free for the next run either way.
     pub fn finish_run(&mut self, run: RunId) -> Result<RunReport> {
+        self.enter(Phase::Cleanup);
         self.active(run)?;
         let Some(state) = self.run.take() else {
             unreachable!("checked by active()")
@@ -466,6 +530,7 @@ impl Worker {
     /// the arena and the scratch pool — each view before its allocation — then closes the driver.
     /// Idempotent.
     pub fn close(&mut self) -> CloseSummary {
+        self.enter(Phase::Close);
         let mut s = CloseSummary::default();
         if self.closed {
             return s;

@@ -176,7 +176,11 @@ fn check(
         (vec![spec], vec![], Some((b.ptr, elems)))
     } else {
         // The only staged tensor: its slice starts at byte 0 of the arena.
-        (vec![staged("a", g0)], vec![i32s(0..(g0.extent() / ES) as i32)], None)
+        (
+            vec![staged("a", g0)],
+            vec![i32s(0..(g0.extent() / ES) as i32)],
+            None,
+        )
     };
     let s = sig(&[Direction::InOut]);
     let failures = std::cell::RefCell::new(Vec::<String>::new());

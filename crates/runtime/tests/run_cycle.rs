@@ -17,11 +17,18 @@ use simpler_runtime::{
 use Direction::{In, InOut, Out};
 
 /// One staged run: x (IN) doubled into y (OUT) by a kernel working on the task buffers.
-fn run_double(cell: &Cell, x: &[f32], y: &mut Vec<u8>) -> Result<simpler_runtime::RunReport, RunError<String>> {
+fn run_double(
+    cell: &Cell,
+    x: &[f32],
+    y: &mut Vec<u8>,
+) -> Result<simpler_runtime::RunReport, RunError<String>> {
     let n = x.len() as u64;
     let s = sig(&[In, Out]);
     let k = sig(&[In, Out]);
-    let args = [staged("x", geo(DType::F32, &[n])), staged("y", geo(DType::F32, &[n]))];
+    let args = [
+        staged("x", geo(DType::F32, &[n])),
+        staged("y", geo(DType::F32, &[n])),
+    ];
     let mut host = Host::new(vec![f32s(x), std::mem::take(y)], |run| {
         let o = orch(cell, run);
         let (gx, gy) = (o.tensor(0).unwrap().geometry, o.tensor(1).unwrap().geometry);
@@ -47,7 +54,10 @@ fn staged_run_counts_and_results() {
     let mut y = vec![0u8; 16];
     let r = run_double(&cell, &[1.0, 2.0, 3.0, 4.0], &mut y).unwrap();
     assert_eq!(y, f32s(&[2.0, 4.0, 6.0, 8.0]));
-    assert_eq!((r.counters.staged_bytes, r.counters.copied_back_bytes), (16, 16));
+    assert_eq!(
+        (r.counters.staged_bytes, r.counters.copied_back_bytes),
+        (16, 16)
+    );
     assert_eq!((r.counters.device_mallocs, r.counters.tasks), (1, 1));
     let r = run_double(&cell, &[1.0; 4], &mut y).unwrap();
     assert_eq!((r.counters.device_mallocs, r.counters.device_frees), (0, 0));
@@ -73,7 +83,9 @@ fn fault_matrix_over_the_staged_phases_leaks_nothing() {
         let mut y = vec![0u8; 16];
         let e = run_double(&cell, &[1.0; 4], &mut y).unwrap_err();
         match &e {
-            RunError::Runtime(Error::Device { phase: p, source, .. }) => {
+            RunError::Runtime(Error::Device {
+                phase: p, source, ..
+            }) => {
                 assert_eq!((p.name(), source.op, source.code), (phase, op, 99), "{e:?}");
             }
             other => panic!("{other:?}"),
@@ -83,7 +95,11 @@ fn fault_matrix_over_the_staged_phases_leaks_nothing() {
         assert!(!w.is_busy());
         drop(w);
         let orphaned = u64::from(phase == "cleanup");
-        assert_eq!(dev.stats().live_allocations, arena + orphaned, "{staging:?} {op} {phase}");
+        assert_eq!(
+            dev.stats().live_allocations,
+            arena + orphaned,
+            "{staging:?} {op} {phase}"
+        );
         // The worker runs the next call correctly.
         let mut y = vec![0u8; 16];
         run_double(&cell, &[5.0; 4], &mut y).unwrap();
@@ -102,28 +118,48 @@ fn every_failure_point_finishes_the_run_and_skips_copy_back() {
         let (cell, dev) = sim(SvmPolicy::Always, Staging::Fresh);
         let s = sig(&[In, Out]);
         let k = sig(&[In, Out]);
-        let args = [staged("x", geo(DType::F32, &[4])), staged("y", geo(DType::F32, &[4]))];
+        let args = [
+            staged("x", geo(DType::F32, &[4])),
+            staged("y", geo(DType::F32, &[4])),
+        ];
         let mut host = Host::new(vec![f32s(&[1.0; 4]), vec![7u8; 16]], |run| {
             if point == 2 {
                 return Err("orchestration raised".into());
             }
             let o = orch(&cell, run);
             let (gx, gy) = (o.tensor(0).unwrap().geometry, o.tensor(1).unwrap().geometry);
-            o.submit(kernel(0, "k", &k), &[(0, gx), (1, gy)], &[]).unwrap();
+            o.submit(kernel(0, "k", &k), &[(0, gx), (1, gy)], &[])
+                .unwrap();
             Ok(())
         })
-        .kernel(|_| if point == 3 { Err("kernel raised".into()) } else { Ok(()) });
+        .kernel(|_| {
+            if point == 3 {
+                Err("kernel raised".into())
+            } else {
+                Ok(())
+            }
+        });
         host.interrupt_at = match point {
             1 => Some(1),
             4 => Some(2),
             _ => None,
         };
         let e = go(&cell, "c", &s, &args, &mut host).unwrap_err();
-        let RunError::Host(msg) = e else { panic!("{e:?}") };
+        let RunError::Host(msg) = e else {
+            panic!("{e:?}")
+        };
         assert!(["interrupted", "orchestration raised", "kernel raised"].contains(&msg.as_str()));
-        assert_eq!(host.staged[1], vec![7u8; 16], "point {point}: copy back was skipped");
+        assert_eq!(
+            host.staged[1],
+            vec![7u8; 16],
+            "point {point}: copy back was skipped"
+        );
         assert!(!cell.lock().unwrap().is_busy());
-        assert_eq!(dev.stats().live_allocations, 0, "point {point}: fresh buffers released");
+        assert_eq!(
+            dev.stats().live_allocations,
+            0,
+            "point {point}: fresh buffers released"
+        );
     }
 }
 
@@ -150,7 +186,10 @@ fn a_second_run_while_one_is_in_progress_is_refused_before_device_work() {
     let mut host = Host::new(vec![f32s(&[1.0; 4])], |_| {
         let before = dev.stats();
         let mut h2 = Host::new(vec![f32s(&[1.0; 4])], |_| Ok(()));
-        *inner.borrow_mut() = Some((go(&cell, "c", &s, &args, &mut h2).unwrap_err(), before == dev.stats()));
+        *inner.borrow_mut() = Some((
+            go(&cell, "c", &s, &args, &mut h2).unwrap_err(),
+            before == dev.stats(),
+        ));
         Ok(())
     });
     go(&cell, "c", &s, &args, &mut host).unwrap();
@@ -163,11 +202,21 @@ fn a_second_run_while_one_is_in_progress_is_refused_before_device_work() {
 fn validation_happens_before_any_device_work() {
     let (cell, dev) = sim(SvmPolicy::Always, Staging::Arena);
     let s = sig(&[In, Out]);
-    let scalar = RunArgSpec { name: "alpha".into(), value: ArgValue::Scalar };
+    let scalar = RunArgSpec {
+        name: "alpha".into(),
+        value: ArgValue::Scalar,
+    };
     let cases: Vec<(Vec<RunArgSpec>, &str)> = vec![
-        (vec![staged("x", geo(DType::F32, &[4]))], "signature has 2 tensor arguments, got 1"),
         (
-            vec![staged("x", geo(DType::F32, &[4])), scalar.clone(), staged("y", geo(DType::F32, &[4]))],
+            vec![staged("x", geo(DType::F32, &[4]))],
+            "signature has 2 tensor arguments, got 1",
+        ),
+        (
+            vec![
+                staged("x", geo(DType::F32, &[4])),
+                scalar.clone(),
+                staged("y", geo(DType::F32, &[4])),
+            ],
             "tensor 'y' after scalar 'alpha'",
         ),
     ];
@@ -177,13 +226,25 @@ fn validation_happens_before_any_device_work() {
         assert!(format!("{e:?}").contains(msg), "{e:?}");
     }
     let typed = simpler_runtime::Signature::new(vec![
-        simpler_runtime::Param { dir: In, dtype: Some(DType::I32) },
-        simpler_runtime::Param { dir: Out, dtype: None },
+        simpler_runtime::Param {
+            dir: In,
+            dtype: Some(DType::I32),
+        },
+        simpler_runtime::Param {
+            dir: Out,
+            dtype: None,
+        },
     ]);
-    let args = [staged("x", geo(DType::F32, &[4])), staged("y", geo(DType::F32, &[4]))];
+    let args = [
+        staged("x", geo(DType::F32, &[4])),
+        staged("y", geo(DType::F32, &[4])),
+    ];
     let mut host = Host::new(vec![vec![0; 16]; 2], |_| Ok(()));
     let e = go(&cell, "c", &typed, &args, &mut host).unwrap_err();
-    assert!(format!("{e:?}").contains("tensor x is float32, signature wants int32"), "{e:?}");
+    assert!(
+        format!("{e:?}").contains("tensor 'x' is float32, signature wants int32"),
+        "{e:?}"
+    );
     assert_eq!(dev.stats().allocs, 0);
 }
 
@@ -201,7 +262,13 @@ fn resident_views_mirror_refresh_and_release_order() {
         (set, b)
     };
     let s = sig(&[InOut]);
-    let args = [RunArgSpec { name: "c".into(), value: ArgValue::Device { buffer: buf, geometry: g } }];
+    let args = [RunArgSpec {
+        name: "c".into(),
+        value: ArgValue::Device {
+            buffer: buf,
+            geometry: g,
+        },
+    }];
     for round in 0..3i64 {
         let mut host = Host::new(vec![], |run| {
             let o = orch(&cell, run);
@@ -211,7 +278,9 @@ fn resident_views_mirror_refresh_and_release_order() {
         })
         .kernel(|call| {
             let b = &call.buffers[0];
-            b.mem.write(b.offset, &((round + 1) as i32).to_le_bytes()).unwrap();
+            b.mem
+                .write(b.offset, &((round + 1) as i32).to_le_bytes())
+                .unwrap();
             Ok(())
         });
         let r = go(&cell, "c", &s, &args, &mut host).unwrap();
@@ -221,12 +290,15 @@ fn resident_views_mirror_refresh_and_release_order() {
     }
     let mut w = cell.lock().unwrap();
     assert_eq!(w.host_view_info(buf).unwrap(), Some("mirror"));
-    assert!(w.free(buf).is_err(), "resident buffers are released with their set");
+    assert!(
+        w.free(buf).is_err(),
+        "resident buffers are released with their set"
+    );
     assert!(w.resident_release(set).is_empty());
     assert!(w.resident_release(set).is_empty(), "idempotent");
     assert_eq!(dev.stats().live_allocations, 0);
     let e = w.free(buf).unwrap_err();
-    assert!(e.to_string().contains("was freed"), "{e}");
+    assert!(e.to_string().contains("is not a live allocation"), "{e}");
 }
 
 #[test]
@@ -239,15 +311,23 @@ fn resident_add_rules_have_one_owner() {
     let e = w.resident_add(set, "w", &g, In, &[1u8; 8]).unwrap_err();
     assert!(e.to_string().contains("[resident_add] tensor w"), "{e}");
     assert_eq!(dev.stats().live_allocations, 0);
-    assert!(w.resident_add(set, "w", &g, In, &[1u8; 8]).unwrap().is_some());
+    assert!(w
+        .resident_add(set, "w", &g, In, &[1u8; 8])
+        .unwrap()
+        .is_some());
     let e = w.resident_add(set, "w", &g, In, &[1u8; 8]).unwrap_err();
     assert!(e.to_string().contains("already added"), "{e}");
     let strided = Geometry::new(&"s", DType::U8, &[4], Some(&[2]), 0).unwrap();
-    let e = w.resident_add(set, "s", &strided, In, &[1u8; 7]).unwrap_err();
+    let e = w
+        .resident_add(set, "s", &strided, In, &[1u8; 7])
+        .unwrap_err();
     assert!(e.to_string().contains("C-contiguous"), "{e}");
     // A fixture without bytes stays host-staged: no allocation, no error.
     let before = dev.stats().allocs;
-    assert!(w.resident_add(set, "empty", &geo(DType::F32, &[0, 3]), In, &[]).unwrap().is_none());
+    assert!(w
+        .resident_add(set, "empty", &geo(DType::F32, &[0, 3]), In, &[])
+        .unwrap()
+        .is_none());
     assert_eq!(dev.stats().allocs, before);
 }
 
@@ -257,7 +337,8 @@ fn release_attempts_every_free_when_one_fails() {
     let mut w = cell.lock().unwrap();
     let set = w.resident_open().unwrap();
     for name in ["a", "b", "c"] {
-        w.resident_add(set, name, &geo(DType::U8, &[8]), In, &[0u8; 8]).unwrap();
+        w.resident_add(set, name, &geo(DType::U8, &[8]), In, &[0u8; 8])
+            .unwrap();
     }
     dev.inject_fault(Op::Free, 2, None).unwrap();
     let errors = w.resident_release(set);
@@ -268,8 +349,11 @@ fn release_attempts_every_free_when_one_fails() {
     assert_eq!(dev.stats().live_allocations, 0);
 }
 
+/// (task, kernel, scalars) of each task run, in order.
+type Ran = Vec<(u64, u32, Vec<Value>)>;
+
 /// The reference workload for single vs batched submits: y[i] = x[i] * a_i, in rows.
-fn rows_run(batched: bool) -> (Vec<u8>, simpler_runtime::RunReport, Vec<(u64, u32, Vec<Value>)>) {
+fn rows_run(batched: bool) -> (Vec<u8>, simpler_runtime::RunReport, Ran) {
     let (cell, _dev) = sim(SvmPolicy::Always, Staging::Arena);
     let rows = 64u64;
     let g = geo(DType::F32, &[rows, 8]);
@@ -289,10 +373,21 @@ fn rows_run(batched: bool) -> (Vec<u8>, simpler_runtime::RunReport, Vec<(u64, u3
             o.submit_many(
                 kernel(0, "scale", &k),
                 &[
-                    BatchSlot::Views { arg: 0, geometry: view(&gx, 0), starts: &sx },
-                    BatchSlot::Views { arg: 1, geometry: view(&gy, 0), starts: &sy },
+                    BatchSlot::Views {
+                        arg: 0,
+                        geometry: view(&gx, 0),
+                        starts: &sx,
+                    },
+                    BatchSlot::Views {
+                        arg: 1,
+                        geometry: view(&gy, 0),
+                        starts: &sy,
+                    },
                 ],
-                &[BatchScalar::PerTask(&scal), BatchScalar::One(Value::Float(0.5))],
+                &[
+                    BatchScalar::PerTask(&scal),
+                    BatchScalar::One(Value::Float(0.5)),
+                ],
                 None,
             )
             .unwrap();
@@ -309,11 +404,17 @@ fn rows_run(batched: bool) -> (Vec<u8>, simpler_runtime::RunReport, Vec<(u64, u3
         Ok(())
     })
     .kernel(|call| {
-        let Value::Int(a) = call.scalars[0] else { panic!() };
-        seen.borrow_mut().push((call.task, call.kernel, call.scalars.clone()));
+        let Value::Int(a) = call.scalars[0] else {
+            panic!()
+        };
+        seen.borrow_mut()
+            .push((call.task, call.kernel, call.scalars.clone()));
         let xs = to_f32s(&window_bytes(&call.buffers[0]));
         let ys: Vec<f32> = xs.iter().map(|v| v * a as f32 * 0.5).collect();
-        call.buffers[1].mem.write(call.buffers[1].offset, &f32s(&ys)).unwrap();
+        call.buffers[1]
+            .mem
+            .write(call.buffers[1].offset, &f32s(&ys))
+            .unwrap();
         Ok(())
     });
     let r = go(&cell, "rows", &s, &args, &mut host).unwrap();
@@ -333,7 +434,9 @@ fn batched_and_single_submits_give_identical_tasks_counters_and_results() {
         c
     };
     assert_eq!(strip(r1.counters), strip(r2.counters));
-    let want: Vec<f32> = (0..64 * 8).map(|i| (i as f32) * ((i / 8) as f32) * 0.5).collect();
+    let want: Vec<f32> = (0..64 * 8)
+        .map(|i| (i as f32) * ((i / 8) as f32) * 0.5)
+        .collect();
     assert_eq!(to_f32s(&y1), want);
 }
 
@@ -344,8 +447,14 @@ fn batched_submit_errors_are_clear_and_leave_the_run_usable() {
     let s = sig(&[In, Out]);
     let k = sig(&[In, Out]);
     let typed = simpler_runtime::Signature::new(vec![
-        simpler_runtime::Param { dir: In, dtype: Some(DType::I32) },
-        simpler_runtime::Param { dir: Out, dtype: None },
+        simpler_runtime::Param {
+            dir: In,
+            dtype: Some(DType::I32),
+        },
+        simpler_runtime::Param {
+            dir: Out,
+            dtype: None,
+        },
     ]);
     let args = [staged("x", g), staged("y", g)];
     let errors = RefCell::new(Vec::new());
@@ -358,14 +467,78 @@ fn batched_submit_errors_are_clear_and_leave_the_run_usable() {
         past[9] += 4 * 16; // task 9's view starts after the argument
         let short = &good[..15];
         let mut e = errors.borrow_mut();
-        let x_all = BatchSlot::One { arg: 0, geometry: gx };
-        e.push(o.submit_many(kernel(0, "k", &k), &[x_all, BatchSlot::Views { arg: 1, geometry: row(&gy), starts: &past }], &[], None).unwrap_err());
-        e.push(o.submit_many(kernel(0, "k", &typed), &[x_all, BatchSlot::Views { arg: 1, geometry: row(&gy), starts: &good }], &[], None).unwrap_err());
+        let x_all = BatchSlot::One {
+            arg: 0,
+            geometry: gx,
+        };
+        e.push(
+            o.submit_many(
+                kernel(0, "k", &k),
+                &[
+                    x_all,
+                    BatchSlot::Views {
+                        arg: 1,
+                        geometry: row(&gy),
+                        starts: &past,
+                    },
+                ],
+                &[],
+                None,
+            )
+            .unwrap_err(),
+        );
+        e.push(
+            o.submit_many(
+                kernel(0, "k", &typed),
+                &[
+                    x_all,
+                    BatchSlot::Views {
+                        arg: 1,
+                        geometry: row(&gy),
+                        starts: &good,
+                    },
+                ],
+                &[],
+                None,
+            )
+            .unwrap_err(),
+        );
         let per: Vec<Value> = vec![Value::Int(1); 16];
-        e.push(o.submit_many(kernel(0, "k", &k), &[x_all, BatchSlot::Views { arg: 1, geometry: row(&gy), starts: short }], &[BatchScalar::PerTask(&per)], None).unwrap_err());
-        e.push(o.submit_many(kernel(0, "k", &k), &[x_all, x_all], &[], None).unwrap_err());
+        e.push(
+            o.submit_many(
+                kernel(0, "k", &k),
+                &[
+                    x_all,
+                    BatchSlot::Views {
+                        arg: 1,
+                        geometry: row(&gy),
+                        starts: short,
+                    },
+                ],
+                &[BatchScalar::PerTask(&per)],
+                None,
+            )
+            .unwrap_err(),
+        );
+        e.push(
+            o.submit_many(kernel(0, "k", &k), &[x_all, x_all], &[], None)
+                .unwrap_err(),
+        );
         // A hazard: tasks write y; reading y afterwards is refused, naming the task.
-        o.submit_many(kernel(0, "k", &k), &[x_all, BatchSlot::Views { arg: 1, geometry: row(&gy), starts: &good }], &[], None).unwrap();
+        o.submit_many(
+            kernel(0, "k", &k),
+            &[
+                x_all,
+                BatchSlot::Views {
+                    arg: 1,
+                    geometry: row(&gy),
+                    starts: &good,
+                },
+            ],
+            &[],
+            None,
+        )
+        .unwrap();
         e.push(o.read(1, &gy, &[3, 1]).unwrap_err());
         // Reading x (which no task writes) is fine.
         assert_eq!(o.read(0, &gx, &[3, 1]).unwrap(), Value::Float(0.0));
@@ -375,11 +548,31 @@ fn batched_submit_errors_are_clear_and_leave_the_run_usable() {
     let r = go(&cell, "c", &s, &args, &mut host).unwrap();
     assert_eq!(r.counters.tasks, 16, "only the valid batch was recorded");
     let msgs: Vec<String> = errors.take().iter().map(|e| e.to_string()).collect();
-    assert!(msgs[0].contains("view of task 9 runs past argument y"), "{}", msgs[0]);
-    assert!(msgs[1].contains("tensor x is float32, signature wants int32"), "{}", msgs[1]);
-    assert!(msgs[2].contains("scalar 0 has 16 rows, expected 15"), "{}", msgs[2]);
-    assert!(msgs[3].contains("no per-task tensor or scalar"), "{}", msgs[3]);
-    assert!(msgs[4].contains("which task 3 submitted earlier in this run writes"), "{}", msgs[4]);
+    assert!(
+        msgs[0].contains("view of task 9 runs past argument y"),
+        "{}",
+        msgs[0]
+    );
+    assert!(
+        msgs[1].contains("tensor 'x' is float32, signature wants int32"),
+        "{}",
+        msgs[1]
+    );
+    assert!(
+        msgs[2].contains("scalar 0 has 16 rows, expected 15"),
+        "{}",
+        msgs[2]
+    );
+    assert!(
+        msgs[3].contains("no per-task tensor or scalar"),
+        "{}",
+        msgs[3]
+    );
+    assert!(
+        msgs[4].contains("which task 3 submitted earlier in this run writes"),
+        "{}",
+        msgs[4]
+    );
 }
 
 #[test]
@@ -395,14 +588,27 @@ fn hazards_are_exact_for_interleaved_strided_views() {
         let o = orch(&cell, run);
         let gb = o.tensor(0).unwrap().geometry;
         let cols = |first: u64| {
-            Geometry::new(&"c", DType::I32, &[4, 4], Some(&[8, 2]), gb.offset() + first).unwrap()
+            Geometry::new(
+                &"c",
+                DType::I32,
+                &[4, 4],
+                Some(&[8, 2]),
+                gb.offset() + first,
+            )
+            .unwrap()
         };
         o.submit(kernel(0, "k", &k), &[(0, cols(1))], &[]).unwrap();
         assert!(o.read(0, &cols(0), &[2, 3]).is_ok());
         assert!(o.read_tensor(0, &cols(0)).is_ok());
-        assert!(matches!(o.read(0, &cols(1), &[2, 3]), Err(Error::Hazard(_))));
+        assert!(matches!(
+            o.read(0, &cols(1), &[2, 3]),
+            Err(Error::Hazard(_))
+        ));
         assert!(matches!(o.read_tensor(0, &gb), Err(Error::Hazard(_))));
-        assert!(matches!(o.write(0, &cols(0), &[0, 0], Value::Int(1)), Ok(())));
+        assert!(matches!(
+            o.write(0, &cols(0), &[0, 0], Value::Int(1)),
+            Ok(())
+        ));
         Ok(())
     })
     .kernel(|_| Ok(()));

@@ -30,7 +30,7 @@ impl RunState {
                 ArgValue::Device { buffer, geometry } => {
                     mem.check_tensor(*buffer, geometry, &format_args!("tensor {}", a.name))?;
                 }
-                ArgValue::Staged { geometry } => {
+                ArgValue::Staged { geometry, .. } => {
                     let host = hosts.get(staged).ok_or_else(|| {
                         Error::Value(format!("tensor {}: no host bytes were lent", a.name))
                     })?;
@@ -48,7 +48,7 @@ impl RunState {
             }
         }
         let extents = call.args.iter().filter_map(|a| match &a.value {
-            ArgValue::Staged { geometry } => Some((&*a.name, geometry.extent())),
+            ArgValue::Staged { geometry, .. } => Some((&*a.name, geometry.extent())),
             _ => None,
         });
         let (offsets, total) = plan_slices(extents)?;
@@ -79,7 +79,7 @@ impl RunState {
                         region,
                     });
                 }
-                ArgValue::Staged { geometry } => {
+                ArgValue::Staged { geometry, .. } => {
                     let (host, off) = (hosts[si], offsets[si]);
                     let dir = call.sig.params()[self.args.len()].dir;
                     self.report.counters.staged_tensors += 1;

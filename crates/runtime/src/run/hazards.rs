@@ -115,7 +115,9 @@ impl HazardIndex {
             base + access.start_byte() + access.extent(),
         );
         let max_len = r.max_len;
-        let first = r.spans.partition_point(|s| s.start.saturating_add(max_len) <= lo);
+        let first = r
+            .spans
+            .partition_point(|s| s.start.saturating_add(max_len) <= lo);
         let access_dense = access.is_dense();
         for s in r.spans[first..].iter().take_while(|s| s.start < hi) {
             if s.end <= lo || (!write && !s.writes) {
@@ -142,13 +144,16 @@ impl HazardIndex {
     /// The allocations some recorded task writes (each once).
     pub fn written_allocations(&self) -> impl Iterator<Item = DevPtr> + '_ {
         let mut seen: Vec<DevPtr> = Vec::new();
-        self.regions.iter().filter(|r| r.written).filter_map(move |r| {
-            if seen.contains(&r.base) {
-                None
-            } else {
-                seen.push(r.base);
-                Some(r.base)
-            }
-        })
+        self.regions
+            .iter()
+            .filter(|r| r.written)
+            .filter_map(move |r| {
+                if seen.contains(&r.base) {
+                    None
+                } else {
+                    seen.push(r.base);
+                    Some(r.base)
+                }
+            })
     }
 }

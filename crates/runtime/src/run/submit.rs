@@ -69,7 +69,10 @@ fn check_contained(who: &dyn Display, a: &RunArg, geometry: &Geometry) -> Result
 
 impl RunState {
     fn check_submit(&self, kernel: &KernelRef<'_>, slots: usize) -> Result<()> {
-        self.expect(Stage::Orchestrate, "submit is only valid during orchestration")?;
+        self.expect(
+            Stage::Orchestrate,
+            "submit is only valid during orchestration",
+        )?;
         if slots != kernel.sig.len() {
             return Err(Error::Value(format!(
                 "submit {}: signature takes {} tensors, got {slots}",
@@ -81,7 +84,13 @@ impl RunState {
     }
 
     /// Checks slot `i`'s tensor (a view of `arg` of `dtype`) against the kernel's signature.
-    fn check_slot(&self, kernel: &KernelRef<'_>, i: usize, arg: u32, dtype: DType) -> Result<&RunArg> {
+    fn check_slot(
+        &self,
+        kernel: &KernelRef<'_>,
+        i: usize,
+        arg: u32,
+        dtype: DType,
+    ) -> Result<&RunArg> {
         let a = self.arg(arg)?;
         kernel
             .sig
@@ -90,7 +99,15 @@ impl RunState {
     }
 
     /// Records the span of task `task`'s tensor `geometry` (at element `elem`) of slot `slot`.
-    fn record_span(&mut self, arg: u32, slot: u32, geometry: &Geometry, elem: u64, task: u64, dir: Direction) {
+    fn record_span(
+        &mut self,
+        arg: u32,
+        slot: u32,
+        geometry: &Geometry,
+        elem: u64,
+        task: u64,
+        dir: Direction,
+    ) {
         let a = &self.args[arg as usize];
         let Some((base, _)) = a.alloc else { return };
         if geometry.extent() == 0 {
@@ -126,7 +143,11 @@ impl RunState {
             check_contained(&format_args!("submit {}", kernel.name), a, g)?;
         }
         let per_task = u16::try_from(scalars.len()).map_err(|_| {
-            Error::Value(format!("submit {}: too many scalars ({})", kernel.name, scalars.len()))
+            Error::Value(format!(
+                "submit {}: too many scalars ({})",
+                kernel.name,
+                scalars.len()
+            ))
         })?;
         let task = self.tasks.len();
         for (i, (arg, g)) in tensors.iter().enumerate() {

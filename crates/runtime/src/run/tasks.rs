@@ -88,7 +88,14 @@ impl TaskStore {
 
     /// Records a batch of `count` tasks of `kernel` over the last `slots` slots pushed, with
     /// `scalars` (row-major, `per_task` values per task). Returns the first task's index.
-    pub fn push_batch(&mut self, kernel: u32, count: u32, slots: u16, per_task: u16, scalars: &[Value]) -> u64 {
+    pub fn push_batch(
+        &mut self,
+        kernel: u32,
+        count: u32,
+        slots: u16,
+        per_task: u16,
+        scalars: &[Value],
+    ) -> u64 {
         debug_assert_eq!(scalars.len(), count as usize * per_task as usize);
         let first = self.tasks;
         self.batches.push(Batch {
@@ -106,7 +113,11 @@ impl TaskStore {
 
     /// The task at `cursor`, advancing it: fills `tensors` with each slot and the element offset
     /// of the task's view, returns `(task index, kernel, scalars)`; `None` after the last task.
-    pub fn next(&self, cursor: &mut Cursor, tensors: &mut Vec<(Slot, u64)>) -> Option<(u64, u32, &[Value])> {
+    pub fn next(
+        &self,
+        cursor: &mut Cursor,
+        tensors: &mut Vec<(Slot, u64)>,
+    ) -> Option<(u64, u32, &[Value])> {
         loop {
             let b = self.batches.get(cursor.batch)?;
             if cursor.index >= b.count {
@@ -117,10 +128,12 @@ impl TaskStore {
             let i = cursor.index as usize;
             let first = b.first_slot as usize;
             tensors.clear();
-            tensors.extend(self.slots[first..first + b.slots as usize].iter().map(|s| match s.starts {
-                Some(at) => (*s, self.starts[at + i]),
-                None => (*s, s.geometry.offset()),
-            }));
+            tensors.extend(self.slots[first..first + b.slots as usize].iter().map(
+                |s| match s.starts {
+                    Some(at) => (*s, self.starts[at + i]),
+                    None => (*s, s.geometry.offset()),
+                },
+            ));
             let per = b.per_task as usize;
             let scalars = &self.scalars[b.first_scalar + i * per..b.first_scalar + (i + 1) * per];
             let task = cursor.task;

@@ -44,7 +44,10 @@ pub fn sig(dirs: &[Direction]) -> Signature {
 pub fn staged(name: &str, g: Geometry) -> RunArgSpec {
     RunArgSpec {
         name: name.into(),
-        value: ArgValue::Staged { geometry: g },
+        value: ArgValue::Staged {
+            geometry: g,
+            writable: true,
+        },
     }
 }
 
@@ -62,7 +65,10 @@ pub struct Host<'a> {
 }
 
 impl<'a> Host<'a> {
-    pub fn new(staged: Vec<Vec<u8>>, orchestrate: impl FnMut(RunId) -> Result<(), String> + 'a) -> Self {
+    pub fn new(
+        staged: Vec<Vec<u8>>,
+        orchestrate: impl FnMut(RunId) -> Result<(), String> + 'a,
+    ) -> Self {
         Host {
             staged,
             orchestrate: Box::new(orchestrate),
@@ -86,7 +92,11 @@ impl RunHost for Host<'_> {
         Ok(f(&v))
     }
 
-    fn lend_output<R>(&mut self, staged: usize, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, String> {
+    fn lend_output<R>(
+        &mut self,
+        staged: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, String> {
         Ok(f(&mut self.staged[staged]))
     }
 
@@ -112,7 +122,13 @@ impl RunHost for Host<'_> {
 }
 
 /// Runs `call` on `cell` with `host`.
-pub fn go(cell: &Cell, callable: &str, s: &Signature, args: &[RunArgSpec], host: &mut Host<'_>) -> Result<RunReport, RunError<String>> {
+pub fn go(
+    cell: &Cell,
+    callable: &str,
+    s: &Signature,
+    args: &[RunArgSpec],
+    host: &mut Host<'_>,
+) -> Result<RunReport, RunError<String>> {
     run(
         cell,
         &RunCall {

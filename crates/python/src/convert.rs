@@ -1,0 +1,371 @@
+//! Conversions at the boundary: Python values into the runtime's typed values, and back. No rule
+//! lives here beyond "what Python type means what"; the runtime validates.
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple};
+
+use simpler_driver::sim::SvmPolicy;
+use simpler_runtime::geometry::MAX_DIMS;
+use simpler_runtime::{DType, Direction, Geometry, Param, Signature, Staging, Value};
+
+use crate::errors::{type_err, value_err, PyResultExt};
+
+/// A Python function of `simpler._arrays` (numpy plumbing), looked up once.
+pub fn arrays_fn<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    cell.get_or_try_init(py, || {
+        py.import("simpler._arrays")?
+            .getattr(name)
+            .map(|f| f.unbind())
+    })
+    .map(|f| f.bind(py).clone())
+}
+
+/// A direction: an `ArgDirection` member or its name (`"IN"`, `"OUT"`, `"INOUT"`).
+pub struct Dir(pub Direction);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Dir {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let text = if let Ok(s) = obj.cast::<PyString>() {
+            s.to_cow()?.into_owned()
+        } else if let Ok(v) = obj.getattr("value") {
+            v.extract::<String>()
+                .map_err(|_| type_err(format!("direction must be an ArgDirection, not {obj:?}")))?
+        } else {
+            return Err(type_err(format!(
+                "direction must be an ArgDirection, not {}",
+                obj.get_type().name()?
+            )));
+        };
+        Direction::parse(&text).map(Dir).py()
+    }
+}
+
+/// A staging mode: `"arena"` or `"fresh"`.
+pub struct StagingMode(pub Staging);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for StagingMode {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let s: String = obj
+            .extract()
+            .map_err(|_| type_err(format!("staging must be a string, not {obj:?}")))?;
+        Staging::parse(&s).map(StagingMode).py()
+    }
+}
+
+/// A sim mapping policy: `"always"`, `"never"` or a minimum byte count (int or numeric string).
+pub struct Svm(pub SvmPolicy);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Svm {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        if obj.is_instance_of::<PyBool>() {
+            return Err(type_err(
+                "svm must be 'always', 'never' or a byte count, not a bool",
+            ));
+        }
+        let text = if let Ok(i) = obj.cast::<PyInt>() {
+            let n: i128 = i
+                .extract()
+                .map_err(|_| value_err(format!("svm byte count {obj:?} out of range")))?;
+            if n < 0 || n > u64::MAX as i128 {
+                return Err(value_err(format!("svm byte count {n} out of range")));
+            }
+            n.to_string()
+        } else {
+            obj.extract::<String>().map_err(|_| {
+                type_err(format!(
+                    "svm must be 'always', 'never' or a byte count, not {}",
+                    obj.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?
+        };
+        SvmPolicy::parse(&text).map(Svm).map_err(value_err)
+    }
+}
+
+/// A non-negative integer argument of a user-facing call (`malloc`'s size, a byte offset,
+/// `nth`, ...): anything else is an error naming `what` and the `noun`, never a bare
+/// `OverflowError`.
+pub fn u64_arg(obj: &Bound<'_, PyAny>, what: &str, noun: &str) -> PyResult<u64> {
+    let not_int = || {
+        type_err(format!(
+            "{what}: {noun} must be an int, not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
+        return Err(not_int());
+    }
+    let n: i128 = obj
+        .call_method0("__index__")
+        .map_err(|_| not_int())?
+        .extract()
+        .map_err(|_| value_err(format!("{what}: {noun} {obj} does not fit 64 bits")))?;
+    if n < 0 {
+        return Err(value_err(format!("{what}: negative {noun} {n}")));
+    }
+    u64::try_from(n).map_err(|_| value_err(format!("{what}: {noun} {n} does not fit 64 bits")))
+}
+
+/// A tensor's start offset in elements: a negative one is a `GeometryError` naming the tensor.
+pub fn element_offset(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    let n: i128 = obj
+        .call_method0("__index__")
+        .and_then(|i| i.extract())
+        .map_err(|_| type_err(format!("{what}: offset must be an int, not {obj}")))?;
+    u64::try_from(n).map_err(|_| {
+        crate::errors::PyRuntimeError(simpler_runtime::Error::geometry(
+            what,
+            if n < 0 {
+                format!("negative offset {n}")
+            } else {
+                format!("offset {n} does not fit 64 bits")
+            },
+        ))
+        .into()
+    })
+}
+
+/// A dtype given as a name, a numpy dtype or a scalar type.
+pub fn dtype(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        if let Ok(d) = DType::parse(&s.to_cow()?) {
+            return Ok(d);
+        }
+    }
+    static NAME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let name: String = arrays_fn(obj.py(), &NAME, "dtype_name")?
+        .call1((obj,))?
+        .extract()?;
+    DType::parse(&name).map_err(|e| type_err(format!("{what}: {e}")))
+}
+
+/// A kernel's or callable's signature: a sequence of directions or `(direction, dtype)` pairs.
+pub fn signature(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Signature> {
+    let seq = obj
+        .cast::<PySequence>()
+        .map_err(|_| type_err(format!("{what}: signature must be a list of directions")))?;
+    let mut params = Vec::with_capacity(seq.len()?);
+    for (i, entry) in seq.try_iter()?.enumerate() {
+        let entry = entry?;
+        if let Ok(t) = entry.cast::<PyTuple>() {
+            if t.len() != 2 {
+                return Err(value_err(format!(
+                    "{what}: signature entry {i} must be a direction or (direction, dtype)"
+                )));
+            }
+            let Dir(dir) = t.get_item(0)?.extract().map_err(|e| prefix(e, what))?;
+            let dt = dtype(&t.get_item(1)?, what)?;
+            params.push(Param {
+                dir,
+                dtype: Some(dt),
+            });
+        } else {
+            let Dir(dir) = entry.extract().map_err(|e| prefix(e, what))?;
+            params.push(Param { dir, dtype: None });
+        }
+    }
+    Ok(Signature::new(params))
+}
+
+fn prefix(e: PyErr, what: &str) -> PyErr {
+    Python::attach(|py| {
+        let msg = format!("{what}: {}", e.value(py));
+        if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+            type_err(msg)
+        } else {
+            value_err(msg)
+        }
+    })
+}
+
+/// One entry of an index or a shape: an int (or numpy integer), never a bool or a float.
+fn int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64> {
+    if o.is_exact_instance_of::<PyInt>() {
+        return o.extract::<i64>().map_err(|_| {
+            value_err(format!(
+                "{name}: index entry {o} out of bounds (it does not fit 64 bits)"
+            ))
+        });
+    }
+    if o.is_instance_of::<PyBool>() || o.is_instance_of::<PyFloat>() {
+        return Err(type_err(format!(
+            "{name}: index entries must be integers, not {o}"
+        )));
+    }
+    let i = o
+        .call_method0("__index__")
+        .map_err(|_| type_err(format!("{name}: index entries must be integers, not {o}")))?;
+    i.extract::<i64>().map_err(|_| {
+        value_err(format!(
+            "{name}: index entry {o} out of bounds (it does not fit 64 bits)"
+        ))
+    })
+}
+
+/// Up to [`MAX_DIMS`] integers: an int, or a tuple / list of them. Returns them and the count.
+pub fn small_ints(
+    obj: &Bound<'_, PyAny>,
+    name: &dyn std::fmt::Display,
+) -> PyResult<([i64; MAX_DIMS], usize)> {
+    let mut out = [0i64; MAX_DIMS];
+    let mut fill =
+        |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>, len: usize| -> PyResult<usize> {
+            if len > MAX_DIMS {
+                return Err(value_err(format!(
+                    "{name}: {len} entries exceed the supported rank of {MAX_DIMS}"
+                )));
+            }
+            for (k, o) in items.enumerate() {
+                out[k] = int_entry(&o, name)?;
+            }
+            Ok(len)
+        };
+    let n = if let Ok(t) = obj.cast::<PyTuple>() {
+        fill(&mut t.iter(), t.len())?
+    } else if let Ok(l) = obj.cast::<PyList>() {
+        fill(&mut l.iter(), l.len())?
+    } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr("__index__")? {
+        out[0] = int_entry(obj, name)?;
+        1
+    } else if let Ok(seq) = obj.cast::<PySequence>() {
+        let items: Vec<Bound<'_, PyAny>> = seq.try_iter()?.collect::<PyResult<_>>()?;
+        let len = items.len();
+        fill(&mut items.into_iter(), len)?
+    } else {
+        return Err(type_err(format!(
+            "{name}: expected an int or a sequence of ints, not {}",
+            obj.get_type().name()?
+        )));
+    };
+    Ok((out, n))
+}
+
+/// A shape: non-negative entries.
+pub fn shape(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display) -> PyResult<Vec<u64>> {
+    dims(obj, what, "shape")
+}
+
+/// Strides (in elements): non-negative entries.
+pub fn strides(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display) -> PyResult<Vec<u64>> {
+    dims(obj, what, "stride")
+}
+
+fn dims(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display, field: &str) -> PyResult<Vec<u64>> {
+    let (v, n) = small_ints(obj, what)?;
+    v[..n]
+        .iter()
+        .map(|&x| {
+            u64::try_from(x).map_err(|_| {
+                PyErr::from(crate::errors::PyRuntimeError(
+                    simpler_runtime::Error::geometry(
+                        what.to_string(),
+                        format!("negative {field} entry {x} in {:?}", &v[..n]),
+                    ),
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A value written into a tensor: int, float or bool (numpy scalars too).
+pub fn value(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<Value> {
+    number(v, name, "values")
+}
+
+/// A scalar argument of a run or a task: int, float or bool (numpy scalars too).
+pub fn scalar(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<Value> {
+    number(v, name, "scalars")
+}
+
+fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyResult<Value> {
+    if v.is_exact_instance_of::<PyInt>() {
+        if let Ok(x) = v.extract::<i64>() {
+            return Ok(Value::Int(x));
+        }
+    } else if v.is_exact_instance_of::<PyFloat>() {
+        return Ok(Value::Float(v.extract()?));
+    }
+    if v.is_instance_of::<PyBool>() || v.get_type().name()?.to_str()? == "bool" {
+        return Ok(Value::Bool(v.is_truthy()?));
+    }
+    if v.is_instance_of::<PyFloat>() {
+        return Ok(Value::Float(v.extract()?));
+    }
+    if let Ok(i) = v.call_method0("__index__") {
+        if let Ok(x) = i.extract::<i64>() {
+            return Ok(Value::Int(x));
+        }
+        if let Ok(x) = i.extract::<u64>() {
+            return Ok(Value::UInt(x));
+        }
+        return Err(value_err(format!(
+            "{name}: value {v} out of range: it does not fit 64 bits"
+        )));
+    }
+    if let Ok(f) = v.call_method0("__float__") {
+        return Ok(Value::Float(f.extract()?));
+    }
+    Err(type_err(format!(
+        "{name}: {noun} must be int, float or bool, not {}",
+        v.get_type().name()?
+    )))
+}
+
+/// A typed value as a Python object.
+pub fn value_py(py: Python<'_>, v: Value) -> PyResult<Bound<'_, PyAny>> {
+    Ok(match v {
+        Value::Int(i) => i.into_pyobject(py)?.into_any(),
+        Value::UInt(u) => u.into_pyobject(py)?.into_any(),
+        Value::Float(f) => f.into_pyobject(py)?.into_any(),
+        Value::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+    })
+}
+
+/// How a numpy array lays out its elements, when the runtime can take it byte for byte: a
+/// supported dtype in native byte order, non-negative strides that are multiples of the item
+/// size. `None` otherwise (the caller stages a contiguous copy).
+pub fn array_geometry(
+    arr: &Bound<'_, PyUntypedArray>,
+    what: &dyn std::fmt::Display,
+) -> PyResult<Option<Geometry>> {
+    let descr = arr.dtype();
+    let dt = dtype(descr.as_any(), &what.to_string())?;
+    let order = descr.byteorder();
+    let native = order == b'='
+        || order == b'|'
+        || (cfg!(target_endian = "little") && order == b'<')
+        || (cfg!(target_endian = "big") && order == b'>');
+    if !native {
+        return Ok(None);
+    }
+    let item = dt.size() as isize;
+    let shape: Vec<u64> = arr.shape().iter().map(|&s| s as u64).collect();
+    let mut strides = Vec::with_capacity(shape.len());
+    for (&st, &n) in arr.strides().iter().zip(&shape) {
+        if n <= 1 {
+            strides.push(0);
+        } else if st < 0 || st % item != 0 {
+            return Ok(None);
+        } else {
+            strides.push((st / item) as u64);
+        }
+    }
+    Geometry::new(what, dt, &shape, Some(&strides), 0)
+        .py()
+        .map(Some)
+}

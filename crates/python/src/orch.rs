@@ -1,0 +1,563 @@
+//! The orchestrator handle and the run tensors an orchestration sees. These are the hot path of a
+//! run (tens of thousands of calls per round), so each call converts its arguments directly and
+//! takes the worker lock once.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use numpy::{
+    PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
+
+use simpler_runtime::geometry::MAX_DIMS;
+use simpler_runtime::worker::not_in_progress;
+use simpler_runtime::{
+    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, RunId, Value, WorkerCell,
+};
+
+use crate::cell::Shared;
+use crate::convert::{self, arrays_fn, small_ints};
+use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeError, StateError};
+use crate::tensors::{direction_py, window_array, Kernel};
+use crate::worker::done;
+
+/// The kernels a run's tasks use, by the id the runtime records.
+#[derive(Default)]
+pub struct KernelTable {
+    kernels: Vec<Py<Kernel>>,
+    ids: HashMap<usize, u32>,
+}
+
+impl KernelTable {
+    fn id(&mut self, k: &Bound<'_, Kernel>) -> u32 {
+        let key = k.as_ptr() as usize;
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        let id = self.kernels.len() as u32;
+        self.kernels.push(k.clone().unbind());
+        self.ids.insert(key, id);
+        id
+    }
+
+    /// The kernel with id `id`.
+    pub fn get(&self, py: Python<'_>, id: u32) -> PyResult<Py<Kernel>> {
+        self.kernels
+            .get(id as usize)
+            .map(|k| k.clone_ref(py))
+            .ok_or_else(|| StateError::new_err(format!("no kernel {id} in this run")))
+    }
+}
+
+/// `tensor NAME`, formatted only when an error names it.
+struct TensorName<'a>(&'a str);
+
+impl fmt::Display for TensorName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tensor {}", self.0)
+    }
+}
+
+/// A tensor argument of the run in progress (or a view of one), as the orchestration sees it.
+/// ``view(shape, offsets)`` makes a sub-view; ``views(shape, offsets)`` one view per row of
+/// ``offsets``, for ``Orchestrator.submit_many``.
+#[pyclass(module = "simpler._core", name = "RunTensor", frozen)]
+pub struct RunTensor {
+    pub cell: Arc<Shared>,
+    pub run: RunId,
+    pub arg: u32,
+    pub name: Arc<str>,
+    pub geometry: Geometry,
+    pub dir: Direction,
+}
+
+#[pymethods]
+impl RunTensor {
+    /// The argument's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+    /// The view's shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.geometry.shape())
+    }
+    /// The dtype's name.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.geometry.dtype().name()
+    }
+    /// The argument's direction in the callable's signature.
+    #[getter]
+    fn direction<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        direction_py(py, self.dir)
+    }
+    /// The argument's position (scratch tensors follow the callable's arguments).
+    #[getter]
+    fn arg_index(&self) -> u32 {
+        self.arg
+    }
+    /// Bytes of the view's elements.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.geometry.nbytes()
+    }
+
+    /// A sub-view: ``shape`` elements starting at ``offsets``, per dimension.
+    fn view(&self, shape: &Bound<'_, PyAny>, offsets: &Bound<'_, PyAny>) -> PyResult<RunTensor> {
+        let what = TensorName(&self.name);
+        let (s, n) = small_ints(shape, &what)?;
+        let (o, m) = small_ints(offsets, &what)?;
+        let geometry = self.geometry.view(&what, &s[..n], &o[..m]).py()?;
+        Ok(RunTensor {
+            cell: self.cell.clone(),
+            run: self.run,
+            arg: self.arg,
+            name: self.name.clone(),
+            geometry,
+            dir: self.dir,
+        })
+    }
+
+    /// One view of ``shape`` per row of ``offsets`` (an ``(n, rank)`` integer array; ``(n,)``
+    /// for rank 1): the per-task tensor of a ``submit_many`` slot.
+    fn views(
+        &self,
+        py: Python<'_>,
+        shape: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<RunViews> {
+        let what = TensorName(&self.name);
+        let (s, n) = small_ints(shape, &what)?;
+        let zeros = [0i64; MAX_DIMS];
+        let layout = self.geometry.view(&what, &s[..n], &zeros[..n]).py()?;
+        static ROWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let rows = arrays_fn(py, &ROWS, "offset_rows")?.call1((offsets, self.geometry.ndim()))?;
+        let rows: PyReadonlyArray2<'_, i64> = rows.extract()?;
+        let flat = rows.as_slice()?;
+        let nd = self.geometry.ndim().max(1);
+        let mut starts = Vec::with_capacity(flat.len() / nd);
+        for (k, row) in flat.chunks_exact(nd).enumerate() {
+            let row = &row[..self.geometry.ndim()];
+            let start = self
+                .geometry
+                .view_offset(
+                    &format_args!("tensor {} (row {k} of the offsets)", self.name),
+                    &s[..n],
+                    row,
+                )
+                .py()?;
+            starts.push(start);
+        }
+        Ok(RunViews {
+            cell: self.cell.clone(),
+            run: self.run,
+            arg: self.arg,
+            name: self.name.clone(),
+            layout,
+            starts,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RunTensor({}, shape={:?}, dtype={}, {})",
+            self.name,
+            self.geometry.shape(),
+            self.geometry.dtype().name(),
+            self.dir.name()
+        )
+    }
+}
+
+/// Many views of one run tensor (``RunTensor.views``): one per task of a ``submit_many``.
+#[pyclass(module = "simpler._core", name = "RunViews", frozen)]
+pub struct RunViews {
+    cell: Arc<Shared>,
+    run: RunId,
+    arg: u32,
+    name: Arc<str>,
+    layout: Geometry,
+    starts: Vec<u64>,
+}
+
+#[pymethods]
+impl RunViews {
+    /// The shape of each view.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.layout.shape())
+    }
+
+    fn __len__(&self) -> usize {
+        self.starts.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RunViews({}, {} views of shape {:?})",
+            self.name,
+            self.starts.len(),
+            self.layout.shape()
+        )
+    }
+}
+
+/// The handle an orchestration function receives.
+///
+/// ``get_tensor_data(t, idx)`` / ``set_tensor_data(t, idx, value)`` read and write one element
+/// (``idx`` an int for 1-D tensors, else a tuple), typed by the tensor's dtype;
+/// ``read_tensor(t)`` returns a read-only numpy array of the tensor's contents;
+/// ``submit(kernel, *tensors, *scalars)`` queues one task and ``submit_many(kernel, *slots)``
+/// many; ``scratch(shape, dtype)`` makes a run-scoped tensor.
+#[pyclass(module = "simpler._core", name = "Orchestrator", frozen, dict)]
+pub struct Orchestrator {
+    pub cell: Arc<Shared>,
+    pub run: RunId,
+    pub kernels: Arc<Mutex<KernelTable>>,
+}
+
+impl Orchestrator {
+    fn check(&self, t: &RunTensor) -> PyResult<()> {
+        if !Arc::ptr_eq(&self.cell, &t.cell) {
+            return Err(StateError::new_err(format!(
+                "tensor {} belongs to another worker",
+                t.name
+            )));
+        }
+        if t.run != self.run {
+            // One run at a time per worker: a handle of another run is from a finished one.
+            return Err(PyRuntimeError(not_in_progress(t.run)).into());
+        }
+        Ok(())
+    }
+
+    fn kernel_id(&self, k: &Bound<'_, Kernel>) -> u32 {
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).id(k)
+    }
+
+    fn run_tensor(&self, py: Python<'_>, arg: u32) -> PyResult<RunTensor> {
+        let run = self.run;
+        let info = done(py, self.cell.with(false, |w| w.run_tensor(run, arg)))?;
+        Ok(RunTensor {
+            cell: self.cell.clone(),
+            run,
+            arg,
+            name: info.name,
+            geometry: info.geometry,
+            dir: info.dir,
+        })
+    }
+}
+
+/// Per-task values of a ``submit_many`` scalar position.
+fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<Vec<Value>> {
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let kind = arr.dtype().kind();
+        let py = obj.py();
+        static AS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let conv = arrays_fn(py, &AS, "column")?;
+        return match kind {
+            b'b' => {
+                let a: PyReadonlyArray1<'_, bool> = conv.call1((obj, "bool"))?.extract()?;
+                Ok(a.as_slice()?.iter().map(|&b| Value::Bool(b)).collect())
+            }
+            b'i' | b'u' => {
+                let a: PyReadonlyArray1<'_, i64> = conv.call1((obj, "int64"))?.extract()?;
+                Ok(a.as_slice()?.iter().map(|&i| Value::Int(i)).collect())
+            }
+            b'f' => {
+                let a: PyReadonlyArray1<'_, f64> = conv.call1((obj, "float64"))?.extract()?;
+                Ok(a.as_slice()?.iter().map(|&f| Value::Float(f)).collect())
+            }
+            _ => Err(type_err(format!(
+                "{what}: per-task scalars must be an int, float or bool array"
+            ))),
+        };
+    }
+    obj.try_iter()?.map(|v| convert::value(&v?, what)).collect()
+}
+
+#[pymethods]
+impl Orchestrator {
+    /// The element of ``t`` at ``idx`` (an int for 1-D tensors, else a tuple), typed by its
+    /// dtype.
+    fn get_tensor_data<'py>(
+        &self,
+        py: Python<'py>,
+        t: &Bound<'py, RunTensor>,
+        idx: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = t.get();
+        self.check(t)?;
+        let (ix, n) = small_ints(idx, &TensorName(&t.name))?;
+        let (run, arg, g) = (self.run, t.arg, &t.geometry);
+        let v = done(
+            py,
+            self.cell
+                .with(false, |w| w.orch_read(run, arg, g, &ix[..n])),
+        )?;
+        convert::value_py(py, v)
+    }
+
+    /// Writes ``value`` at ``idx`` of ``t``.
+    fn set_tensor_data(
+        &self,
+        py: Python<'_>,
+        t: &Bound<'_, RunTensor>,
+        idx: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let t = t.get();
+        self.check(t)?;
+        let what = TensorName(&t.name);
+        let (ix, n) = small_ints(idx, &what)?;
+        let v = convert::value(value, &what)?;
+        let (run, arg, g) = (self.run, t.arg, &t.geometry);
+        done(
+            py,
+            self.cell
+                .with(false, |w| w.orch_write(run, arg, g, &ix[..n], v)),
+        )
+    }
+
+    /// The tensor's contents as a read-only numpy array (no copy over a mapping or a mirror).
+    fn read_tensor<'py>(
+        &self,
+        py: Python<'py>,
+        t: &Bound<'py, RunTensor>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = t.get();
+        self.check(t)?;
+        let (run, arg, g) = (self.run, t.arg, &t.geometry);
+        let win = done(
+            py,
+            self.cell.with(false, |w| w.orch_read_tensor(run, arg, g)),
+        )?;
+        window_array(py, win, true)
+    }
+
+    /// A run-scoped device tensor for intermediate results, live until the run's cleanup.
+    ///
+    /// Its bytes come from the worker's retained scratch pool, so a warm run with the same
+    /// footprint does no device malloc. Its contents are undefined until a task writes it.
+    #[pyo3(signature = (shape, dtype, name=None))]
+    fn scratch(
+        &self,
+        py: Python<'_>,
+        shape: &Bound<'_, PyAny>,
+        dtype: &Bound<'_, PyAny>,
+        name: Option<&str>,
+    ) -> PyResult<RunTensor> {
+        let what = format!("scratch tensor {}", name.unwrap_or("(unnamed)"));
+        let dt = convert::dtype(dtype, &what)?;
+        let shape = convert::shape(shape, &what)?;
+        let run = self.run;
+        let arg = done(
+            py,
+            self.cell.with(false, |w| w.scratch(run, name, dt, &shape)),
+        )?;
+        self.run_tensor(py, arg)
+    }
+
+    /// Queues one task of ``kernel`` over tensors (or views) of this run, then scalars; returns
+    /// its index. Tasks run in submission order, after the orchestration returns.
+    #[pyo3(signature = (kernel, *args))]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        kernel: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+    ) -> PyResult<u64> {
+        let kernel = kernel.cast::<Kernel>().map_err(|_| {
+            type_err(format!(
+                "submit: expected a Kernel, got {}",
+                kernel
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let k = kernel.get();
+        let n = k.sig.len();
+        let mut tensors: Vec<(u32, Geometry)> = Vec::with_capacity(n);
+        let mut scalars: Vec<Value> = Vec::new();
+        for (i, a) in args.iter().enumerate() {
+            match a.cast::<RunTensor>() {
+                Ok(t) if i < n => {
+                    let t = t.get();
+                    self.check(t)?;
+                    tensors.push((t.arg, t.geometry));
+                }
+                Ok(_) => {
+                    return Err(value_err(format!(
+                        "submit {}: tensor after scalars (argument {i})",
+                        k.name
+                    )))
+                }
+                Err(_) if i < n => {
+                    let got = args
+                        .iter()
+                        .filter(|a| a.cast::<RunTensor>().is_ok())
+                        .count();
+                    return Err(value_err(format!(
+                        "submit {}: signature takes {n} tensors, got {got}",
+                        k.name
+                    )));
+                }
+                Err(_) => scalars.push(convert::scalar(
+                    &a,
+                    &format_args!("submit {} scalar {}", k.name, i - n),
+                )?),
+            }
+        }
+        if tensors.len() < n {
+            return Err(value_err(format!(
+                "submit {}: signature takes {n} tensors, got {}",
+                k.name,
+                tensors.len()
+            )));
+        }
+        let id = self.kernel_id(kernel);
+        let kref = KernelRef {
+            id,
+            name: &k.name,
+            sig: &k.sig,
+        };
+        let run = self.run;
+        done(
+            py,
+            self.cell
+                .with(false, |w| w.submit(run, kref, &tensors, &scalars)),
+        )
+    }
+
+    /// Queues many tasks of one ``kernel`` in one call; returns the first task's index.
+    ///
+    /// Each tensor position is a run tensor (the same for every task) or ``t.views(shape,
+    /// offsets)`` (one view per task); each scalar position is a scalar (the same for every
+    /// task) or a 1-D array or list (one value per task). The task count is the number of rows
+    /// of the per-task positions (which must agree), or ``count`` when every position is shared.
+    /// The tasks are checked like single submits and run in order.
+    #[pyo3(signature = (kernel, *args, count=None))]
+    fn submit_many(
+        &self,
+        py: Python<'_>,
+        kernel: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyTuple>,
+        count: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        let kernel = kernel.cast::<Kernel>().map_err(|_| {
+            type_err(format!(
+                "submit_many: expected a Kernel, got {}",
+                kernel
+                    .get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let k = kernel.get();
+        let n = k.sig.len();
+        if args.len() < n {
+            return Err(value_err(format!(
+                "submit_many {}: signature takes {n} tensors, got {} arguments",
+                k.name,
+                args.len()
+            )));
+        }
+        let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
+        let mut views: Vec<Bound<'_, RunViews>> = Vec::new();
+        let mut kinds: Vec<(bool, u32, Geometry)> = Vec::with_capacity(n);
+        for (i, a) in items[..n].iter().enumerate() {
+            if let Ok(t) = a.cast::<RunTensor>() {
+                let t = t.get();
+                self.check(t)?;
+                kinds.push((false, t.arg, t.geometry));
+            } else if let Ok(v) = a.cast::<RunViews>() {
+                let g = v.get();
+                if !Arc::ptr_eq(&g.cell, &self.cell) {
+                    return Err(StateError::new_err(format!(
+                        "views of tensor {} belong to another worker",
+                        g.name
+                    )));
+                }
+                if g.run != self.run {
+                    return Err(PyRuntimeError(not_in_progress(g.run)).into());
+                }
+                kinds.push((true, g.arg, g.layout));
+                views.push(v.clone());
+            } else {
+                return Err(type_err(format!(
+                    "submit_many {}: tensor position {i} takes a run tensor or t.views(...), not {}",
+                    k.name,
+                    a.get_type().name()?
+                )));
+            }
+        }
+        let mut vi = 0;
+        let slots: Vec<BatchSlot<'_>> = kinds
+            .iter()
+            .map(|&(per_task, arg, geometry)| {
+                if per_task {
+                    let v = views[vi].get();
+                    vi += 1;
+                    BatchSlot::Views {
+                        arg,
+                        geometry,
+                        starts: &v.starts,
+                    }
+                } else {
+                    BatchSlot::One { arg, geometry }
+                }
+            })
+            .collect();
+        let mut columns: Vec<Option<Vec<Value>>> = Vec::with_capacity(items.len() - n);
+        let mut ones: Vec<Value> = Vec::with_capacity(items.len() - n);
+        for (j, a) in items[n..].iter().enumerate() {
+            let what = format_args!("submit_many {} scalar {j}", k.name);
+            if a.cast::<RunTensor>().is_ok() || a.cast::<RunViews>().is_ok() {
+                return Err(value_err(format!("{what}: a tensor after the scalars")));
+            }
+            let per_task = a.cast::<PyUntypedArray>().is_ok()
+                || a.cast::<pyo3::types::PyList>().is_ok()
+                || a.cast::<PyTuple>().is_ok();
+            if per_task {
+                ones.push(Value::Int(0));
+                columns.push(Some(per_task_values(a, &what)?));
+            } else {
+                ones.push(convert::scalar(a, &what)?);
+                columns.push(None);
+            }
+        }
+        let scalars: Vec<BatchScalar<'_>> = columns
+            .iter()
+            .zip(&ones)
+            .map(|(c, &one)| match c {
+                Some(v) => BatchScalar::PerTask(v),
+                None => BatchScalar::One(one),
+            })
+            .collect();
+        let count = count
+            .map(|c| convert::u64_arg(c, "submit_many", "count"))
+            .transpose()?;
+        let id = self.kernel_id(kernel);
+        let kref = KernelRef {
+            id,
+            name: &k.name,
+            sig: &k.sig,
+        };
+        let run = self.run;
+        done(
+            py,
+            self.cell
+                .with(false, |w| w.submit_many(run, kref, &slots, &scalars, count)),
+        )
+    }
+}

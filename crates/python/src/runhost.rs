@@ -1,0 +1,223 @@
+//! One run, from Python: converts the arguments into the runtime's typed run spec and hands the
+//! runtime what is Python's — the host arrays' bytes, the orchestration function and the kernels
+//! — through [`RunHost`]. The phases and their order are the runtime's (`cycle::run`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArray};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyTuple;
+
+use simpler_runtime::{
+    cycle, ArgValue, RunArgSpec, RunCall, RunError, RunHost, RunId, RunReport, TaskCall, WorkerCell,
+};
+
+use crate::cell::Shared;
+use crate::convert::{self, arrays_fn};
+use crate::errors::{to_py, type_err};
+use crate::logging;
+use crate::orch::{KernelTable, Orchestrator, RunTensor};
+use crate::tensors::{window_array, Callable, DeviceTensor, Kernel};
+
+/// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
+pub fn flat_bytes<'py>(
+    py: Python<'py>,
+    arr: &Bound<'py, PyAny>,
+    nbytes: u64,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    static FLAT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Ok(arrays_fn(py, &FLAT, "flat_bytes")?
+        .call1((arr, nbytes))?
+        .cast_into::<PyArray1<u8>>()?)
+}
+
+/// A staged array: the caller's, or a contiguous native-order copy of it written back after the
+/// run (for layouts the runtime cannot take byte for byte).
+struct Staged<'py> {
+    bytes: Bound<'py, PyArray1<u8>>,
+    /// `(caller's array, copy)` when a copy was staged and the signature lets the run write it.
+    copy_of: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+}
+
+struct Host<'py, 'a> {
+    py: Python<'py>,
+    cell: &'a Arc<Shared>,
+    orchestration: Bound<'py, PyAny>,
+    callable: &'a str,
+    tensors: usize,
+    scalars: Vec<Bound<'py, PyAny>>,
+    staged: Vec<Staged<'py>>,
+    kernels: Arc<Mutex<KernelTable>>,
+}
+
+impl RunHost for Host<'_, '_> {
+    type Error = PyErr;
+
+    fn lend_staged<R>(&mut self, f: impl FnOnce(&[&[u8]]) -> R) -> PyResult<R> {
+        let borrows = self
+            .staged
+            .iter()
+            .map(|s| s.bytes.try_readonly())
+            .collect::<Result<Vec<_>, _>>()?;
+        let slices = borrows
+            .iter()
+            .map(|b| b.as_slice())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(f(&slices))
+    }
+
+    fn lend_output<R>(&mut self, staged: usize, f: impl FnOnce(&mut [u8]) -> R) -> PyResult<R> {
+        let mut b = self.staged[staged].bytes.try_readwrite()?;
+        Ok(f(b.as_slice_mut()?))
+    }
+
+    fn orchestrate(&mut self, run: RunId) -> PyResult<()> {
+        let py = self.py;
+        let orch = Bound::new(
+            py,
+            Orchestrator {
+                cell: self.cell.clone(),
+                run,
+                kernels: self.kernels.clone(),
+            },
+        )?;
+        let infos = self.cell.with(false, |w| w.run_tensors(run, self.tensors));
+        let infos = infos.map_err(|e| to_py(py, e))?;
+        let mut call_args: Vec<Bound<'_, PyAny>> =
+            Vec::with_capacity(1 + infos.len() + self.scalars.len());
+        call_args.push(orch.into_any());
+        for (i, info) in infos.into_iter().enumerate() {
+            let t = RunTensor {
+                cell: self.cell.clone(),
+                run,
+                arg: i as u32,
+                name: info.name,
+                geometry: info.geometry,
+                dir: info.dir,
+            };
+            call_args.push(Bound::new(py, t)?.into_any());
+        }
+        call_args.extend(self.scalars.iter().cloned());
+        let ret = self.orchestration.call1(PyTuple::new(py, call_args)?);
+        logging::flush(py);
+        let ret = ret?;
+        if ret.hasattr("__next__")? && ret.hasattr("send")? || ret.hasattr("__await__")? {
+            return Err(type_err(format!(
+                "callable {}: the orchestration returned a {} instead of running: is it a \
+                 generator or async function? It must submit its tasks when called",
+                self.callable,
+                ret.get_type().name()?
+            )));
+        }
+        Ok(())
+    }
+
+    fn kernel(&mut self, call: &TaskCall) -> PyResult<()> {
+        let py = self.py;
+        let kernel: Py<Kernel> = {
+            let table = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+            table.get(py, call.kernel)?
+        };
+        let k = kernel.get();
+        let mut args: Vec<Bound<'_, PyAny>> =
+            Vec::with_capacity(call.buffers.len() + call.scalars.len());
+        for w in &call.buffers {
+            args.push(window_array(py, w.clone(), false)?);
+        }
+        for v in &call.scalars {
+            args.push(convert::value_py(py, *v)?);
+        }
+        let r = k.func.bind(py).call1(PyTuple::new(py, args)?);
+        if let Err(e) = &r {
+            let note = format!("in task {} (kernel {})", call.task, k.name);
+            let _ = e.value(py).call_method1("add_note", (note,));
+        }
+        r.map(|_| ())
+    }
+
+    fn checkpoint(&mut self) -> PyResult<()> {
+        logging::flush(self.py);
+        self.py.check_signals()
+    }
+}
+
+/// Runs `callable` over `named` arguments on the worker behind `cell`.
+pub fn run<'py>(
+    py: Python<'py>,
+    cell: &Arc<Shared>,
+    callable: &Bound<'py, Callable>,
+    named: Vec<(String, Bound<'py, PyAny>)>,
+    started: Instant,
+) -> PyResult<RunReport> {
+    let c = callable.get();
+    let mut specs = Vec::with_capacity(named.len());
+    let mut staged = Vec::new();
+    let mut scalars = Vec::new();
+    let mut tensors = 0;
+    for (name, v) in named {
+        let value = if let Ok(t) = v.cast::<DeviceTensor>() {
+            let t = t.get();
+            tensors += 1;
+            ArgValue::Device {
+                buffer: t.buf,
+                geometry: t.geometry,
+            }
+        } else if let Ok(arr) = v.cast::<PyUntypedArray>() {
+            let what = format!("tensor {name}");
+            let writes = c.sig.params().get(tensors).is_some_and(|p| p.dir.writes());
+            tensors += 1;
+            let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
+                Some(g) => (v.clone(), g, None),
+                None => {
+                    static COPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+                    let work = arrays_fn(py, &COPY, "native_copy")?.call1((&v,))?;
+                    let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
+                        .ok_or_else(|| type_err(format!("{what}: cannot stage this array")))?;
+                    (work.clone(), g, writes.then(|| (v.clone(), work)))
+                }
+            };
+            let writable: bool = v.getattr("flags")?.getattr("writeable")?.extract()?;
+            staged.push(Staged {
+                bytes: flat_bytes(py, &work, geometry.extent())?,
+                copy_of,
+            });
+            ArgValue::Staged { geometry, writable }
+        } else {
+            convert::scalar(&v, &format_args!("run {}: argument '{name}'", c.name))?;
+            scalars.push(v);
+            ArgValue::Scalar
+        };
+        specs.push(RunArgSpec {
+            name: name.into(),
+            value,
+        });
+    }
+    let call = RunCall {
+        callable: &c.name,
+        sig: &c.sig,
+        args: &specs,
+    };
+    let mut host = Host {
+        py,
+        cell,
+        orchestration: c.func.bind(py).clone(),
+        callable: &c.name,
+        tensors,
+        scalars,
+        staged,
+        kernels: Arc::new(Mutex::new(KernelTable::default())),
+    };
+    let report = cycle::run(&**cell, &call, &mut host, started).map_err(|e| match e {
+        RunError::Runtime(e) => to_py(py, e),
+        RunError::Host(e) => e,
+    })?;
+    for s in &host.staged {
+        if let Some((orig, work)) = &s.copy_of {
+            static BACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+            arrays_fn(py, &BACK, "write_back")?.call1((orig, work))?;
+        }
+    }
+    Ok(report)
+}
