@@ -8,6 +8,13 @@
 * ``views`` — per-access cost of ``get_tensor_data`` through a mapping, a mirror, and a per-access
   D2H read-through baseline; and of ``read_tensor``.
 * ``bind`` — resident bind time for a 4 KiB vs a 1 GiB argument (flat in bytes).
+* ``orchestration`` — what an orchestration costs per call: a batched submit per task at 1K,
+  16K and 64K tasks (records, checks and teardown: orchestrate + cleanup); a single submit (and
+  the view it takes) per task; the fixed overhead of a warm run with 20 resident arguments and
+  one empty task; ``get_tensor_data`` against a plain numpy ``int(arr[i, j])`` read, and
+  ``read_tensor`` plus numpy indexing against numpy indexing alone; a read that lands inside
+  the span of earlier strided writes, after 1K and after 64K tasks. Every comparison runs its
+  arms interleaved, repeated, and reports medians.
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
 from .worker import ArgDirection, Callable, Kernel, Worker
 
-IN, OUT = ArgDirection.IN, ArgDirection.OUT
+IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
 
 def _median(xs: list[float]) -> float:
@@ -169,18 +177,219 @@ def bench_bind(quick: bool) -> None:
     print(f"{'ratio':>12}: {out[big] / out[4096]:.2f}x (target <= 1.5x)")
 
 
+def _empty_kernel() -> None:
+    pass
+
+
+def _noop_row(*arrays: np.ndarray) -> None:
+    pass
+
+
+_EMPTY = Kernel(_empty_kernel, [])
+_ROW_OUT = Kernel(_noop_row, [OUT])
+
+
+def _interleaved(arms: dict[str, Any], reps: int) -> dict[str, list[float]]:
+    """Runs each arm (a function returning one sample) ``reps`` times, round robin."""
+    out: dict[str, list[float]] = {k: [] for k in arms}
+    for _ in range(reps):
+        for k, f in arms.items():
+            out[k].append(f())
+    return out
+
+
+def bench_orchestration(quick: bool) -> None:
+    """Per-call costs of an orchestration (see the module doc)."""
+    reps = 3 if quick else 7
+    sizes = [1024, 16384] if quick else [1024, 16384, 65536]
+    print("\n== orchestration: batched submit, per task (orchestrate + cleanup, median) ==")
+    with Worker("sim", poison=False) as w:
+        buf = w.malloc(max(sizes) * 16 * 4)
+        t = buf.tensor((max(sizes), 16), "float32")
+
+        def batched(n: int):
+            offsets = np.zeros((n, 2), np.int64)
+            offsets[:, 0] = np.arange(n)
+
+            def orch(o, t):
+                o.submit_many(_ROW_OUT, t.views([1, 16], offsets))
+
+            c = Callable(orch, [INOUT], name=f"batched{n}")
+
+            def one() -> float:
+                r = w.run(c, [t])
+                assert r.counters["tasks"] == n
+                return (r.phases["orchestrate"] + r.phases["cleanup"]) / n
+
+            return one
+
+        res = _interleaved({n: batched(n) for n in sizes}, reps)
+        med = {n: _median(v) for n, v in res.items()}
+        for n in sizes:
+            print(f"{n:>8} tasks: {_fmt_ns(med[n])} per task   (target <= 300 ns)")
+        print(
+            f"{'ratio':>14}: {max(sizes)} / 1024 tasks = {med[max(sizes)] / med[1024]:.2f}x (target <= 1.2x)"
+        )
+
+        print("\n== orchestration: single submit, per task (16384 tasks, median) ==")
+        n = 16384
+        times: dict[str, list[float]] = {"view": [], "submit": []}
+
+        def single(o, t):
+            t0 = time.perf_counter_ns()
+            views = [t.view([1, 16], [i, 0]) for i in range(n)]
+            t1 = time.perf_counter_ns()
+            for v in views:
+                o.submit(_ROW_OUT, v)
+            t2 = time.perf_counter_ns()
+            times["view"].append((t1 - t0) / n)
+            times["submit"].append((t2 - t1) / n)
+
+        c = Callable(single, [INOUT], name="single")
+        teardown = []
+        for _ in range(reps):
+            r = w.run(c, [t])
+            teardown.append(r.phases["cleanup"] / n)
+        print(
+            f"   view {_fmt_ns(_median(times['view']))}   submit {_fmt_ns(_median(times['submit']))}"
+            f"   teardown {_fmt_ns(_median(teardown))}   (submit target <= 1 us)"
+        )
+        w.free(buf)
+
+    print("\n== orchestration: warm run, 20 resident arguments, one empty task (median) ==")
+    with Worker("sim") as w:
+        arrays = [np.full(256, i, np.float32) for i in range(20)]
+        from .args import ResidentTaskArgs
+
+        with ResidentTaskArgs(w) as res:
+            for i, a in enumerate(arrays):
+                res.add(f"a{i}", a)
+            args = res.build_args(expected_count=20)
+            c = Callable(lambda o, *ts: o.submit(_EMPTY), [IN] * 20, name="fixed")
+            w.run(c, args)
+            walls, disp = [], []
+            for _ in range(51 if not quick else 11):
+                t0 = time.perf_counter_ns()
+                r = w.run(c, args)
+                walls.append(time.perf_counter_ns() - t0)
+                disp.append(r.dispatch_ns)
+            print(
+                f"   Worker.run wall {_fmt_ns(_median(walls))}   dispatch path {_fmt_ns(_median(disp))}"
+                "   (target <= 20 us)"
+            )
+
+    print("\n== orchestration: reads of a (64, 256) int32 table, per read (median) ==")
+    table = np.arange(64 * 256, dtype=np.int32).reshape(64, 256)
+    rows, cols = table.shape
+    nreads = rows * cols
+    with Worker("sim", svm="never") as w:
+        buf = w.malloc(table.nbytes)
+        w.copy_to(buf, table)
+        t = buf.tensor(table.shape, "int32")
+        got: dict[str, float] = {}
+
+        def elementwise(o, t):
+            t0 = time.perf_counter_ns()
+            for i in range(rows):
+                for j in range(cols):
+                    int(o.get_tensor_data(t, (i, j)))
+            got["v"] = (time.perf_counter_ns() - t0) / nreads
+
+        def bulk(o, t):
+            t0 = time.perf_counter_ns()
+            a = o.read_tensor(t)
+            for i in range(rows):
+                for j in range(cols):
+                    int(a[i, j])
+            got["v"] = (time.perf_counter_ns() - t0) / nreads
+
+        def plain() -> float:
+            t0 = time.perf_counter_ns()
+            for i in range(rows):
+                for j in range(cols):
+                    int(table[i, j])
+            return (time.perf_counter_ns() - t0) / nreads
+
+        def via(fn):
+            c = Callable(fn, [IN])
+
+            def one() -> float:
+                w.run(c, [t])
+                return got["v"]
+
+            return one
+
+        via(elementwise)()  # the view is established once, outside the samples
+        res = _interleaved(
+            {"numpy": plain, "get_tensor_data": via(elementwise), "read_tensor": via(bulk)}, reps
+        )
+        med = {k: _median(v) for k, v in res.items()}
+        for k, v in med.items():
+            print(f"{k:>16}: {_fmt_ns(v)} per read")
+        elem, bulk_ratio = med["get_tensor_data"] / med["numpy"], med["read_tensor"] / med["numpy"]
+        print(
+            f"{'ratio':>16}: get_tensor_data / numpy = {elem:.2f}x (target <= 1.5x); "
+            f"read_tensor + indexing / numpy = {bulk_ratio:.2f}x (target <= 1.0x)"
+        )
+        w.free(buf)
+
+    print("\n== orchestration: a read inside the span of earlier strided writes (median) ==")
+    with Worker("sim", poison=False) as w:
+        n_max = 65536 if not quick else 16384
+        buf = w.malloc(n_max * 2 * 4)
+        t = buf.tensor((n_max, 2), "int32")
+        per_read: dict[int, float] = {}
+
+        def after(n: int):
+            offsets = np.zeros((n, 2), np.int64)
+            offsets[:, 0] = np.arange(n)
+
+            def orch(o, t):
+                even = t.view([n, 1], [0, 0])
+                o.submit_many(_ROW_OUT, even.views([1, 1], offsets))  # writes column 0 of n rows
+                k = 2000
+                t0 = time.perf_counter_ns()
+                for i in range(k):
+                    # Column 1 of the first 1,000 rows: never written, and the same bytes after
+                    # 1K and after 64K tasks, so only the size of the history differs.
+                    o.get_tensor_data(t, ((i * 7919) % 1000, 1))
+                per_read[n] = (time.perf_counter_ns() - t0) / k
+
+            c = Callable(orch, [INOUT], name=f"after{n}")
+
+            def one() -> float:
+                w.run(c, [t])
+                return per_read[n]
+
+            return one
+
+        small = 1024
+        res = _interleaved({small: after(small), n_max: after(n_max)}, reps)
+        med = {k: _median(v) for k, v in res.items()}
+        for k, v in med.items():
+            print(f"{k:>8} tasks: {_fmt_ns(v)} per read")
+        print(f"{'ratio':>14}: {n_max} / {small} tasks = {med[n_max] / med[small]:.2f}x (target <= 2x)")
+        w.free(buf)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m simpler.benchmarks``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="*", help="staging, views, bind (default: all)")
+    p.add_argument("which", nargs="*", help="staging, views, bind, orchestration (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
     a = p.parse_args(argv)
-    which = a.which or ["staging", "views", "bind"]
-    unknown = set(which) - {"staging", "views", "bind"}
+    benches = {
+        "staging": bench_staging,
+        "views": bench_views,
+        "bind": bench_bind,
+        "orchestration": bench_orchestration,
+    }
+    which = a.which or list(benches)
+    unknown = set(which) - set(benches)
     if unknown:
         p.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     for name in which:
-        {"staging": bench_staging, "views": bench_views, "bind": bench_bind}[name](a.quick)
+        benches[name](a.quick)
 
 
 if __name__ == "__main__":

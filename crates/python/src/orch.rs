@@ -215,7 +215,7 @@ impl RunViews {
 /// ``read_tensor(t)`` returns a read-only numpy array of the tensor's contents;
 /// ``submit(kernel, *tensors, *scalars)`` queues one task and ``submit_many(kernel, *slots)``
 /// many; ``scratch(shape, dtype)`` makes a run-scoped tensor.
-#[pyclass(module = "simpler._core", name = "Orchestrator", frozen, dict)]
+#[pyclass(module = "simpler._core", name = "Orchestrator", frozen)]
 pub struct Orchestrator {
     pub cell: Arc<Shared>,
     pub run: RunId,

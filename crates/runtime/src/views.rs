@@ -70,6 +70,9 @@ pub const LARGE_VIEW_BYTES: u64 = 1 << 20;
 #[derive(Debug, Default)]
 pub struct ViewCache {
     entries: HashMap<u64, Entry>,
+    /// Bumped whenever an established means may stop being what an earlier lookup returned (a
+    /// mirror goes stale, an entry is released), so callers may keep a lookup while it is equal.
+    epoch: u64,
 }
 
 fn dev_err(phase: Phase, tensor: &str, e: simpler_driver::DeviceError) -> Error {
@@ -77,6 +80,11 @@ fn dev_err(phase: Phase, tensor: &str, e: simpler_driver::DeviceError) -> Error 
 }
 
 impl ViewCache {
+    /// See the field: a lookup made at this epoch is still valid.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// The means of an allocation, if one was established.
     pub fn kind(&self, base: DevPtr) -> Option<&'static str> {
         self.entries.get(&base.0).map(|e| e.means.kind())
@@ -178,6 +186,7 @@ impl ViewCache {
         }) = self.entries.get_mut(&base.0)
         {
             *stale = true;
+            self.epoch += 1;
         }
     }
 
@@ -189,6 +198,7 @@ impl ViewCache {
         dev: &dyn Device,
         base: DevPtr,
     ) -> std::result::Result<(), simpler_driver::DeviceError> {
+        self.epoch += 1;
         if let Some(Entry {
             means: Means::Mapped { .. },
             ..

@@ -19,15 +19,28 @@ use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, RunState, Stage};
 use crate::views::{Means, ViewEvents};
 
-/// Where an access lands: host bytes, plus the device address to push writes to.
-struct Target {
+/// Where the accesses through one argument land, resolved once per run and kept while the view
+/// cache's epoch says it still holds: host offset `host_start` is device address `dev_start`.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
     mem: Arc<HostMem>,
-    offset: usize,
-    push: Option<u64>,
+    dev_start: u64,
+    host_start: usize,
+    /// Writes are pushed to the device at once (a mirror or a staged copy).
+    push: bool,
+    /// The mirror of this allocation (marked stale when a push fails).
     mirror_of: Option<DevPtr>,
     /// The bytes are this run's staged copy of the argument.
     staged_copy: bool,
+    /// `mem` is host-owned: a window over it needs no copy.
     zero_copy: bool,
+    epoch: u64,
+}
+
+impl Resolved {
+    fn host_offset(&self, addr: u64) -> usize {
+        self.host_start + (addr - self.dev_start) as usize
+    }
 }
 
 pub(crate) fn host_err(what: &str, e: simpler_driver::HostMemError) -> Error {
@@ -35,26 +48,29 @@ pub(crate) fn host_err(what: &str, e: simpler_driver::HostMemError) -> Error {
 }
 
 impl RunState {
-    /// Resolves an access of `access` (a geometry relative to the allocation of argument `arg`),
-    /// establishing the allocation's view on first use.
+    /// Checks an access of `access` (a geometry relative to the allocation of argument `arg`)
+    /// and resolves where it lands, establishing the allocation's view on first use. Returns the
+    /// device address of the access's first byte.
     fn locate(
         &mut self,
         mem: &mut Memory,
         arg: u32,
         access: &Geometry,
         write: bool,
-    ) -> Result<Target> {
+    ) -> Result<u64> {
         self.expect(
             Stage::Orchestrate,
             "tensor data is accessible only during orchestration",
         )?;
-        let a = self.arg(arg)?;
-        let name = a.name.clone();
+        let a = self
+            .args
+            .get(arg as usize)
+            .ok_or_else(|| Error::Value(format!("run has no argument {arg}")))?;
         let Some((base, bytes)) = a.alloc else {
             return Err(Error::NoHostView {
                 addr: access.start_byte(),
                 bytes: access.extent(),
-                detail: format!("tensor {name} has no bytes"),
+                detail: format!("tensor {} has no bytes", a.name),
             });
         };
         let addr = base.0 + access.start_byte();
@@ -64,12 +80,13 @@ impl RunState {
             return Err(Error::NoHostView {
                 addr,
                 bytes: len,
-                detail: format!("outside every view of this run (argument {arg}, tensor {name})"),
+                detail: format!(
+                    "outside every view of this run (argument {arg}, tensor {})",
+                    a.name
+                ),
             });
         }
-        let staged = !matches!(a.kind, ArgKind::Device);
-        let region = a.region;
-        if let Some(c) = self.hazards.conflict(region, access, write, &self.tasks) {
+        if let Some(c) = self.hazards.conflict(a.region, access, write, &self.tasks) {
             let (verb, task_does) = if write {
                 ("writing", if c.writes { "writes" } else { "reads" })
             } else {
@@ -81,35 +98,46 @@ impl RunState {
                 "so this read would see stale bytes"
             };
             return Err(Error::Hazard(format!(
-                "tensor {name}: {verb} {len} bytes at {addr:#x}, which task {} submitted earlier in \
+                "tensor {}: {verb} {len} bytes at {addr:#x}, which task {} submitted earlier in \
                  this run {task_does}; tasks execute after orchestration, {why}",
-                c.task
+                a.name, c.task
             )));
         }
+        let epoch = mem.views.epoch();
+        if a.resolved.as_ref().is_some_and(|r| r.epoch == epoch) {
+            return Ok(addr);
+        }
+        let staged = !matches!(a.kind, ArgKind::Device);
+        let name = a.name.clone();
         let mut ev = ViewEvents::default();
         let means = mem
             .views
             .ensure(&*mem.dev, base, bytes, !staged, &name, &mut ev);
         self.events.add(ev);
-        let off_in_alloc = (addr - base.0) as usize;
-        match means? {
-            Means::Mapped { mem, offset } => Ok(Target {
-                zero_copy: mem.owned_addr().is_some(),
-                mem,
-                offset: offset + off_in_alloc,
-                push: None,
+        let resolved = match means? {
+            Means::Mapped { mem: m, offset } => Resolved {
+                zero_copy: m.owned_addr().is_some(),
+                mem: m,
+                dev_start: base.0,
+                host_start: offset,
+                push: false,
                 mirror_of: None,
                 staged_copy: false,
-            }),
-            Means::Mirror { mem, .. } => Ok(Target {
-                mem,
-                offset: off_in_alloc,
-                push: Some(addr),
+                epoch,
+            },
+            Means::Mirror { mem: m, .. } => Resolved {
+                mem: m,
+                dev_start: base.0,
+                host_start: 0,
+                push: true,
                 mirror_of: Some(base),
                 staged_copy: false,
                 zero_copy: true,
-            }),
+                epoch,
+            },
             Means::Refused => {
+                // A staged tensor on a driver that refuses to map the staging allocation: a
+                // per-run copy of its own span, filled once from the device.
                 let a = &mut self.args[arg as usize];
                 let (span_start, span_len) = a.span().unwrap_or_default();
                 let (ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy }) = &mut a.kind else {
@@ -127,21 +155,28 @@ impl RunState {
                     *copy = Some(Arc::new(m));
                     self.report.counters.staged_view_copies += 1;
                 }
-                Ok(Target {
+                Resolved {
                     mem: copy.clone().unwrap_or_else(|| unreachable!("filled above")),
-                    offset: (addr - span_start) as usize,
-                    push: Some(addr),
+                    dev_start: span_start,
+                    host_start: 0,
+                    push: true,
                     mirror_of: None,
                     staged_copy: true,
                     zero_copy: true,
-                })
+                    epoch,
+                }
             }
-        }
+        };
+        self.args[arg as usize].resolved = Some(resolved);
+        Ok(addr)
     }
 
-    /// The name of argument `arg` (for messages).
-    fn arg_name(&self, arg: u32) -> Result<Arc<str>> {
-        Ok(self.arg(arg)?.name.clone())
+    /// The resolution `locate` just made for `arg`.
+    fn resolved(&self, arg: u32) -> &Resolved {
+        match &self.args[arg as usize].resolved {
+            Some(r) => r,
+            None => unreachable!("locate resolves the argument"),
+        }
     }
 
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
@@ -152,14 +187,14 @@ impl RunState {
         view: &Geometry,
         index: &[i64],
     ) -> Result<Value> {
-        let name = self.arg_name(arg)?;
-        let element = view.element(&name, index)?;
-        let t = self.locate(mem, arg, &element, false)?;
+        let element = view.element(&self.arg(arg)?.name, index)?;
+        let addr = self.locate(mem, arg, &element, false)?;
+        let r = self.resolved(arg);
         let es = view.dtype().size() as usize;
         let mut buf = [0u8; 8];
-        t.mem
-            .read(t.offset, &mut buf[..es])
-            .map_err(|e| host_err(&name, e))?;
+        r.mem
+            .read(r.host_offset(addr), &mut buf[..es])
+            .map_err(|e| host_err(&self.args[arg as usize].name, e))?;
         self.report.counters.orch_reads += 1;
         Ok(view.dtype().decode(&buf[..es]))
     }
@@ -174,7 +209,7 @@ impl RunState {
         index: &[i64],
         value: Value,
     ) -> Result<()> {
-        let name = self.arg_name(arg)?;
+        let name = self.arg(arg)?.name.clone();
         let element = view.element(&name, index)?;
         let es = view.dtype().size() as usize;
         let mut buf = [0u8; 8];
@@ -185,21 +220,23 @@ impl RunState {
                 Error::Type(m) => Error::Type(format!("tensor {name}: {m}")),
                 other => other,
             })?;
-        let t = self.locate(mem, arg, &element, true)?;
-        t.mem
-            .write(t.offset, &buf[..es])
+        let addr = self.locate(mem, arg, &element, true)?;
+        let r = self.resolved(arg);
+        r.mem
+            .write(r.host_offset(addr), &buf[..es])
             .map_err(|e| host_err(&name, e))?;
-        if let Some(dst) = t.push {
-            if let Err(e) = mem.dev.copy_h2d(DevPtr(dst), &buf[..es]) {
+        if r.push {
+            let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);
+            if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
                 // The host copy now differs from the device: a mirror refreshes on its next read,
                 // a staged copy is dropped and re-read from the device on the next access.
-                if let Some(m) = t.mirror_of {
+                if let Some(m) = mirror_of {
                     mem.views.mark_stale(m);
                 }
-                if t.staged_copy {
-                    if let ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy } =
-                        &mut self.args[arg as usize].kind
-                    {
+                if staged_copy {
+                    let a = &mut self.args[arg as usize];
+                    a.resolved = None;
+                    if let ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy } = &mut a.kind {
                         *copy = None;
                     }
                 }
@@ -219,7 +256,7 @@ impl RunState {
         arg: u32,
         view: &Geometry,
     ) -> Result<HostWindow> {
-        let name = self.arg_name(arg)?;
+        let name = self.arg(arg)?.name.clone();
         let extent = view.extent();
         let rebased = view.rebased();
         if extent == 0 {
@@ -237,12 +274,14 @@ impl RunState {
                 writable: false,
             });
         }
-        let t = self.locate(mem, arg, view, false)?;
+        let addr = self.locate(mem, arg, view, false)?;
         self.report.counters.orch_reads += 1;
-        if t.zero_copy {
+        let r = self.resolved(arg);
+        let offset = r.host_offset(addr);
+        if r.zero_copy {
             return Ok(HostWindow {
-                mem: t.mem,
-                offset: t.offset,
+                mem: r.mem.clone(),
+                offset,
                 len: extent as usize,
                 geometry: rebased,
                 zero_copy: true,
@@ -250,8 +289,8 @@ impl RunState {
             });
         }
         let copy = HostMem::new(extent as usize, 0).map_err(|e| host_err(&name, e))?;
-        t.mem
-            .with_slice(t.offset, extent as usize, |s| copy.write(0, s))
+        r.mem
+            .with_slice(offset, extent as usize, |s| copy.write(0, s))
             .map_err(|e| host_err(&name, e))?
             .map_err(|e| host_err(&name, e))?;
         Ok(HostWindow {

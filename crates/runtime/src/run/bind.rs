@@ -77,6 +77,7 @@ impl RunState {
                         alloc,
                         kind: ArgKind::Device,
                         region,
+                        resolved: None,
                     });
                 }
                 ArgValue::Staged { geometry, .. } => {
@@ -93,6 +94,7 @@ impl RunState {
                             copy: None,
                         },
                         region: u32::MAX,
+                        resolved: None,
                     };
                     si += 1;
                     let extent = geometry.extent();

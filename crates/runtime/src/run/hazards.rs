@@ -17,17 +17,16 @@ use simpler_driver::DevPtr;
 use crate::geometry::Geometry;
 use crate::run::tasks::TaskStore;
 
-/// The bytes one task tensor touches.
+/// The bytes one task tensor touches (32 bytes: a query touches few cache lines).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Span {
     /// Absolute device addresses `[start, end)`.
     pub start: u64,
     pub end: u64,
-    /// The task store slot and element offset that give the exact layout (non-dense spans).
+    /// The task store slot, and the task within its batch: they give the exact layout (for
+    /// non-dense spans) and the task's index (for messages).
     pub slot: u32,
-    pub elem: u64,
-    /// The (first) task the span belongs to, for messages.
-    pub task: u64,
+    pub index: u32,
     pub writes: bool,
     /// Every byte of `[start, end)` belongs to an element (no exact check needed).
     pub dense: bool,
@@ -128,12 +127,12 @@ impl HazardIndex {
             } else if s.dense {
                 access.elements_overlap(s.start.saturating_sub(lo), s.end - lo)
             } else {
-                let g = store.slot_geometry(s.slot, s.elem);
+                let g = store.task_geometry(s.slot, s.index);
                 access.elements_intersect(base, &g, base)
             };
             if hit {
                 return Some(Conflict {
-                    task: s.task,
+                    task: store.task_of(s.slot, s.index),
                     writes: s.writes,
                 });
             }

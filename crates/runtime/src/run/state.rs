@@ -55,6 +55,8 @@ pub(crate) struct RunArg {
     pub kind: ArgKind,
     /// Its hazard-index region (meaningless without `alloc`).
     pub region: u32,
+    /// Where orchestrator accesses through it land (see `access.rs`).
+    pub resolved: Option<crate::run::access::Resolved>,
 }
 
 impl RunArg {

@@ -98,14 +98,15 @@ impl RunState {
         Ok(a)
     }
 
-    /// Records the span of task `task`'s tensor `geometry` (at element `elem`) of slot `slot`.
+    /// Records the span of the `index`-th task's tensor `geometry` (at element `elem`) of slot
+    /// `slot`.
     fn record_span(
         &mut self,
         arg: u32,
         slot: u32,
         geometry: &Geometry,
         elem: u64,
-        task: u64,
+        index: u32,
         dir: Direction,
     ) {
         let a = &self.args[arg as usize];
@@ -121,8 +122,7 @@ impl RunState {
                 start,
                 end: start + geometry.extent(),
                 slot,
-                elem,
-                task,
+                index,
                 writes: dir.writes(),
                 dense: geometry.is_dense(),
             },
@@ -158,8 +158,9 @@ impl RunState {
                 dir,
                 geometry: *g,
                 starts: None,
+                first_task: task,
             });
-            self.record_span(*arg, slot, g, g.offset(), task, dir);
+            self.record_span(*arg, slot, g, g.offset(), 0, dir);
         }
         self.tasks
             .push_batch(kernel.id, 1, tensors.len() as u16, per_task, scalars);
@@ -241,8 +242,9 @@ impl RunState {
                         dir,
                         geometry: *geometry,
                         starts: None,
+                        first_task: first,
                     });
-                    self.record_span(*arg, slot, geometry, geometry.offset(), first, dir);
+                    self.record_span(*arg, slot, geometry, geometry.offset(), 0, dir);
                 }
                 BatchSlot::Views {
                     arg,
@@ -255,9 +257,10 @@ impl RunState {
                         dir,
                         geometry: *geometry,
                         starts: Some(at),
+                        first_task: first,
                     });
                     for (t, &e) in starts.iter().enumerate() {
-                        self.record_span(*arg, slot, geometry, e, first + t as u64, dir);
+                        self.record_span(*arg, slot, geometry, e, t as u32, dir);
                     }
                 }
             }
@@ -303,6 +306,7 @@ impl RunState {
             alloc: None,
             kind: ArgKind::Scratch { copy: None },
             region: u32::MAX,
+            resolved: None,
         };
         let extent = geometry.extent();
         if extent > 0 {

@@ -23,6 +23,8 @@ pub(crate) struct Slot {
     pub geometry: Geometry,
     /// Index into the store's start offsets of this slot's first task (per-task slots only).
     pub starts: Option<usize>,
+    /// The index of its batch's first task.
+    pub first_task: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -64,14 +66,18 @@ impl TaskStore {
         self.slots.len() as u32
     }
 
-    /// The geometry of task `start` of slot `i` (element offset for per-task slots; ignored for
-    /// shared ones).
-    pub fn slot_geometry(&self, i: u32, start: u64) -> Geometry {
+    /// The geometry of slot `i` for the `index`-th task of its batch.
+    pub fn task_geometry(&self, i: u32, index: u32) -> Geometry {
         let s = &self.slots[i as usize];
         match s.starts {
-            Some(_) => s.geometry.at_offset(start),
+            Some(at) => s.geometry.at_offset(self.starts[at + index as usize]),
             None => s.geometry,
         }
+    }
+
+    /// The index of the `index`-th task of slot `i`'s batch.
+    pub fn task_of(&self, i: u32, index: u32) -> u64 {
+        self.slots[i as usize].first_task + u64::from(index)
     }
 
     /// Appends per-task start offsets; returns the index of the first.

@@ -1,0 +1,144 @@
+"""Many tasks per call: ``orch.submit_many`` against single ``submit``.
+
+A batched submit records exactly the tasks the equivalent single submits would (same order,
+views, scalars, counters and results), with the same checks; each refusal names what is wrong
+and leaves the run usable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simpler as sp
+
+IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
+ROWS, COLS = 48, 8
+
+
+def _scale(x, y, a, b):
+    y[...] = x * a + b
+
+
+SCALE = sp.Kernel(_scale, [IN, (OUT, "float32")])
+
+
+def _single(o, k, x, y, a):
+    for r in range(ROWS):
+        o.submit(k, x.view([1, COLS], [r, 0]), y.view([1, COLS], [r, 0]), int(a[r]), 0.5)
+
+
+def _batched(o, k, x, y, a):
+    rows = np.stack([np.arange(ROWS), np.zeros(ROWS, np.int64)], axis=1)
+    first = o.submit_many(k, x.views([1, COLS], rows), y.views([1, COLS], rows), a, 0.5)
+    assert first == 0
+
+
+def _run(orch, svm):
+    """Runs ``orch`` with a kernel that records what each task received."""
+    seen = []
+
+    def record(x, y, a, b):
+        seen.append((x.tolist(), a, b))
+        _scale(x, y, a, b)
+
+    k = sp.Kernel(record, [IN, (OUT, "float32")], name="scale")
+    a = np.arange(ROWS, dtype=np.int64) % 5
+    x = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    y = np.zeros_like(x)
+    with sp.Worker("sim", svm=svm) as w, sp.ResidentTaskArgs(w) as res:
+        rx = res.add("x", x)
+        r = w.run(sp.Callable(lambda o, x, y: orch(o, k, x, y, a), [IN, OUT]), [rx, y])
+        stats = w.stats()
+    return y, r, seen, stats
+
+
+@pytest.mark.parametrize("svm", ["always", "never"])
+def test_batched_and_single_submits_are_identical(svm):
+    y1, r1, seen1, s1 = _run(_single, svm)
+    y2, r2, seen2, s2 = _run(_batched, svm)
+    np.testing.assert_array_equal(y1, y2)
+    a = np.arange(ROWS) % 5
+    x = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    np.testing.assert_array_equal(y1, x * a[:, None] + 0.5)
+    assert seen1 == seen2 and len(seen1) == ROWS
+    assert all(type(s[1]) is int and type(s[2]) is float for s in seen2)
+    c1, c2 = dict(r1.counters), dict(r2.counters)
+    assert (c1.pop("submits"), c2.pop("submits")) == (ROWS, 1)
+    assert c1 == c2 and c1["tasks"] == ROWS
+    assert s1 == s2  # the same driver calls
+
+
+def _errors_orch(errors):
+    def orch(o, x, y):
+        rows = np.stack([np.arange(ROWS), np.zeros(ROWS, np.int64)], axis=1)
+        bad = [
+            # A view of row ROWS (one past the end).
+            lambda: y.views([1, COLS], rows + np.array([1, 0])),
+            # The kernel's signature wants float32 where an int32 tensor is given.
+            lambda: o.submit_many(SCALE, x.views([1, COLS], rows), ints.views([1, COLS], rows), 1, 0.5),
+            # Offsets of the wrong shape: (n, 1) for a rank-2 tensor.
+            lambda: y.views([1, COLS], rows[:, :1]),
+            # Per-task scalars whose length differs from the views'.
+            lambda: o.submit_many(
+                SCALE, x.views([1, COLS], rows), y.views([1, COLS], rows), np.ones(ROWS - 1), 0.5
+            ),
+            # Offsets that are not integers.
+            lambda: y.views([1, COLS], rows.astype(np.float64)),
+        ]
+        ints = o.scratch([ROWS, COLS], "int32", name="ints")
+        for f in bad:
+            with pytest.raises(sp.SimplerError) as ei:
+                f()
+            errors.append(ei.value)
+        # The run is still usable: a valid batch, then a read it would make stale is refused.
+        o.submit_many(SCALE, x.views([1, COLS], rows), y.views([1, COLS], rows), 2, 0.0)
+        with pytest.raises(sp.HazardError) as ei:
+            o.get_tensor_data(y, (7, 3))
+        errors.append(ei.value)
+        assert o.get_tensor_data(x, (7, 3)) == 7 * COLS + 3  # x is only read by the tasks
+
+    return orch
+
+
+def test_batched_submit_errors_are_clear_and_leave_the_run_usable():
+    errors = []
+    x = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS)
+    y = np.zeros_like(x)
+    with sp.Worker("sim") as w:
+        r = w.run(sp.Callable(_errors_orch(errors), [IN, OUT]), [x, y])
+    np.testing.assert_array_equal(y, x * 2)
+    assert r.counters["tasks"] == ROWS
+    msgs = [str(e) for e in errors]
+    assert isinstance(errors[0], sp.ArgumentError)
+    assert "(row 47 of the offsets): view shape [1, 8] at offsets [48, 0] runs past shape [48, 8]" in msgs[0]
+    assert isinstance(errors[1], sp.ArgumentTypeError)
+    assert "tensor 'ints' is int32, signature wants float32" in msgs[1], msgs[1]
+    assert "view offsets must have shape (n, 2), not (48, 1)" in msgs[2], msgs[2]
+    assert "scalar 0 has 47 rows, expected 48 (one per task)" in msgs[3], msgs[3]
+    assert isinstance(errors[4], sp.ArgumentTypeError) and "integers" in msgs[4], msgs[4]
+    assert isinstance(errors[5], sp.HazardError)
+    assert "which task 7 submitted earlier in this run writes" in msgs[5], msgs[5]
+
+
+def test_shared_positions_need_a_count_and_views_of_a_finished_run_are_refused():
+    kept = {}
+
+    def orch(o, x, y):
+        with pytest.raises(sp.ArgumentError, match="the task count must be given"):
+            o.submit_many(SCALE, x.view([1, COLS], [0, 0]), y.view([1, COLS], [0, 0]), 1, 0.0)
+        o.submit_many(SCALE, x.view([1, COLS], [0, 0]), y.view([1, COLS], [0, 0]), 3, 0.0, count=2)
+        kept["views"] = y.views([1, COLS], [[1, 0]])
+
+    x = np.ones((ROWS, COLS), np.float32)
+    y = np.zeros_like(x)
+    with sp.Worker("sim") as w:
+        r = w.run(sp.Callable(orch, [IN, OUT]), [x, y])
+        assert r.counters["tasks"] == 2 and r.counters["submits"] == 1
+        np.testing.assert_array_equal(y[0], 3)
+
+        def later(o, x, y):
+            o.submit_many(SCALE, x.views([1, COLS], [[1, 0]]), kept["views"], 1, 0.0)
+
+        with pytest.raises(sp.StateError, match="is not in progress"):
+            w.run(sp.Callable(later, [IN, OUT]), [x, y])
