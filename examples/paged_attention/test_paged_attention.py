@@ -13,14 +13,16 @@ query heads.
 the kernels and the golden model both widen them with ``.astype(np.float32)`` and compute in
 float32, so no float16 stand-in is involved.
 
-The orchestration reads ``context_lens[b]`` once per batch and ``block_table[b, j]`` once per
-block (``orch.get_tensor_data``); these reads decide how many tasks are submitted and which
-key/value block each task views (the last block of a sequence is viewed only up to its valid
-tokens, which is how the context length masks it). Per block it submits four tasks — QK,
-block softmax, PV, online update — over run-scoped scratch tensors (``orch.scratch``): one
-``scores``/``probs``/``block stats``/``block out`` set reused by every block (tasks execute in
-submission order), and a running max / sum / accumulator per batch. A final task per batch
-normalizes the accumulator into ``out[b]`` (a batch with context length 0 gets zeros).
+The orchestration reads ``context_lens`` and ``block_table`` in bulk (``orch.read_tensor``: one
+numpy array each, through the tensors' host views), computes with numpy which key/value block
+each task views, and submits in batches (``orch.submit_many``): per group of up to
+``GROUP_BLOCKS`` blocks, four batched submits — QK, block softmax, PV, online update — over
+run-scoped scratch tensors (``orch.scratch``) with one slice per block of the group, and a
+running max / sum / accumulator per batch. A final batched submit normalizes the accumulators
+into ``out`` (a batch with context length 0 gets zeros). Each task views a whole key/value
+block; the number of valid tokens of the block is a per-task scalar, which is how the context
+length masks the sequence's last, partial block. :func:`orchestrate_per_task` submits exactly
+the same tasks one ``submit`` at a time (the single-submit path, kept as a test of it).
 
 Every case comes in three arms (the bench finds them by the ``_Residency_<arm>`` suffix and the
 ``arm`` param):
@@ -61,40 +63,47 @@ RESIDENT = {
 # -- kernels (numpy; on sim the arrays view device memory) -------------------------------------
 
 
-def _qk(q, k, scores, scale):
-    """scores[h, t] = scale * q[h] . k[t] over the block's valid tokens."""
+def _qk(q, k, scores, scale, valid):
+    """scores[h, t] = scale * q[h] . k[t] over the block's first ``valid`` tokens."""
     qf = q.reshape(q.shape[-2], q.shape[-1]).astype(np.float32)
-    kf = k.reshape(k.shape[1], k.shape[-1]).astype(np.float32)
-    scores[...] = (qf @ kf.T) * np.float32(scale)
+    kf = k.reshape(k.shape[1], k.shape[-1])[:valid].astype(np.float32)
+    scores.reshape(scores.shape[-2], scores.shape[-1])[:, :valid] = (qf @ kf.T) * np.float32(scale)
 
 
-def _block_softmax(scores, probs, stats):
-    """probs = exp(scores - rowmax); stats = [rowmax, rowsum of probs]."""
-    m = scores.max(axis=1)
-    probs[...] = np.exp(scores - m[:, None])
-    stats[0] = m
-    stats[1] = probs.sum(axis=1)
+def _block_softmax(scores, probs, stats, valid):
+    """probs = exp(scores - rowmax) over the valid tokens; stats = [rowmax, rowsum of probs]."""
+    sc = scores.reshape(scores.shape[-2], scores.shape[-1])[:, :valid]
+    pr = probs.reshape(probs.shape[-2], probs.shape[-1])[:, :valid]
+    st = stats.reshape(2, -1)
+    m = sc.max(axis=1)
+    pr[...] = np.exp(sc - m[:, None])
+    st[0] = m
+    st[1] = pr.sum(axis=1)
 
 
-def _pv(probs, v, block_out):
+def _pv(probs, v, block_out, valid):
     """block_out[h] = probs[h] @ v over the block's valid tokens."""
-    block_out[...] = probs @ v.reshape(v.shape[1], v.shape[-1]).astype(np.float32)
+    pr = probs.reshape(probs.shape[-2], probs.shape[-1])[:, :valid]
+    vf = v.reshape(v.shape[1], v.shape[-1])[:valid].astype(np.float32)
+    block_out.reshape(block_out.shape[-2], block_out.shape[-1])[...] = pr @ vf
 
 
 def _online_update(stats, block_out, m, s, acc, first):
     """Folds one block into the running (max, sum, acc) of a batch; ``first`` initializes them."""
-    m_blk, s_blk = stats[0], stats[1]
+    st = stats.reshape(2, -1)
+    m_blk, s_blk = st[0], st[1]
+    bo = block_out.reshape(block_out.shape[-2], block_out.shape[-1])
     m, s, acc = m.reshape(-1), s.reshape(-1), acc.reshape(acc.shape[-2], acc.shape[-1])
     if first:
         m[...] = m_blk
         s[...] = s_blk
-        acc[...] = block_out
+        acc[...] = bo
         return
     m_new = np.maximum(m, m_blk)
     a_old = np.exp(m - m_new)
     a_blk = np.exp(m_blk - m_new)
     s[...] = s * a_old + s_blk * a_blk
-    acc[...] = acc * a_old[:, None] + block_out * a_blk[:, None]
+    acc[...] = acc * a_old[:, None] + bo * a_blk[:, None]
     m[...] = m_new
 
 
@@ -115,56 +124,157 @@ UPDATE = sp.Kernel(_online_update, [sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT],
 NORMALIZE = sp.Kernel(_normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize")
 ZERO = sp.Kernel(_zero, [(sp.OUT, "float32")], name="zero")
 
+#: Blocks whose QK / softmax / PV / update are submitted together; the per-block scratch (about
+#: 24 KiB per block at 16 heads x 128 dims) is sized for one group and reused by the next.
+GROUP_BLOCKS = 512
 
-def orchestrate(o, query, key_cache, value_cache, block_table, context_lens, out, scale):
-    """Submits QK -> softmax -> PV -> update per block, then one normalization per batch."""
+
+def _plan(o, query, key_cache, block_table, context_lens):
+    """Reads the control tensors in bulk; returns the blocks to process, in (batch, block) order:
+    ``(batch, position in the sequence, cache block, valid tokens)`` as numpy arrays."""
+    block_size = key_cache.shape[1]
+    lens = o.read_tensor(context_lens).astype(np.int64)
+    table = o.read_tensor(block_table)
+    nblk = np.where(lens > 0, -(-lens // block_size), 0)
+    batch = np.repeat(np.arange(len(lens)), nblk)
+    starts = np.repeat(np.cumsum(nblk) - nblk, nblk)
+    pos = np.arange(len(batch)) - starts
+    blk = table[batch, pos].astype(np.int64)
+    valid = np.minimum(block_size, lens[batch] - pos * block_size)
+    return lens, batch, pos, blk, valid
+
+
+def _rows(*columns):
+    """An ``(n, k)`` int64 offsets array from k columns (arrays of length n, or scalars)."""
+    n = max(np.size(c) for c in columns)
+    out = np.zeros((n, len(columns)), np.int64)
+    for i, c in enumerate(columns):
+        if np.ndim(c) or c:
+            out[:, i] = c
+    return out
+
+
+def _scratch(o, query, key_cache, group):
     n_batch, n_heads, head_dim = query.shape
     block_size = key_cache.shape[1]
-    run_max = o.scratch([n_batch, n_heads], "float32", name="running_max")
-    run_sum = o.scratch([n_batch, n_heads], "float32", name="running_sum")
-    run_acc = o.scratch([n_batch, n_heads, head_dim], "float32", name="running_acc")
-    scores = o.scratch([n_heads, block_size], "float32", name="scores")
-    probs = o.scratch([n_heads, block_size], "float32", name="probs")
-    stats = o.scratch([2, n_heads], "float32", name="block_stats")
-    block_out = o.scratch([n_heads, head_dim], "float32", name="block_out")
-    kv_shape = [1, block_size, 1, head_dim]
-    for b in range(n_batch):
-        ctx = int(o.get_tensor_data(context_lens, b))
-        out_b = out.view([1, n_heads, head_dim], [b, 0, 0])
-        if ctx <= 0:
-            o.submit(ZERO, out_b)
-            continue
-        q_b = query.view([1, n_heads, head_dim], [b, 0, 0])
-        m_b = run_max.view([1, n_heads], [b, 0])
-        s_b = run_sum.view([1, n_heads], [b, 0])
-        acc_b = run_acc.view([1, n_heads, head_dim], [b, 0, 0])
-        for j in range(-(-ctx // block_size)):
+    return {
+        "run_max": o.scratch([n_batch, n_heads], "float32", name="running_max"),
+        "run_sum": o.scratch([n_batch, n_heads], "float32", name="running_sum"),
+        "run_acc": o.scratch([n_batch, n_heads, head_dim], "float32", name="running_acc"),
+        "scores": o.scratch([group, n_heads, block_size], "float32", name="scores"),
+        "probs": o.scratch([group, n_heads, block_size], "float32", name="probs"),
+        "stats": o.scratch([group, 2, n_heads], "float32", name="block_stats"),
+        "block_out": o.scratch([group, n_heads, head_dim], "float32", name="block_out"),
+    }
+
+
+def orchestrate(o, query, key_cache, value_cache, block_table, context_lens, out, scale):
+    """Bulk reads, then QK -> softmax -> PV -> update per group of blocks in batched submits, then
+    one batched normalization (and zeroing of empty contexts)."""
+    _, n_heads, head_dim = query.shape
+    block_size = key_cache.shape[1]
+    lens, batch, pos, blk, valid = _plan(o, query, key_cache, block_table, context_lens)
+    group = max(1, min(GROUP_BLOCKS, len(batch)))
+    sc = _scratch(o, query, key_cache, group)
+    q_shape, kv_shape = [1, n_heads, head_dim], [1, block_size, 1, head_dim]
+    per_block = {}  # this group's slice of each per-block scratch, by group size
+    for g0 in range(0, len(batch), group):
+        b, p, k, v_ok = (
+            batch[g0 : g0 + group],
+            pos[g0 : g0 + group],
+            blk[g0 : g0 + group],
+            valid[g0 : g0 + group],
+        )
+        if len(b) not in per_block:
+            slot3 = _rows(np.arange(len(b)), 0, 0)
+            per_block[len(b)] = (
+                sc["scores"].views([1, n_heads, block_size], slot3),
+                sc["probs"].views([1, n_heads, block_size], slot3),
+                sc["stats"].views([1, 2, n_heads], slot3),
+                sc["block_out"].views([1, n_heads, head_dim], slot3),
+            )
+        scores, probs, stats, block_out = per_block[len(b)]
+        b2, b3, kv = _rows(b, 0), _rows(b, 0, 0), _rows(k, 0, 0, 0)
+        o.submit_many(QK, query.views(q_shape, b3), key_cache.views(kv_shape, kv), scores, scale, v_ok)
+        o.submit_many(SOFTMAX, scores, probs, stats, v_ok)
+        o.submit_many(PV, probs, value_cache.views(kv_shape, kv), block_out, v_ok)
+        o.submit_many(
+            UPDATE,
+            stats,
+            block_out,
+            sc["run_max"].views([1, n_heads], b2),
+            sc["run_sum"].views([1, n_heads], b2),
+            sc["run_acc"].views([1, n_heads, head_dim], b3),
+            (p == 0).astype(np.int64),
+        )
+    live = np.flatnonzero(lens > 0)
+    empty = np.flatnonzero(lens <= 0)
+    if len(live):
+        o.submit_many(
+            NORMALIZE,
+            sc["run_sum"].views([1, n_heads], _rows(live, 0)),
+            sc["run_acc"].views([1, n_heads, head_dim], _rows(live, 0, 0)),
+            out.views([1, n_heads, head_dim], _rows(live, 0, 0)),
+        )
+    if len(empty):
+        o.submit_many(ZERO, out.views([1, n_heads, head_dim], _rows(empty, 0, 0)))
+
+
+def orchestrate_per_task(o, query, key_cache, value_cache, block_table, context_lens, out, scale):
+    """The same tasks as :func:`orchestrate`, in the same order, one ``submit`` (and element read)
+    at a time: the single-submit path."""
+    n_batch, n_heads, head_dim = query.shape
+    block_size = key_cache.shape[1]
+    lens = [int(o.get_tensor_data(context_lens, b)) for b in range(n_batch)]
+    blocks = []  # (batch, position, cache block, valid tokens)
+    for b, ctx in enumerate(lens):
+        for j in range(-(-ctx // block_size) if ctx > 0 else 0):
             blk = int(o.get_tensor_data(block_table, (b, j)))
-            valid = min(block_size, ctx - j * block_size)
-            if valid == block_size:
-                k, v, sc, pr = (
-                    key_cache.view(kv_shape, [blk, 0, 0, 0]),
-                    value_cache.view(kv_shape, [blk, 0, 0, 0]),
-                    scores,
-                    probs,
-                )
-            else:  # the sequence's last, partial block: only its valid tokens are viewed
-                k = key_cache.view([1, valid, 1, head_dim], [blk, 0, 0, 0])
-                v = value_cache.view([1, valid, 1, head_dim], [blk, 0, 0, 0])
-                sc = scores.view([n_heads, valid], [0, 0])
-                pr = probs.view([n_heads, valid], [0, 0])
-            o.submit(QK, q_b, k, sc, scale)
-            o.submit(SOFTMAX, sc, pr, stats)
-            o.submit(PV, pr, v, block_out)
-            o.submit(UPDATE, stats, block_out, m_b, s_b, acc_b, int(j == 0))
-        o.submit(NORMALIZE, s_b, acc_b, out_b)
+            blocks.append((b, j, blk, min(block_size, ctx - j * block_size)))
+    group = max(1, min(GROUP_BLOCKS, len(blocks)))
+    sc = _scratch(o, query, key_cache, group)
+    q_shape, kv_shape = [1, n_heads, head_dim], [1, block_size, 1, head_dim]
+    for g0 in range(0, len(blocks), group):
+        tasks = []
+        for i, (b, j, blk, ok) in enumerate(blocks[g0 : g0 + group]):
+            tasks.append(
+                {
+                    "q": query.view(q_shape, [b, 0, 0]),
+                    "k": key_cache.view(kv_shape, [blk, 0, 0, 0]),
+                    "v": value_cache.view(kv_shape, [blk, 0, 0, 0]),
+                    "scores": sc["scores"].view([1, n_heads, block_size], [i, 0, 0]),
+                    "probs": sc["probs"].view([1, n_heads, block_size], [i, 0, 0]),
+                    "stats": sc["stats"].view([1, 2, n_heads], [i, 0, 0]),
+                    "out": sc["block_out"].view([1, n_heads, head_dim], [i, 0, 0]),
+                    "m": sc["run_max"].view([1, n_heads], [b, 0]),
+                    "s": sc["run_sum"].view([1, n_heads], [b, 0]),
+                    "acc": sc["run_acc"].view([1, n_heads, head_dim], [b, 0, 0]),
+                    "valid": ok,
+                    "first": int(j == 0),
+                }
+            )
+        for t in tasks:
+            o.submit(QK, t["q"], t["k"], t["scores"], scale, t["valid"])
+        for t in tasks:
+            o.submit(SOFTMAX, t["scores"], t["probs"], t["stats"], t["valid"])
+        for t in tasks:
+            o.submit(PV, t["probs"], t["v"], t["out"], t["valid"])
+        for t in tasks:
+            o.submit(UPDATE, t["stats"], t["out"], t["m"], t["s"], t["acc"], t["first"])
+    for b in (b for b, ctx in enumerate(lens) if ctx > 0):
+        o.submit(
+            NORMALIZE,
+            sc["run_sum"].view([1, n_heads], [b, 0]),
+            sc["run_acc"].view([1, n_heads, head_dim], [b, 0, 0]),
+            out.view([1, n_heads, head_dim], [b, 0, 0]),
+        )
+    for b in (b for b, ctx in enumerate(lens) if ctx <= 0):
+        o.submit(ZERO, out.view([1, n_heads, head_dim], [b, 0, 0]))
 
 
-CALLABLE = sp.Callable(
-    orchestrate,
-    signature=[sp.IN, sp.IN, sp.IN, (sp.IN, "int32"), (sp.IN, "int32"), (sp.OUT, "float32")],
-    name="paged_attention",
-)
+SIGNATURE = [sp.IN, sp.IN, sp.IN, (sp.IN, "int32"), (sp.IN, "int32"), (sp.OUT, "float32")]
+CALLABLE = sp.Callable(orchestrate, signature=SIGNATURE, name="paged_attention")
+CALLABLE_PER_TASK = sp.Callable(orchestrate_per_task, signature=SIGNATURE, name="paged_attention_per_task")
 
 
 # -- fixtures and golden -----------------------------------------------------------------------
@@ -290,3 +400,23 @@ class TestPagedAttention(sp.SceneTestCase):
 
 if __name__ == "__main__":
     sp.main()
+
+
+def test_batched_and_per_task_orchestrations_agree():
+    """The batched orchestration and the per-task one submit the same tasks and agree exactly."""
+    params = dict(_BASES[1][1], arm="Residency_all")
+    results = []
+    for callable in (CALLABLE, CALLABLE_PER_TASK):
+        x = make_inputs(params)
+        with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+            names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
+            args = [res.add(n, x[n]) for n in names]
+            r = w.run(callable, [*args, x["out"], x["scale"]])
+        results.append((x["out"], r.counters))
+    (out_b, c_b), (out_t, c_t) = results
+    np.testing.assert_array_equal(out_b, out_t)
+    golden = golden_paged_attention(*(x[n] for n in names), x["scale"])
+    np.testing.assert_allclose(out_b, golden, rtol=1e-3, atol=1e-3)
+    assert c_b["tasks"] == c_t["tasks"] == 4 * sum(-(-c // 8) for c in params["context_lens"]) + 3
+    assert c_b["submits"] < 10 < c_t["submits"] == c_t["tasks"]
+    assert c_b["orch_reads"] == 2 and c_t["orch_reads"] == 3 + sum(-(-c // 8) for c in params["context_lens"])

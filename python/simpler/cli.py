@@ -17,7 +17,9 @@ package was installed from.
 **Arms.** A scene-test case belongs to arm ``params["arm"]`` when it has one, else to the
 ``Residency_<x>`` suffix of its name (``B64_8K_Residency_bulk`` is case ``B64_8K``, arm
 ``Residency_bulk``); a case with neither is an arm of its own. Arms are compared within a case;
-ratios are taken against ``Residency_staged``.
+ratios are taken against ``Residency_staged``. The arms of a case run side by side in one process,
+each on its own worker, with their rounds interleaved (round 1 of every arm, then round 2, ...),
+so drift of a shared machine hits every arm alike.
 
 **Selection.** ``--case`` takes the runner's selectors (``Foo``, ``Class::Foo``, ``Class::``;
 repeatable, comma-separated) and matches either the full case name or the case without its arm.
@@ -151,11 +153,16 @@ def _selected(cls_name: str, case: Mapping[str, Any], selectors: Sequence[str] |
 def _scene_rounds(
     module: Any, opts: BenchOptions, log: Any
 ) -> Iterator[tuple[str, str, str, str, RunReport | BaseException]]:
-    """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, report)``."""
+    """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, report)``.
+
+    The arms of a case run side by side, their rounds interleaved (round 1 of every arm, then
+    round 2 of every arm, ...), so that drift of a busy machine hits every arm alike.
+    """
     classes = scene.scene_classes(module)
     if not classes:
         raise SystemExit(f"simpler bench: {opts.workload} defines no scene test")
     for cls in classes:
+        groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
         for case in cls.CASES:
             if not _selected(cls.__name__, case, opts.cases):
                 continue
@@ -166,19 +173,53 @@ def _scene_rounds(
                 log(f"skip {cls.__name__}::{case['name']}: {reason}")
                 continue
             base, arm = split_arm(case)
-            t0 = time.perf_counter()
+            groups.setdefault(base, []).append((arm, case))
+        for base, arms in groups.items():
+            yield from _interleaved_rounds(cls, base, arms, opts, log)
+
+
+def _interleaved_rounds(
+    cls: type, base: str, arms: list[tuple[str, Mapping[str, Any]]], opts: BenchOptions, log: Any
+) -> Iterator[tuple[str, str, str, str, RunReport | BaseException]]:
+    """The rounds of one case's arms, interleaved; an arm that fails is reported and dropped."""
+    runs: dict[str, tuple[scene.CaseRun, Mapping[str, Any]]] = {}
+    t0 = time.perf_counter()
+    try:
+        for arm, case in arms:
+            run = scene.CaseRun(cls, case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options)
+            runs[arm] = (run, case)
+        for arm, (run, case) in list(runs.items()):
             try:
-                reports = scene.run_case(
-                    cls, case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options
-                )
+                run.start()
+            except Exception as e:
+                log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
+                run.close(failed=True)
+                del runs[arm]
+                yield cls.__name__, base, case["name"], arm, e
+        for _ in range(opts.rounds):
+            for arm, (run, case) in list(runs.items()):
+                try:
+                    report = run.round()
+                except Exception as e:
+                    log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
+                    run.close(failed=True)
+                    del runs[arm]
+                    yield cls.__name__, base, case["name"], arm, e
+                    continue
+                yield cls.__name__, base, case["name"], arm, report
+        for arm, (run, case) in list(runs.items()):
+            try:
+                run.finish()
             except Exception as e:
                 log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
                 yield cls.__name__, base, case["name"], arm, e
-                continue
-            dt = time.perf_counter() - t0
-            log(f"ran  {cls.__name__}::{case['name']}: {len(reports)} round(s) in {dt:.1f} s")
-            for r in reports:
-                yield cls.__name__, base, case["name"], arm, r
+        dt = time.perf_counter() - t0
+        if runs:
+            names = ", ".join(arm for arm in runs)
+            log(f"ran  {cls.__name__}::{base} ({names}): {opts.rounds} interleaved round(s) in {dt:.1f} s")
+    finally:
+        for run, _case in runs.values():
+            run.close(failed=True)
 
 
 def _driver_rounds(

@@ -56,7 +56,7 @@ from .args import ResidentTaskArgs, TaskArgsBuilder
 from .errors import ArgumentError, ArgumentTypeError
 from .worker import ArgDirection, Callable, RunReport, Worker
 
-__all__ = ["PLATFORMS", "SceneTestCase", "main", "run_case", "scene_test"]
+__all__ = ["PLATFORMS", "CaseRun", "SceneTestCase", "main", "run_case", "scene_test"]
 
 log = logging.getLogger("simpler")
 
@@ -232,6 +232,156 @@ def _plan(args: TaskArgsBuilder, callable: Callable, res: ResidentTaskArgs | Non
     return _Plan(staged, resident)
 
 
+class CaseRun:
+    """One case of a scene test, run round by round (what :func:`run_case` does in one call).
+
+    ``start()`` opens the worker (unless one is given), builds the fixtures and the golden clone
+    and makes every ``child_memory`` tensor resident; each ``round()`` runs the callable once and
+    checks it (a host-staged case compares every round; a case with resident outputs evolves its
+    golden); ``finish()`` makes the final comparison of a case with resident outputs; ``close()``
+    releases the resident set and closes the worker it opened (always call it, e.g. in
+    ``finally``; it is idempotent). Rounds of several cases may be interleaved, which is how
+    ``simpler bench`` compares residency arms on a busy machine.
+    """
+
+    def __init__(
+        self,
+        cls: type[SceneTestCase],
+        case: Mapping[str, Any] | str,
+        platform: str = "sim",
+        rounds: int = 1,
+        skip_golden: bool = False,
+        worker_options: Mapping[str, Any] | None = None,
+        worker: Worker | None = None,
+    ):
+        if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
+            raise ArgumentTypeError("run_case: expected a SceneTestCase subclass")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ArgumentError(f"run_case: rounds must be a positive int, not {rounds!r}")
+        self.cls = cls
+        self.case = _find_case(cls, case)
+        self.callable = cls.CALLABLE
+        if not isinstance(self.callable, Callable):
+            raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
+        self.label = f"{cls.__name__}::{self.case['name']}"
+        self.params = dict(self.case.get("params", {}))
+        self.rounds = rounds
+        self.skip = bool(skip_golden or self.case.get("skip_golden", False) or cls.SKIP_GOLDEN)
+        self.platform = platform
+        self.worker_options = dict(worker_options or {})
+        self.worker = worker
+        self._own = worker is None
+        self.reports: list[RunReport] = []
+        self._inst = cls()
+        self._res: ResidentTaskArgs | None = None
+        self._closed = False
+
+    def _note(self, e: BaseException) -> None:
+        if isinstance(e, Exception) and not any(self.label in n for n in getattr(e, "__notes__", ())):
+            e.add_note(f"scene case {self.label}")
+
+    def start(self) -> None:
+        """Opens the worker, builds fixtures and golden, sets up the resident tensors."""
+        try:
+            self._start()
+        except BaseException as e:
+            self._note(e)
+            raise
+
+    def _start(self) -> None:
+        cls, label, callable = self.cls, self.label, self.callable
+        level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
+        if self._own:
+            self.worker = Worker(self.platform, **self.worker_options)
+        args = self._inst.generate_args(self.params)
+        if not isinstance(args, TaskArgsBuilder):
+            raise ArgumentTypeError(
+                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
+            )
+        callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
+        resident_specs = [t for t in args.tensors() if t.child_memory]
+        if level == 3 and resident_specs:
+            raise ArgumentError(
+                f"{label}: child_memory is not supported at scene-test level 3 (multi-process): "
+                f"{', '.join(t.name for t in resident_specs)}; declare them host-staged or use level 2"
+            )
+        self.args = args
+        self.golden = None if self.skip else args.clone()
+        self._res = ResidentTaskArgs.from_builder(self.worker, args, callable)
+        self.plan = _plan(args, callable, self._res)
+        self._initial = {n: np.array(args[n], copy=True) for n in self.plan.staged_outputs}
+        self._evolving = bool(self.plan.resident_outputs)
+        if self.golden is not None and not self._evolving:
+            self._inst.compute_golden(self.golden, self.params)
+
+    def round(self) -> RunReport:
+        """Runs the next round (and checks it); returns its report."""
+        __tracebackhide__ = True
+        try:
+            return self._round()
+        except BaseException as e:
+            self._note(e)
+            raise
+
+    def _round(self) -> RunReport:
+        r = len(self.reports)
+        if r > 0:
+            for n, snap in self._initial.items():
+                np.copyto(self.args[n], snap)
+        assert self.worker is not None and self._res is not None, "start() first"
+        report = self.worker.run(self.callable, self._res.bind(self.args))
+        self.reports.append(report)
+        golden = self.golden
+        if golden is not None:
+            if self._evolving:
+                if r > 0:
+                    for n, snap in self._initial.items():
+                        np.copyto(golden[n], snap)
+                self._inst.compute_golden(golden, self.params)
+            else:
+                _compare(
+                    self._inst, self.args, golden, self.params, f"{self.label}, round {r + 1}/{self.rounds}"
+                )
+        return report
+
+    def finish(self) -> list[RunReport]:
+        """After the last round: compares resident outputs (read back once); returns the reports."""
+        __tracebackhide__ = True
+        try:
+            if self.golden is not None and self._evolving and self._res is not None:
+                self._res.copy_back(self.args, self.plan.resident_outputs)
+                n = len(self.reports)
+                _compare(
+                    self._inst,
+                    self.args,
+                    self.golden,
+                    self.params,
+                    f"{self.label}, after {n} round(s) (resident outputs)",
+                )
+        except BaseException as e:
+            self._note(e)
+            raise
+        return self.reports
+
+    def close(self, failed: bool = False) -> None:
+        """Releases the resident set and closes the worker it opened. When ``failed``, a release
+        failure is logged instead of raised (the first error is the one that matters)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._res is not None:
+                try:
+                    self._res.release()
+                except Exception:
+                    if not failed:
+                        raise
+                    log.exception("%s: release after a failure also failed", self.label)
+        finally:
+            if self._own and self.worker is not None:
+                self.worker.close()
+
+
 def run_case(
     cls: type[SceneTestCase],
     case: Mapping[str, Any] | str,
@@ -249,82 +399,21 @@ def run_case(
     ``platform`` with ``worker_options`` (``svm``, ``staging``, ...) and closed at the end.
     Golden checking is skipped when ``skip_golden``, the case's ``skip_golden`` or the class's
     ``SKIP_GOLDEN`` is set. A mismatch raises ``AssertionError`` naming the case (and round).
+    See :class:`CaseRun` to run a case round by round.
     """
     __tracebackhide__ = True  # pytest: failures start at the case's own code
-    if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
-        raise ArgumentTypeError("run_case: expected a SceneTestCase subclass")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ArgumentError(f"run_case: rounds must be a positive int, not {rounds!r}")
-    case = _find_case(cls, case)
-    callable = cls.CALLABLE
-    if not isinstance(callable, Callable):
-        raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
-    level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
-    label = f"{cls.__name__}::{case['name']}"
-    params = dict(case.get("params", {}))
-    skip = bool(skip_golden or case.get("skip_golden", False) or cls.SKIP_GOLDEN)
-    inst = cls()
-    own = worker is None
-    reports: list[RunReport] = []
-    res: ResidentTaskArgs | None = None
+    run = CaseRun(cls, case, platform, rounds, skip_golden, worker_options, worker)
     failed = False
     try:
-        if own:
-            worker = Worker(platform, **dict(worker_options or {}))
-        args = inst.generate_args(params)
-        if not isinstance(args, TaskArgsBuilder):
-            raise ArgumentTypeError(
-                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
-            )
-        callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
-        resident_specs = [t for t in args.tensors() if t.child_memory]
-        if level == 3 and resident_specs:
-            raise ArgumentError(
-                f"{label}: child_memory is not supported at scene-test level 3 (multi-process): "
-                f"{', '.join(t.name for t in resident_specs)}; declare them host-staged or use level 2"
-            )
-        golden = None if skip else args.clone()
-        res = ResidentTaskArgs.from_builder(worker, args, callable)
-        plan = _plan(args, callable, res)
-        initial = {n: np.array(args[n], copy=True) for n in plan.staged_outputs}
-        evolving = bool(plan.resident_outputs)
-        if golden is not None and not evolving:
-            inst.compute_golden(golden, params)
-        for r in range(rounds):
-            if r > 0:
-                for n, snap in initial.items():
-                    np.copyto(args[n], snap)
-            reports.append(worker.run(callable, res.bind(args)))
-            if golden is None:
-                continue
-            if evolving:
-                if r > 0:
-                    for n, snap in initial.items():
-                        np.copyto(golden[n], snap)
-                inst.compute_golden(golden, params)
-            else:
-                _compare(inst, args, golden, params, f"{label}, round {r + 1}/{rounds}")
-        if golden is not None and evolving:
-            res.copy_back(args, plan.resident_outputs)
-            _compare(inst, args, golden, params, f"{label}, after {rounds} round(s) (resident outputs)")
-    except BaseException as e:
+        run.start()
+        for _ in range(rounds):
+            run.round()
+        return run.finish()
+    except BaseException:
         failed = True
-        if isinstance(e, Exception) and not any(label in n for n in getattr(e, "__notes__", ())):
-            e.add_note(f"scene case {label}")
         raise
     finally:
-        try:
-            if res is not None:
-                try:
-                    res.release()
-                except Exception:
-                    if not failed:
-                        raise
-                    log.exception("%s: release after a failure also failed", label)
-        finally:
-            if own and worker is not None:
-                worker.close()
-    return reports
+        run.close(failed)
 
 
 # `TestX.run_case(case, ...)`: the same function, with the class bound.

@@ -136,11 +136,23 @@ impl RunTensor {
         let (s, n) = small_ints(shape, &what)?;
         let zeros = [0i64; MAX_DIMS];
         let layout = self.geometry.view(&what, &s[..n], &zeros[..n]).py()?;
-        static ROWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let rows = arrays_fn(py, &ROWS, "offset_rows")?.call1((offsets, self.geometry.ndim()))?;
-        let rows: PyReadonlyArray2<'_, i64> = rows.extract()?;
+        let nd = self.geometry.ndim();
+        // An (n, rank) C-contiguous int64 array is taken as is; anything else is converted.
+        let direct = offsets
+            .extract::<PyReadonlyArray2<'_, i64>>()
+            .ok()
+            .filter(|a| a.shape()[1] == nd.max(1) && a.is_c_contiguous());
+        let rows = match direct {
+            Some(a) => a,
+            None => {
+                static ROWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+                arrays_fn(py, &ROWS, "offset_rows")?
+                    .call1((offsets, nd))?
+                    .extract()?
+            }
+        };
         let flat = rows.as_slice()?;
-        let nd = self.geometry.ndim().max(1);
+        let nd = nd.max(1);
         let mut starts = Vec::with_capacity(flat.len() / nd);
         for (k, row) in flat.chunks_exact(nd).enumerate() {
             let row = &row[..self.geometry.ndim()];
@@ -257,6 +269,11 @@ impl Orchestrator {
 
 /// Per-task values of a ``submit_many`` scalar position.
 fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<Vec<Value>> {
+    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
+        if let Ok(v) = a.as_slice() {
+            return Ok(v.iter().map(|&i| Value::Int(i)).collect());
+        }
+    }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
         let py = obj.py();

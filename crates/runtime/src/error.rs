@@ -93,6 +93,11 @@ impl Error {
         }
     }
 
+    /// A failed access to host memory (a view, a mirror, a copy) of `tensor`.
+    pub fn host(tensor: &str, e: simpler_driver::HostMemError) -> Error {
+        Error::Value(format!("{tensor}: host view access failed: {e}"))
+    }
+
     /// A geometry error.
     pub fn geometry(what: impl Into<String>, detail: impl Into<String>) -> Error {
         Error::Geometry {

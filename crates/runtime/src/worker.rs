@@ -17,7 +17,7 @@ use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
 use crate::resident::ResidentSets;
 use crate::run::{
-    BatchScalar, BatchSlot, HostWindow, RunId, RunReport, RunState, TaskCall, TensorInfo,
+    BatchScalar, BatchSlot, HostWindow, Records, RunId, RunReport, RunState, TaskCall, TensorInfo,
 };
 use crate::scratch::ScratchPool;
 use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
@@ -45,6 +45,8 @@ pub struct Worker {
     scratch: ScratchPool,
     resident: ResidentSets,
     run: Option<RunState>,
+    /// The cleared records of the last run, reused by the next.
+    spare: Records,
     next_run: u64,
     closed: bool,
     /// The phase the driver's call log labels calls with (set on change only).
@@ -73,6 +75,7 @@ impl Worker {
             scratch: ScratchPool::default(),
             resident: ResidentSets::default(),
             run: None,
+            spare: Records::default(),
             next_run: 1,
             closed: false,
             phase: None,
@@ -241,6 +244,7 @@ impl Worker {
         if self.run.is_some() {
             return Err(Error::State("trim_staging: a run is in progress".into()));
         }
+        self.spare = Records::default();
         self.arena.trim(&mut self.mem)?;
         self.scratch.trim(&mut self.mem)
     }
@@ -319,7 +323,8 @@ impl Worker {
         call.validate()?;
         let id = RunId(self.next_run);
         self.next_run += 1;
-        let mut run = RunState::new(id, started, self.mem.dev.stats());
+        let records = std::mem::take(&mut self.spare);
+        let mut run = RunState::new(id, started, self.mem.dev.stats(), records);
         match run.bind(&mut self.mem, &mut self.arena, self.staging, call, hosts) {
             Ok(()) => {
                 run.report.phases.bind = run.lap();
@@ -499,9 +504,11 @@ impl Worker {
         let Some(state) = self.run.take() else {
             unreachable!("checked by active()")
         };
-        match state.finish(&mut self.mem) {
-            (report, None) => Ok(report),
-            (_, Some(e)) => Err(e),
+        let (report, err, records) = state.finish(&mut self.mem);
+        self.spare = records;
+        match err {
+            None => Ok(report),
+            Some(e) => Err(e),
         }
     }
 

@@ -16,36 +16,8 @@ use crate::dtype::Value;
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
-use crate::run::state::{ArgKind, HostWindow, RunState, Stage};
+use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage};
 use crate::views::{Means, ViewEvents};
-
-/// Where the accesses through one argument land, resolved once per run and kept while the view
-/// cache's epoch says it still holds: host offset `host_start` is device address `dev_start`.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    mem: Arc<HostMem>,
-    dev_start: u64,
-    host_start: usize,
-    /// Writes are pushed to the device at once (a mirror or a staged copy).
-    push: bool,
-    /// The mirror of this allocation (marked stale when a push fails).
-    mirror_of: Option<DevPtr>,
-    /// The bytes are this run's staged copy of the argument.
-    staged_copy: bool,
-    /// `mem` is host-owned: a window over it needs no copy.
-    zero_copy: bool,
-    epoch: u64,
-}
-
-impl Resolved {
-    fn host_offset(&self, addr: u64) -> usize {
-        self.host_start + (addr - self.dev_start) as usize
-    }
-}
-
-pub(crate) fn host_err(what: &str, e: simpler_driver::HostMemError) -> Error {
-    Error::Value(format!("{what}: host view access failed: {e}"))
-}
 
 impl RunState {
     /// Checks an access of `access` (a geometry relative to the allocation of argument `arg`)
@@ -86,7 +58,15 @@ impl RunState {
                 ),
             });
         }
-        if let Some(c) = self.hazards.conflict(a.region, access, write, &self.tasks) {
+        let args = &self.args;
+        let place = |i: u32| {
+            let a = &args[i as usize];
+            a.alloc.map(|(p, _)| (a.region, p.0))
+        };
+        if let Some(c) = self
+            .hazards
+            .conflict(a.region, access, write, &self.tasks, &place)
+        {
             let (verb, task_does) = if write {
                 ("writing", if c.writes { "writes" } else { "reads" })
             } else {
@@ -146,11 +126,12 @@ impl RunState {
                     )));
                 };
                 if copy.is_none() {
-                    let m = HostMem::new(span_len as usize, 0).map_err(|e| host_err(&name, e))?;
+                    let m =
+                        HostMem::new(span_len as usize, 0).map_err(|e| Error::host(&name, e))?;
                     m.with_slice_mut(0, span_len as usize, |d| {
                         mem.dev.copy_d2h(d, DevPtr(span_start))
                     })
-                    .map_err(|e| host_err(&name, e))?
+                    .map_err(|e| Error::host(&name, e))?
                     .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
                     *copy = Some(Arc::new(m));
                     self.report.counters.staged_view_copies += 1;
@@ -194,7 +175,7 @@ impl RunState {
         let mut buf = [0u8; 8];
         r.mem
             .read(r.host_offset(addr), &mut buf[..es])
-            .map_err(|e| host_err(&self.args[arg as usize].name, e))?;
+            .map_err(|e| Error::host(&self.args[arg as usize].name, e))?;
         self.report.counters.orch_reads += 1;
         Ok(view.dtype().decode(&buf[..es]))
     }
@@ -224,7 +205,7 @@ impl RunState {
         let r = self.resolved(arg);
         r.mem
             .write(r.host_offset(addr), &buf[..es])
-            .map_err(|e| host_err(&name, e))?;
+            .map_err(|e| Error::host(&name, e))?;
         if r.push {
             let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);
             if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
@@ -264,7 +245,7 @@ impl RunState {
                 Stage::Orchestrate,
                 "tensor data is accessible only during orchestration",
             )?;
-            let m = Arc::new(HostMem::new(1, 0).map_err(|e| host_err(&name, e))?);
+            let m = Arc::new(HostMem::new(1, 0).map_err(|e| Error::host(&name, e))?);
             return Ok(HostWindow {
                 mem: m,
                 offset: 0,
@@ -288,11 +269,11 @@ impl RunState {
                 writable: false,
             });
         }
-        let copy = HostMem::new(extent as usize, 0).map_err(|e| host_err(&name, e))?;
+        let copy = HostMem::new(extent as usize, 0).map_err(|e| Error::host(&name, e))?;
         r.mem
             .with_slice(offset, extent as usize, |s| copy.write(0, s))
-            .map_err(|e| host_err(&name, e))?
-            .map_err(|e| host_err(&name, e))?;
+            .map_err(|e| Error::host(&name, e))?
+            .map_err(|e| Error::host(&name, e))?;
         Ok(HostWindow {
             mem: Arc::new(copy),
             offset: 0,

@@ -11,7 +11,7 @@ use simpler_driver::DevPtr;
 use crate::error::{Error, Phase, Result};
 use crate::memory::Memory;
 use crate::run::report::RunReport;
-use crate::run::state::{ArgKind, RunState, Stage};
+use crate::run::state::{ArgKind, Records, RunState, Stage};
 
 impl RunState {
     /// Starts copy back: the staged arguments to copy into the caller's arrays, as (index among
@@ -72,10 +72,10 @@ impl RunState {
         self.report.phases.copy_back = self.lap();
     }
 
-    /// Cleans up (always): releases fresh staging buffers, frees the run's records and completes
-    /// the report. Returns the report, and the first cleanup failure after everything was
-    /// attempted.
-    pub(crate) fn finish(mut self, mem: &mut Memory) -> (RunReport, Option<Error>) {
+    /// Cleans up (always): releases fresh staging buffers, clears the run's records and completes
+    /// the report. Returns the report, the first cleanup failure after everything was attempted,
+    /// and the cleared records for the next run.
+    pub(crate) fn finish(mut self, mem: &mut Memory) -> (RunReport, Option<Error>, Records) {
         if matches!(self.stage, Stage::Orchestrate | Stage::Execute) {
             self.failed = true;
             self.lap();
@@ -88,8 +88,12 @@ impl RunState {
             }
         }
         // The run's own teardown is part of cleanup.
-        drop(std::mem::take(&mut self.tasks));
-        drop(std::mem::take(&mut self.hazards));
+        let mut records = Records {
+            tasks: std::mem::take(&mut self.tasks),
+            hazards: std::mem::take(&mut self.hazards),
+        };
+        records.tasks.clear();
+        records.hazards.clear();
         drop(std::mem::take(&mut self.args));
         self.report.phases.cleanup = self.lap();
         let after = mem.dev.stats();
@@ -101,6 +105,6 @@ impl RunState {
         c.mirror_refreshes = self.events.refreshes;
         c.mirror_refresh_bytes = self.events.refresh_bytes;
         self.report.ok = !self.failed && first_err.is_none();
-        (self.report, first_err)
+        (self.report, first_err, records)
     }
 }

@@ -10,7 +10,6 @@ use simpler_driver::{DevPtr, HostMem};
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::Memory;
-use crate::run::access::host_err;
 use crate::run::state::{ArgKind, HostWindow, PendingCopy, RunState, Stage, TaskCall};
 
 impl RunState {
@@ -46,7 +45,7 @@ impl RunState {
             let base = match a.alloc {
                 Some((p, _)) if extent > 0 => p,
                 _ => {
-                    let m = Arc::new(HostMem::new(1, 0).map_err(|e| host_err(&a.name, e))?);
+                    let m = Arc::new(HostMem::new(1, 0).map_err(|e| Error::host(&a.name, e))?);
                     call.buffers.push(HostWindow {
                         mem: m,
                         offset: 0,
@@ -70,9 +69,9 @@ impl RunState {
                 });
                 continue;
             }
-            let m = HostMem::new(extent as usize, 0).map_err(|e| host_err(&a.name, e))?;
+            let m = HostMem::new(extent as usize, 0).map_err(|e| Error::host(&a.name, e))?;
             m.with_slice_mut(0, extent as usize, |d| mem.dev.copy_d2h(d, DevPtr(addr)))
-                .map_err(|e| host_err(&a.name, e))?
+                .map_err(|e| Error::host(&a.name, e))?
                 .map_err(|e| Error::device(Phase::Execute, Some(&a.name), e))?;
             let m = Arc::new(m);
             if writable {
@@ -104,7 +103,7 @@ impl RunState {
             let r = if c.geometry.is_dense() {
                 c.mem
                     .with_slice(0, c.mem.len(), |s| mem.dev.copy_h2d(DevPtr(c.addr), s))
-                    .map_err(|e| host_err(&c.name, e))?
+                    .map_err(|e| Error::host(&c.name, e))?
             } else {
                 // Only the view's elements go back: the bytes between them may belong to another
                 // view of the same task, which has its own copy.
@@ -114,7 +113,7 @@ impl RunState {
                     .map_err(dev_err)?;
                 c.mem
                     .with_slice(0, c.mem.len(), |s| c.geometry.copy_elements(s, &mut merged))
-                    .map_err(|e| host_err(&c.name, e))?;
+                    .map_err(|e| Error::host(&c.name, e))?;
                 mem.dev.copy_h2d(DevPtr(c.addr), &merged)
             };
             r.map_err(dev_err)?;
@@ -134,7 +133,12 @@ impl RunState {
             .iter()
             .filter(|a| matches!(a.kind, ArgKind::Device) && a.dir.writes())
             .filter_map(|a| a.alloc.map(|(p, _)| p));
-        for p in declared.chain(self.hazards.written_allocations()) {
+        let written = self
+            .tasks
+            .written_args()
+            .into_iter()
+            .filter_map(|i| self.args[i as usize].alloc.map(|(p, _)| p));
+        for p in declared.chain(written) {
             mem.views.mark_stale(p);
         }
         if self.stage == Stage::Orchestrate {

@@ -5,12 +5,15 @@
 //! change what the task sees. Both are refused with a `HazardError`, exactly: only when an
 //! element of the access shares a byte with an element of a task tensor.
 //!
+//! The index is built from the task store, lazily: submitting records nothing here, and the
+//! first access after some submits indexes the tasks recorded since the previous access (an
+//! orchestration that reads its control tensors first and then submits never pays for it).
 //! Spans are kept per *region*: a staged argument's slice of the arena, a scratch tensor's carve
 //! (each disjoint from every other), or a device allocation (shared by the device arguments over
 //! it). An access consults only its own region, so reading a control tensor that no task touches
-//! costs one empty check however many tasks were submitted. A region's spans are appended as
-//! tasks are recorded (a dense span equal to the previous one is recorded once) and sorted once, lazily, by the next access that needs them; a query is then a
-//! binary search plus the few spans around the accessed bytes.
+//! costs one empty check however many tasks were submitted. A region's spans are appended in task
+//! order (a dense span equal to the previous one is kept once) and sorted once, when a query
+//! needs them; a query is then a binary search plus the few spans around the accessed bytes.
 
 use simpler_driver::DevPtr;
 
@@ -45,7 +48,12 @@ struct Region {
 #[derive(Debug, Default)]
 pub(crate) struct HazardIndex {
     regions: Vec<Region>,
+    /// Task store slots indexed so far.
+    indexed: u32,
 }
+
+/// Where a run argument's tensors live, for indexing: its region and allocation base.
+pub(crate) type Placement = Option<(u32, u64)>;
 
 /// A conflicting task: its index and whether it writes.
 #[derive(Debug, Clone, Copy)]
@@ -67,8 +75,50 @@ impl HazardIndex {
         (self.regions.len() - 1) as u32
     }
 
+    /// Forgets everything, keeping the region table's memory for the next run.
+    pub fn clear(&mut self) {
+        self.regions.clear();
+        self.indexed = 0;
+    }
+
+    /// Indexes the slots the task store recorded since the last call; `place(arg)` says where
+    /// argument `arg`'s tensors live (`None`: no bytes).
+    fn catch_up(&mut self, store: &TaskStore, place: &dyn Fn(u32) -> Placement) {
+        let total = store.slot_count();
+        for slot in self.indexed..total {
+            let s = store.slot(slot);
+            let Some((region, base)) = place(s.arg) else {
+                continue;
+            };
+            let extent = s.geometry.extent();
+            if extent == 0 {
+                continue;
+            }
+            let es = s.geometry.dtype().size();
+            let (writes, dense) = (s.dir.writes(), s.geometry.is_dense());
+            let elems = store.slot_elems(slot);
+            self.regions[region as usize].spans.reserve(elems.len());
+            for (index, &elem) in elems.iter().enumerate() {
+                let start = base + elem * es;
+                self.record(
+                    region,
+                    Span {
+                        start,
+                        end: start + extent,
+                        slot,
+                        index: index as u32,
+                        writes,
+                        dense,
+                    },
+                );
+            }
+        }
+        self.indexed = total;
+    }
+
     /// Records a task span in `region`.
-    pub fn record(&mut self, region: u32, span: Span) {
+    #[inline]
+    fn record(&mut self, region: u32, span: Span) {
         let r = &mut self.regions[region as usize];
         r.written |= span.writes;
         if let Some(last) = r.spans.last() {
@@ -99,7 +149,11 @@ impl HazardIndex {
         access: &Geometry,
         write: bool,
         store: &TaskStore,
+        place: &dyn Fn(u32) -> Placement,
     ) -> Option<Conflict> {
+        if self.indexed < store.slot_count() {
+            self.catch_up(store, place);
+        }
         let r = &mut self.regions[region as usize];
         if r.spans.is_empty() || (!write && !r.written) || access.extent() == 0 {
             return None;
@@ -138,21 +192,5 @@ impl HazardIndex {
             }
         }
         None
-    }
-
-    /// The allocations some recorded task writes (each once).
-    pub fn written_allocations(&self) -> impl Iterator<Item = DevPtr> + '_ {
-        let mut seen: Vec<DevPtr> = Vec::new();
-        self.regions
-            .iter()
-            .filter(|r| r.written)
-            .filter_map(move |r| {
-                if seen.contains(&r.base) {
-                    None
-                } else {
-                    seen.push(r.base);
-                    Some(r.base)
-                }
-            })
     }
 }

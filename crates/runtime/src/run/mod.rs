@@ -17,5 +17,5 @@ mod submit;
 mod tasks;
 
 pub use report::{Counters, Phases, RunReport};
-pub use state::{HostWindow, RunId, RunState, TaskCall, TensorInfo};
+pub use state::{HostWindow, Records, RunId, RunState, TaskCall, TensorInfo};
 pub use submit::{BatchScalar, BatchSlot};

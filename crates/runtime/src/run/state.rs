@@ -56,7 +56,7 @@ pub(crate) struct RunArg {
     /// Its hazard-index region (meaningless without `alloc`).
     pub region: u32,
     /// Where orchestrator accesses through it land (see `access.rs`).
-    pub resolved: Option<crate::run::access::Resolved>,
+    pub resolved: Option<Resolved>,
 }
 
 impl RunArg {
@@ -64,6 +64,31 @@ impl RunArg {
     pub fn span(&self) -> Option<(u64, u64)> {
         self.alloc
             .map(|(p, _)| (p.0 + self.geometry.start_byte(), self.geometry.extent()))
+    }
+}
+
+/// Where the accesses through one argument land, resolved once per run and kept while the view
+/// cache's epoch says it still holds: host offset `host_start` is device address `dev_start`.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub mem: Arc<HostMem>,
+    pub dev_start: u64,
+    pub host_start: usize,
+    /// Writes are pushed to the device at once (a mirror or a staged copy).
+    pub push: bool,
+    /// The mirror of this allocation (marked stale when a push fails).
+    pub mirror_of: Option<DevPtr>,
+    /// The bytes are this run's staged copy of the argument.
+    pub staged_copy: bool,
+    /// `mem` is host-owned: a window over it needs no copy.
+    pub zero_copy: bool,
+    pub epoch: u64,
+}
+
+impl Resolved {
+    /// The host offset of device address `addr` (inside the resolved span).
+    pub fn host_offset(&self, addr: u64) -> usize {
+        self.host_start + (addr - self.dev_start) as usize
     }
 }
 
@@ -117,6 +142,13 @@ pub struct TaskCall {
     pub(crate) tensors: Vec<(Slot, u64)>,
 }
 
+/// The records a run fills: kept by the worker between runs, cleared.
+#[derive(Debug, Default)]
+pub struct Records {
+    pub(crate) tasks: TaskStore,
+    pub(crate) hazards: HazardIndex,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct RunState {
@@ -139,12 +171,19 @@ pub struct RunState {
 }
 
 impl RunState {
-    pub(crate) fn new(id: RunId, started: Instant, stats_before: Stats) -> RunState {
+    /// A run; `records` is the memory of an earlier run's task store and hazard index, cleared
+    /// (a warm run reuses it instead of allocating and page-faulting it in again).
+    pub(crate) fn new(
+        id: RunId,
+        started: Instant,
+        stats_before: Stats,
+        records: Records,
+    ) -> RunState {
         RunState {
             id,
             args: Vec::new(),
-            tasks: TaskStore::default(),
-            hazards: HazardIndex::default(),
+            tasks: records.tasks,
+            hazards: records.hazards,
             stage: Stage::Orchestrate,
             failed: false,
             mark: started,

@@ -12,7 +12,6 @@ use crate::dtype::{DType, Value};
 use crate::error::{Error, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
-use crate::run::hazards::Span;
 use crate::run::state::{ArgKind, RunArg, RunState, Stage};
 use crate::run::tasks::Slot;
 use crate::scratch::ScratchPool;
@@ -98,37 +97,6 @@ impl RunState {
         Ok(a)
     }
 
-    /// Records the span of the `index`-th task's tensor `geometry` (at element `elem`) of slot
-    /// `slot`.
-    fn record_span(
-        &mut self,
-        arg: u32,
-        slot: u32,
-        geometry: &Geometry,
-        elem: u64,
-        index: u32,
-        dir: Direction,
-    ) {
-        let a = &self.args[arg as usize];
-        let Some((base, _)) = a.alloc else { return };
-        if geometry.extent() == 0 {
-            return;
-        }
-        let start = base.0 + elem * geometry.dtype().size();
-        let region = a.region;
-        self.hazards.record(
-            region,
-            Span {
-                start,
-                end: start + geometry.extent(),
-                slot,
-                index,
-                writes: dir.writes(),
-                dense: geometry.is_dense(),
-            },
-        );
-    }
-
     /// `submit`: one task of `kernel` over views of this run's arguments (`(arg, view)` in the
     /// kernel's signature order) with `scalars`. Returns the task's index.
     pub(crate) fn submit(
@@ -151,16 +119,15 @@ impl RunState {
         })?;
         let task = self.tasks.len();
         for (i, (arg, g)) in tensors.iter().enumerate() {
-            let dir = kernel.sig.params()[i].dir;
-            let slot = self.tasks.next_slot();
             self.tasks.push_slot(Slot {
                 arg: *arg,
-                dir,
+                dir: kernel.sig.params()[i].dir,
                 geometry: *g,
                 starts: None,
                 first_task: task,
+                count: 1,
+                elem: g.offset(),
             });
-            self.record_span(*arg, slot, g, g.offset(), 0, dir);
         }
         self.tasks
             .push_batch(kernel.id, 1, tensors.len() as u16, per_task, scalars);
@@ -234,36 +201,23 @@ impl RunState {
         let first = self.tasks.len();
         for (i, s) in slots.iter().enumerate() {
             let dir = kernel.sig.params()[i].dir;
-            let slot = self.tasks.next_slot();
-            match s {
-                BatchSlot::One { arg, geometry } => {
-                    self.tasks.push_slot(Slot {
-                        arg: *arg,
-                        dir,
-                        geometry: *geometry,
-                        starts: None,
-                        first_task: first,
-                    });
-                    self.record_span(*arg, slot, geometry, geometry.offset(), 0, dir);
-                }
+            let (arg, geometry, starts) = match s {
+                BatchSlot::One { arg, geometry } => (*arg, *geometry, None),
                 BatchSlot::Views {
                     arg,
                     geometry,
                     starts,
-                } => {
-                    let at = self.tasks.push_starts(starts);
-                    self.tasks.push_slot(Slot {
-                        arg: *arg,
-                        dir,
-                        geometry: *geometry,
-                        starts: Some(at),
-                        first_task: first,
-                    });
-                    for (t, &e) in starts.iter().enumerate() {
-                        self.record_span(*arg, slot, geometry, e, t as u32, dir);
-                    }
-                }
-            }
+                } => (*arg, *geometry, Some(self.tasks.push_starts(starts))),
+            };
+            self.tasks.push_slot(Slot {
+                arg,
+                dir,
+                geometry,
+                starts,
+                first_task: first,
+                count,
+                elem: geometry.offset(),
+            });
         }
         let mut rows = Vec::with_capacity(count as usize * per_task as usize);
         for t in 0..count as usize {

@@ -25,6 +25,10 @@ pub(crate) struct Slot {
     pub starts: Option<usize>,
     /// The index of its batch's first task.
     pub first_task: u64,
+    /// Its batch's task count.
+    pub count: u32,
+    /// The view's element offset when the slot is shared by every task.
+    pub elem: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -61,9 +65,45 @@ impl TaskStore {
         self.tasks
     }
 
-    /// Index of the next slot to be pushed (the id a span of the hazard index refers to).
-    pub fn next_slot(&self) -> u32 {
+    /// Slots recorded so far.
+    pub fn slot_count(&self) -> u32 {
         self.slots.len() as u32
+    }
+
+    /// The slot with id `i`.
+    pub fn slot(&self, i: u32) -> &Slot {
+        &self.slots[i as usize]
+    }
+
+    /// The element offset of slot `i`'s view for each task of its batch (one entry for a slot
+    /// shared by every task).
+    pub fn slot_elems(&self, i: u32) -> &[u64] {
+        let s = &self.slots[i as usize];
+        match s.starts {
+            Some(at) => &self.starts[at..at + s.count as usize],
+            None => std::slice::from_ref(&s.elem),
+        }
+    }
+
+    /// The run arguments some task writes, each once.
+    pub fn written_args(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = Vec::new();
+        for s in self.slots.iter().filter(|s| s.dir.writes()) {
+            if !out.contains(&s.arg) {
+                out.push(s.arg);
+            }
+        }
+        out
+    }
+
+    /// Forgets every task, keeping the memory for the next run (a warm run allocates nothing
+    /// here).
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.slots.clear();
+        self.starts.clear();
+        self.scalars.clear();
+        self.tasks = 0;
     }
 
     /// The geometry of slot `i` for the `index`-th task of its batch.
