@@ -103,7 +103,7 @@ impl RunHost for Host<'_, '_> {
         let ret = self.orchestration.call1(PyTuple::new(py, call_args)?);
         logging::flush(py);
         let ret = ret?;
-        if ret.hasattr("__next__")? && ret.hasattr("send")? || ret.hasattr("__await__")? {
+        if !ret.is_none() && ret.hasattr("send")? && ret.hasattr("throw")? {
             return Err(type_err(format!(
                 "callable {}: the orchestration returned a {} instead of running: is it a \
                  generator or async function? It must submit its tasks when called",
@@ -148,7 +148,7 @@ pub fn run<'py>(
     py: Python<'py>,
     cell: &Arc<Shared>,
     callable: &Bound<'py, Callable>,
-    named: Vec<(String, Bound<'py, PyAny>)>,
+    named: Vec<(Arc<str>, Bound<'py, PyAny>)>,
     started: Instant,
 ) -> PyResult<RunReport> {
     let c = callable.get();
@@ -189,10 +189,7 @@ pub fn run<'py>(
             scalars.push(v);
             ArgValue::Scalar
         };
-        specs.push(RunArgSpec {
-            name: name.into(),
-            value,
-        });
+        specs.push(RunArgSpec { name, value });
     }
     let call = RunCall {
         callable: &c.name,

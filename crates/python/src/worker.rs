@@ -7,7 +7,8 @@ use numpy::{
     PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use simpler_driver::{open_device, DevPtr, Device, DeviceSpec, Op, OpenError};
 use simpler_runtime::{BufferRef, Error, Geometry, RunReport, Worker, WorkerCell};
@@ -52,15 +53,30 @@ impl PyWorker {
     }
 }
 
+/// A dict of `(name, value)` pairs whose names are made into Python strings once.
+fn dict_of<'py>(
+    py: Python<'py>,
+    keys: &'static PyOnceLock<Vec<Py<PyString>>>,
+    entries: &[(&'static str, u64)],
+) -> PyResult<Bound<'py, PyDict>> {
+    let names = keys.get_or_init(py, || {
+        entries
+            .iter()
+            .map(|(k, _)| PyString::intern(py, k).unbind())
+            .collect()
+    });
+    let d = PyDict::new(py);
+    for (k, (_, v)) in names.iter().zip(entries) {
+        d.set_item(k.bind(py), v)?;
+    }
+    Ok(d)
+}
+
 fn report_py<'py>(py: Python<'py>, r: &RunReport) -> PyResult<Bound<'py, PyTuple>> {
-    let phases = PyDict::new(py);
-    for (k, v) in r.phases.entries() {
-        phases.set_item(k, v)?;
-    }
-    let counters = PyDict::new(py);
-    for (k, v) in r.counters.entries() {
-        counters.set_item(k, v)?;
-    }
+    static PHASES: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
+    static COUNTERS: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
+    let phases = dict_of(py, &PHASES, &r.phases.entries())?;
+    let counters = dict_of(py, &COUNTERS, &r.counters.entries())?;
     (phases, counters, r.ok).into_pyobject(py)
 }
 
@@ -209,11 +225,6 @@ impl PyWorker {
             Some(n) => u64_arg(n, "inject_fault", "nth")?,
             None => 1,
         };
-        if nth == 0 {
-            return Err(value_err(
-                "inject_fault: nth must be an int >= 1 (1 = the next call), not 0",
-            ));
-        }
         self.dev
             .inject_fault(o, nth, code)
             .map_err(|e| value_err(e.to_string()))
@@ -343,12 +354,16 @@ impl PyWorker {
 
 /// `(name, value)` pairs of run arguments: built args carry names; a plain sequence gets
 /// positions.
-fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(Arc<str>, Bound<'py, PyAny>)>> {
     if let Ok(f) = args.getattr("_named_values") {
         let pairs = f.call0()?;
         return pairs
             .try_iter()?
-            .map(|p| p?.extract::<(String, Bound<'py, PyAny>)>())
+            .map(|p| {
+                let (name, v) =
+                    p?.extract::<(Bound<'py, pyo3::types::PyString>, Bound<'py, PyAny>)>()?;
+                Ok((Arc::from(&*name.to_cow()?), v))
+            })
             .collect();
     }
     let plain = args.cast::<PyList>().is_ok() || args.cast::<PyTuple>().is_ok();
@@ -359,6 +374,6 @@ fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(String, Bound<'p
     }
     args.try_iter()?
         .enumerate()
-        .map(|(i, v)| Ok((format!("arg{i}"), v?)))
+        .map(|(i, v)| Ok((Arc::from(format!("arg{i}")), v?)))
         .collect()
 }

@@ -1,6 +1,7 @@
 //! The simpler runtime core: how the tensor arguments of a repeatedly dispatched device program
 //! reach the device.
 //!
+//! * [`addr`] — tables keyed by device address.
 //! * [`geometry`] — checked tensor geometry (numel, nbytes, byte extent, views, indices).
 //! * [`dtype`] — element types and typed scalar access.
 //! * [`spec`] — the typed boundary: directions, signatures, the arguments of a run.
@@ -15,6 +16,7 @@
 //!
 //! No pyo3 here: the bindings crate maps these types to Python.
 
+pub mod addr;
 pub mod cycle;
 pub mod dtype;
 pub mod error;

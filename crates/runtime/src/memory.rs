@@ -9,12 +9,12 @@
 //! * a handle names an allocation by address *and* generation, so a handle kept past `free`
 //!   cannot reach a newer allocation at the same address.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use simpler_driver::{DevPtr, Device, DeviceError};
 
+use crate::addr::AddrMap;
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::spec::BufferRef;
@@ -49,7 +49,7 @@ pub struct Memory {
     pub(crate) dev: Arc<dyn Device>,
     /// This worker's id: handles carry it, so a handle from another worker is refused.
     pub(crate) id: u64,
-    allocs: HashMap<u64, AllocInfo>,
+    allocs: AddrMap<AllocInfo>,
     pub(crate) views: ViewCache,
     next_gen: u64,
 }
@@ -60,7 +60,7 @@ impl Memory {
         Memory {
             dev,
             id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
-            allocs: HashMap::new(),
+            allocs: AddrMap::default(),
             views: ViewCache::default(),
             next_gen: 1,
         }

@@ -12,11 +12,11 @@
 //!   live one run, so they get a per-run copy of their own span instead of a mirror of the whole
 //!   arena; the refusal is cached so the driver is asked once per allocation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use simpler_driver::{DevPtr, Device, HostMem, MapGrant};
 
+use crate::addr::AddrMap;
 use crate::error::{Error, Phase, Result};
 
 /// How an allocation is reached from the host.
@@ -69,7 +69,7 @@ pub const LARGE_VIEW_BYTES: u64 = 1 << 20;
 /// The cache. See the module docs.
 #[derive(Debug, Default)]
 pub struct ViewCache {
-    entries: HashMap<u64, Entry>,
+    entries: AddrMap<Entry>,
     /// Bumped whenever an established means may stop being what an earlier lookup returned (a
     /// mirror goes stale, an entry is released), so callers may keep a lookup while it is equal.
     epoch: u64,

@@ -25,10 +25,13 @@ impl RunState {
     ) -> Result<()> {
         // Everything is validated before the first driver call.
         let mut staged = 0;
+        let mut device_bytes = Vec::new(); // the allocation size of each device argument, in order
         for a in call.args {
             match &a.value {
                 ArgValue::Device { buffer, geometry } => {
-                    mem.check_tensor(*buffer, geometry, &format_args!("tensor {}", a.name))?;
+                    let info =
+                        mem.check_tensor(*buffer, geometry, &format_args!("tensor {}", a.name))?;
+                    device_bytes.push(info.bytes);
                 }
                 ArgValue::Staged { geometry, .. } => {
                     let host = hosts.get(staged).ok_or_else(|| {
@@ -57,13 +60,14 @@ impl RunState {
             _ => None,
         };
         self.args.reserve(call.args.len());
-        let mut si = 0;
+        let (mut si, mut di) = (0, 0);
         for a in call.args {
             match &a.value {
                 ArgValue::Scalar => {}
                 ArgValue::Device { buffer, geometry } => {
-                    let info = mem.lookup(*buffer, &a.name)?;
-                    let alloc = (geometry.extent() > 0).then_some((buffer.ptr, info.bytes));
+                    let bytes = device_bytes[di];
+                    di += 1;
+                    let alloc = (geometry.extent() > 0).then_some((buffer.ptr, bytes));
                     let region = if alloc.is_some() {
                         self.device_region(buffer.ptr)
                     } else {

@@ -11,9 +11,12 @@
 //! Spans are kept per *region*: a staged argument's slice of the arena, a scratch tensor's carve
 //! (each disjoint from every other), or a device allocation (shared by the device arguments over
 //! it). An access consults only its own region, so reading a control tensor that no task touches
-//! costs one empty check however many tasks were submitted. A region's spans are appended in task
-//! order (a dense span equal to the previous one is kept once) and sorted once, when a query
-//! needs them; a query is then a binary search plus the few spans around the accessed bytes.
+//! costs one empty check however many tasks were submitted. A batched submit's per-task views
+//! that ascend in memory (the common case: rows, blocks) stay one *run*, searched in place in the
+//! task store's start offsets, so indexing it costs nothing per task. Other task tensors become
+//! spans, appended in task order (a dense span equal to the previous one is kept once) and sorted
+//! once, when a query needs them. A query is a binary search per run and over the spans, plus
+//! the few candidates around the accessed bytes.
 
 use simpler_driver::DevPtr;
 
@@ -35,12 +38,25 @@ pub(crate) struct Span {
     pub dense: bool,
 }
 
+/// A per-task slot of a batched submit whose views ascend in memory: kept as one entry and
+/// searched in the task store's start offsets, instead of one span per task.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    slot: u32,
+    /// Bytes `[lo, hi)` that the run's views lie in.
+    lo: u64,
+    hi: u64,
+    writes: bool,
+    dense: bool,
+}
+
 #[derive(Debug)]
 struct Region {
     base: DevPtr,
     spans: Vec<Span>,
     sorted: bool,
     max_len: u64,
+    runs: Vec<Run>,
     written: bool,
 }
 
@@ -70,6 +86,7 @@ impl HazardIndex {
             spans: Vec::new(),
             sorted: true,
             max_len: 0,
+            runs: Vec::new(),
             written: false,
         });
         (self.regions.len() - 1) as u32
@@ -97,6 +114,18 @@ impl HazardIndex {
             let es = s.geometry.dtype().size();
             let (writes, dense) = (s.dir.writes(), s.geometry.is_dense());
             let elems = store.slot_elems(slot);
+            if elems.len() > 1 && elems.windows(2).all(|w| w[0] <= w[1]) {
+                let r = &mut self.regions[region as usize];
+                r.written |= writes;
+                r.runs.push(Run {
+                    slot,
+                    lo: base + elems[0] * es,
+                    hi: base + elems[elems.len() - 1] * es + extent,
+                    writes,
+                    dense,
+                });
+                continue;
+            }
             self.regions[region as usize].spans.reserve(elems.len());
             for (index, &elem) in elems.iter().enumerate() {
                 let start = base + elem * es;
@@ -155,7 +184,10 @@ impl HazardIndex {
             self.catch_up(store, place);
         }
         let r = &mut self.regions[region as usize];
-        if r.spans.is_empty() || (!write && !r.written) || access.extent() == 0 {
+        if (r.spans.is_empty() && r.runs.is_empty())
+            || (!write && !r.written)
+            || access.extent() == 0
+        {
             return None;
         }
         if !r.sorted {
@@ -167,28 +199,52 @@ impl HazardIndex {
             base + access.start_byte(),
             base + access.start_byte() + access.extent(),
         );
+        let access_dense = access.is_dense();
+        // Does the task tensor at `[start, end)` (slot `slot`, task `index`) share a byte with
+        // the access?
+        let hit = |start: u64, end: u64, dense: bool, slot: u32, index: u32| {
+            if dense && access_dense {
+                true
+            } else if dense {
+                access.elements_overlap(start.saturating_sub(lo), end - lo)
+            } else {
+                let g = store.task_geometry(slot, index);
+                access.elements_intersect(base, &g, base)
+            }
+        };
         let max_len = r.max_len;
         let first = r
             .spans
             .partition_point(|s| s.start.saturating_add(max_len) <= lo);
-        let access_dense = access.is_dense();
         for s in r.spans[first..].iter().take_while(|s| s.start < hi) {
-            if s.end <= lo || (!write && !s.writes) {
-                continue;
-            }
-            let hit = if s.dense && access_dense {
-                true
-            } else if s.dense {
-                access.elements_overlap(s.start.saturating_sub(lo), s.end - lo)
-            } else {
-                let g = store.task_geometry(s.slot, s.index);
-                access.elements_intersect(base, &g, base)
-            };
-            if hit {
+            if s.end > lo && (write || s.writes) && hit(s.start, s.end, s.dense, s.slot, s.index) {
                 return Some(Conflict {
                     task: store.task_of(s.slot, s.index),
                     writes: s.writes,
                 });
+            }
+        }
+        for run in r
+            .runs
+            .iter()
+            .filter(|run| run.lo < hi && lo < run.hi && (write || run.writes))
+        {
+            let s = store.slot(run.slot);
+            let (es, extent) = (s.geometry.dtype().size(), s.geometry.extent());
+            let elems = store.slot_elems(run.slot);
+            // Views ascend, so their ends do too: skip those that end before the access.
+            let from = elems.partition_point(|&e| base + e * es + extent <= lo);
+            for (i, &e) in elems.iter().enumerate().skip(from) {
+                let start = base + e * es;
+                if start >= hi {
+                    break;
+                }
+                if hit(start, start + extent, run.dense, run.slot, i as u32) {
+                    return Some(Conflict {
+                        task: store.task_of(run.slot, i as u32),
+                        writes: run.writes,
+                    });
+                }
             }
         }
         None
