@@ -12,7 +12,8 @@ def _public_members(obj: type) -> list[tuple[str, object]]:
     for name, member in vars(obj).items():
         if name.startswith("_"):
             continue
-        if inspect.isfunction(member) or isinstance(member, (property, classmethod, staticmethod)):
+        native = inspect.ismethoddescriptor(member) or inspect.isgetsetdescriptor(member)
+        if native or inspect.isfunction(member) or isinstance(member, (property, classmethod, staticmethod)):
             out.append((name, member))
     return out
 

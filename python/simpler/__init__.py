@@ -25,7 +25,7 @@ from .errors import (
     SimplerError,
     StateError,
 )
-from .scene import SceneTestCase, main, run_case, scene_test
+from .scene import CaseRun, SceneTestCase, main, run_case, scene_test
 from .worker import (
     ArgDirection,
     Buffer,
@@ -34,6 +34,7 @@ from .worker import (
     Kernel,
     Orchestrator,
     RunReport,
+    RunTensor,
     Worker,
 )
 
@@ -50,6 +51,7 @@ __all__ = [
     "ArgumentTypeError",
     "Buffer",
     "Callable",
+    "CaseRun",
     "DeviceError",
     "DeviceTensor",
     "GeometryError",
@@ -60,6 +62,7 @@ __all__ = [
     "PlatformUnavailableError",
     "ResidentTaskArgs",
     "RunReport",
+    "RunTensor",
     "Scalar",
     "SceneTestCase",
     "SimplerError",
