@@ -194,13 +194,24 @@ fn prefix(e: PyErr, what: &str) -> PyErr {
 }
 
 /// One entry of an index or a shape: an int (or numpy integer), never a bool or a float.
-fn int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64> {
+fn int_entry(o: &Borrowed<'_, '_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64> {
     if o.is_exact_instance_of::<PyInt>() {
-        return o.extract::<i64>().map_err(|_| {
-            value_err(format!(
-                "{name}: index entry {o} out of bounds (it does not fit 64 bits)"
-            ))
-        });
+        if let Ok(v) = o.extract::<i64>() {
+            return Ok(v);
+        }
+    }
+    slow_int_entry(&o.to_owned(), name)
+}
+
+/// `int_entry` for anything but an int that fits 64 bits (and for the errors).
+fn slow_int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64> {
+    let out_of_bounds = || {
+        value_err(format!(
+            "{name}: index entry {o} out of bounds (it does not fit 64 bits)"
+        ))
+    };
+    if o.is_exact_instance_of::<PyInt>() {
+        return Err(out_of_bounds());
     }
     if o.is_instance_of::<PyBool>() || o.is_instance_of::<PyFloat>() {
         return Err(type_err(format!(
@@ -210,11 +221,7 @@ fn int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64
     let i = o
         .call_method0("__index__")
         .map_err(|_| type_err(format!("{name}: index entries must be integers, not {o}")))?;
-    i.extract::<i64>().map_err(|_| {
-        value_err(format!(
-            "{name}: index entry {o} out of bounds (it does not fit 64 bits)"
-        ))
-    })
+    i.extract::<i64>().map_err(|_| out_of_bounds())
 }
 
 /// Up to [`MAX_DIMS`] integers: an int, or a tuple / list of them. Returns them and the count.
@@ -231,16 +238,26 @@ pub fn small_ints(
                 )));
             }
             for (k, o) in items.enumerate() {
-                out[k] = int_entry(&o, name)?;
+                out[k] = int_entry(&o.as_borrowed(), name)?;
             }
             Ok(len)
         };
     let n = if let Ok(t) = obj.cast::<PyTuple>() {
-        fill(&mut t.iter(), t.len())?
+        // The hot path (`orch.get_tensor_data(t, (i, j))`): borrowed items, no reference counting.
+        let len = t.len();
+        if len > MAX_DIMS {
+            return Err(value_err(format!(
+                "{name}: {len} entries exceed the supported rank of {MAX_DIMS}"
+            )));
+        }
+        for (k, slot) in out.iter_mut().enumerate().take(len) {
+            *slot = int_entry(&t.get_borrowed_item(k)?, name)?;
+        }
+        len
     } else if let Ok(l) = obj.cast::<PyList>() {
         fill(&mut l.iter(), l.len())?
     } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr("__index__")? {
-        out[0] = int_entry(obj, name)?;
+        out[0] = int_entry(&obj.as_borrowed(), name)?;
         1
     } else if let Ok(seq) = obj.cast::<PySequence>() {
         let items: Vec<Bound<'_, PyAny>> = seq.try_iter()?.collect::<PyResult<_>>()?;
