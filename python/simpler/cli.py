@@ -18,8 +18,8 @@ package was installed from.
 ``Residency_<x>`` suffix of its name (``B64_8K_Residency_bulk`` is case ``B64_8K``, arm
 ``Residency_bulk``); a case with neither is an arm of its own. Arms are compared within a case;
 ratios are taken against ``Residency_staged``. The arms of a case run side by side in one process,
-each on its own worker, with their rounds interleaved (round 1 of every arm, then round 2, ...),
-so drift of a shared machine hits every arm alike.
+each on its own worker, with their rounds interleaved (round 1 of every arm, then round 2, ...,
+the order rotating from round to round), so drift of a shared machine hits every arm alike.
 
 **Selection.** ``--case`` takes the runner's selectors (``Foo``, ``Class::Foo``, ``Class::``;
 repeatable, comma-separated) and matches either the full case name or the case without its arm.
@@ -156,7 +156,8 @@ def _scene_rounds(
     """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, report)``.
 
     The arms of a case run side by side, their rounds interleaved (round 1 of every arm, then
-    round 2 of every arm, ...), so that drift of a busy machine hits every arm alike.
+    round 2 of every arm, ...; the order rotates from round to round), so that drift of a busy
+    machine hits every arm alike.
     """
     classes = scene.scene_classes(module)
     if not classes:
@@ -196,8 +197,12 @@ def _interleaved_rounds(
                 run.close(failed=True)
                 del runs[arm]
                 yield cls.__name__, base, case["name"], arm, e
-        for _ in range(opts.rounds):
-            for arm, (run, case) in list(runs.items()):
+        for r in range(opts.rounds):
+            # The order rotates from round to round, so no arm always runs right after another.
+            order = list(runs)
+            k = r % len(order) if order else 0
+            for arm in order[k:] + order[:k]:
+                run, case = runs[arm]
                 try:
                     report = run.round()
                 except Exception as e:
