@@ -1,4 +1,4 @@
-"""The bad-input catalogue (issue 8): every case fails with a clear error and leaks nothing.
+"""The bad-input catalogue: every case fails with a clear error and leaks nothing.
 
 Each case is a function that prepares what it needs on a warm worker (the caller's own buffers,
 a resident set, ...) and returns the call that must fail. The test checks the exact exception

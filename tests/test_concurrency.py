@@ -1,4 +1,4 @@
-"""Threads (issue 8; docs/concepts.md "Threads").
+"""Threads (docs/concepts.md, "Threads").
 
 Decided behaviour: several workers in several threads run independently; one worker shared by
 threads serializes every call behind one lock, and a second ``run`` started while one is in

@@ -1,4 +1,5 @@
-"""Host views of device-resident tensors: lazy, allocation-scoped, mapping or mirror (DESIGN 4.5)."""
+"""Host views of device-resident tensors: lazy, allocation-scoped, mapping or mirror
+(docs/concepts.md)."""
 
 from __future__ import annotations
 

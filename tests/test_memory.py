@@ -1,4 +1,4 @@
-"""Memory over many cases (issue 8): 1,000 small cases return every device allocation and keep the
+"""Memory over many cases: 1,000 small cases return every device allocation and keep the
 process's resident memory flat.
 
 Each case makes a resident set (a 64 KiB tensor that gets a host mapping, a small control tensor

@@ -1,5 +1,5 @@
-"""Scene tests: seed 000's table (setup, between rounds, validation) counted exactly, golden
-evolution, cleanup on every failure path, and the pytest plugin / standalone runner.
+"""Scene tests: the residency table of docs/scene_tests.md (setup, between rounds, validation)
+counted exactly, golden evolution, cleanup on every failure path, and the pytest plugin / standalone runner.
 
 Scene classes here are built by factories (not module-level names), so the plugin does not
 collect them as cases of this file.
@@ -71,7 +71,7 @@ def make_single(direction, resident):
     return Single
 
 
-# -- seed 000's table, counted exactly over 3 rounds ---------------------------------------------
+# -- the residency table, counted exactly over 3 rounds ----------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,8 @@ def flat_bytes(arr: np.ndarray, nbytes: int) -> np.ndarray:
     """A 1-D uint8 view of the ``nbytes`` bytes of ``arr`` from its first element (no copy)."""
     if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
+    if arr.flags.c_contiguous and arr.nbytes == nbytes:
+        return arr.reshape(-1).view(np.uint8)
     item = arr.dtype.itemsize
     flat = np.lib.stride_tricks.as_strided(
         arr, shape=(nbytes // item,), strides=(item,), writeable=arr.flags.writeable

@@ -148,7 +148,7 @@ def bench_views(quick: bool) -> None:
     print(
         f"{'ratio':>12}: mirror/mapping {results['mirror'] / results['mapping']:.2f}x, "
         f"read-through/mirror {through / results['mirror']:.2f}x "
-        "(on Ascend a 4-byte D2H is ~9.5 us, FFI.md)"
+        "(a small aclrtMemcpy D2H on an Ascend A2/A3 card takes ~9.5 us: docs/benchmarks.md)"
     )
 
 

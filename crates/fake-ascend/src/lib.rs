@@ -1,6 +1,6 @@
 //! A fake Ascend vendor library, for tests: the `acl*` runtime, the older `rt*` runtime and the
 //! HAL's `halHostRegister`/`halHostUnregister`/`halMemCtl`, with their exact C signatures
-//! (`shared/docs/FFI.md`), backed by host memory.
+//! (the CANN headers `acl/acl_rt.h`, `runtime/rt.h` and the driver's `ascend_hal.h`), backed by host memory.
 //!
 //! Tests symlink `libascendcl.so`, `libruntime.so` and `libascend_hal.so` to this one file, so the
 //! three "libraries" share one instance and one state (the dynamic loader identifies a file by its

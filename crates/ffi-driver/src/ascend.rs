@@ -1,6 +1,7 @@
 //! The `ascend` backend: the CANN runtime (`libascendcl.so`, or `libruntime.so` where the `acl*`
 //! symbols are absent) for memory and copies, and the driver's HAL (`libascend_hal.so`) for host
-//! mappings, all opened at run time (`loader`). Constants and traps: `shared/docs/FFI.md`.
+//! mappings, all opened at run time (`loader`). Constants and traps: the CANN headers (`acl/acl_base.h`, `acl/acl_rt.h`,
+//! `runtime/rt.h`) and the driver's `ascend_hal.h`; `docs/platforms.md` for users.
 //!
 //! Invariants this file keeps:
 //! * **Unregister before free.** `free` refuses an allocation that still has a host mapping
@@ -63,7 +64,7 @@ const ACL_ERROR_INVALID_PARAM: i64 = 100_000;
 const ACL_ERROR_REPEAT_INITIALIZE: i64 = 100_002;
 const ACL_ERROR_RT_INTERNAL_ERROR: i64 = 507_000;
 
-/// The symbolic name of an ACL / runtime status code (FFI.md), or `"UNKNOWN"`.
+/// The symbolic name of an ACL / runtime status code (`acl/acl_base.h`), or `"UNKNOWN"`.
 pub fn acl_code_name(code: i64) -> &'static str {
     match code {
         0 => "ACL_SUCCESS",
@@ -87,7 +88,7 @@ pub fn acl_code_name(code: i64) -> &'static str {
     }
 }
 
-/// The symbolic name of a HAL `drvError_t` (FFI.md), or `"UNKNOWN"`.
+/// The symbolic name of a HAL `drvError_t` (`ascend_hal.h`), or `"UNKNOWN"`.
 pub fn drv_code_name(code: i64) -> &'static str {
     codes::name(code)
 }
@@ -126,7 +127,7 @@ pub fn physical_device_id(logical: u32, visible: Option<&str>) -> Result<u32, St
 }
 
 /// Page policy of device allocations. Huge pages (2 MiB) stay host-mappable on hosts whose
-/// page size differs from the device's, ordinary pages do not (FFI.md).
+/// page size differs from the device's, ordinary pages do not (the open CANN driver sources).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MallocPolicy {
     /// Huge pages for allocations over 1 MiB, ordinary pages below (the runtime's default).
@@ -193,7 +194,7 @@ pub enum RuntimeApi {
     Rt,
 }
 
-// Raw vendor signatures (FFI.md), widths exact: int32_t = i32, int = c_int, size_t = usize,
+// Raw vendor signatures (the CANN headers), widths exact: int32_t = i32, int = c_int, size_t = usize,
 // uint64_t / UINT64 = u64 / c_ulonglong, uint32_t / UINT32 = c_uint, uint16_t = u16.
 type AclInitFn = unsafe extern "C" fn(config_path: *const c_char) -> c_int;
 type AclFinalizeFn = unsafe extern "C" fn() -> c_int;
@@ -479,7 +480,7 @@ fn load_acl(dirs: &[PathBuf], bare: bool) -> Result<Runtime, LoadError> {
         "libascendcl.so",
         &loader::candidates("libascendcl.so", dirs, bare),
     )?;
-    // SAFETY: each type below is the exact C signature of the named ACL function (FFI.md).
+    // SAFETY: each type below is the exact C signature of the named ACL function (`acl/acl_rt.h`).
     let f = unsafe {
         AclFns {
             init: lib.sym::<AclInitFn>("aclInit")?,
@@ -499,7 +500,7 @@ fn load_rt(dirs: &[PathBuf], bare: bool) -> Result<Runtime, LoadError> {
         "libruntime.so",
         &loader::candidates("libruntime.so", dirs, bare),
     )?;
-    // SAFETY: each type below is the exact C signature of the named runtime function (FFI.md;
+    // SAFETY: each type below is the exact C signature of the named runtime function (`runtime/rt.h`;
     // `rtDeviceReset` is `rtError_t rtDeviceReset(int32_t devId)`).
     let f = unsafe {
         RtFns {
@@ -518,7 +519,7 @@ fn load_hal(dirs: &[PathBuf], bare: bool) -> Result<Hal, LoadError> {
         "libascend_hal.so",
         &loader::candidates("libascend_hal.so", dirs, bare),
     )?;
-    // SAFETY: the types are the exact C signatures of the HAL functions (FFI.md).
+    // SAFETY: the types are the exact C signatures of the HAL functions (`ascend_hal.h`).
     unsafe {
         Ok(Hal {
             lib,

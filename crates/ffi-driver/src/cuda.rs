@@ -1,5 +1,5 @@
 //! The `cuda` backend: the CUDA driver API (`libcuda.so.1`) opened at run time, through the
-//! `_v2` symbols and the device's primary context (FFI.md).
+//! `_v2` symbols and the device's primary context (`cuda.h`).
 //!
 //! `cuMemAlloc` memory has no host mapping, so `map_host` always answers `Refused` (without a
 //! vendor call; still counted as a refusal) and every host view is a mirror. Every call is
@@ -25,7 +25,7 @@ pub const DEFAULT_CUDA_LIBS: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
 const CUDA_ERROR_INVALID_VALUE: i64 = 1;
 const CUDA_ERROR_NOT_SUPPORTED: i64 = 801;
 
-/// The symbolic name of a `CUresult` (FFI.md), or `"UNKNOWN"`.
+/// The symbolic name of a `CUresult` (`cuda.h`), or `"UNKNOWN"`.
 pub fn cuda_code_name(code: i64) -> &'static str {
     match code {
         0 => "CUDA_SUCCESS",

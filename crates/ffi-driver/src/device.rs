@@ -25,7 +25,7 @@ pub enum MapGrant {
     Refused { code: i64, reason: String },
 }
 
-/// Cumulative driver counters (DESIGN section 6). Every backend keeps them the same way.
+/// Cumulative driver counters (`docs/concepts.md`, "Report counters"). Every backend keeps them the same way.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     pub live_allocations: u64,

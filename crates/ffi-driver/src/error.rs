@@ -43,7 +43,7 @@ impl fmt::Display for Op {
 }
 
 /// Driver-style status codes used by the sim backend. They follow the Ascend HAL's
-/// `drvError_t` numbering (FFI.md), so a sim failure reads like a real one.
+/// `drvError_t` numbering (`ascend_hal.h`), so a sim failure reads like a real one.
 pub mod codes {
     pub const INVALID_VALUE: i64 = 3;
     pub const OUT_OF_MEMORY: i64 = 6;

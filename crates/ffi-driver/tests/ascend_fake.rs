@@ -708,7 +708,7 @@ fn the_fake_hal_rejects_double_registration_and_unknown_unregisters() {
     let fake = Fake::standard();
     let d = fake.open();
     let p = d.alloc(4096).unwrap();
-    // SAFETY: the symbols have exactly these C signatures (FFI.md); `out` is a valid out-pointer
+    // SAFETY: the symbols have exactly these C signatures (`acl/acl_rt.h`, `ascend_hal.h`); `out` is a valid out-pointer
     // and `p` is a live allocation of the same fake instance.
     unsafe {
         let reg = *fake.control.get::<Reg>(b"halHostRegister").unwrap();

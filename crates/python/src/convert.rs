@@ -1,10 +1,12 @@
 //! Conversions at the boundary: Python values into the runtime's typed values, and back. No rule
 //! lives here beyond "what Python type means what"; the runtime validates.
 
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use std::sync::Mutex;
+
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
 
 use simpler_driver::sim::SvmPolicy;
 use simpler_runtime::geometry::MAX_DIMS;
@@ -121,6 +123,29 @@ pub fn u64_arg(obj: &Bound<'_, PyAny>, what: &str, noun: &str) -> PyResult<u64> 
     u64::try_from(n).map_err(|_| value_err(format!("{what}: {noun} {n} does not fit 64 bits")))
 }
 
+/// The dtype of a numpy array. numpy computes `dtype.name` in Python (microseconds), so the
+/// answer is remembered per scalar type (`dtype.type`: `np.float32`, `ml_dtypes.bfloat16`, ...).
+/// Byte order is not part of it: `array_geometry` checks that separately.
+pub fn array_dtype(
+    descr: &Bound<'_, PyArrayDescr>,
+    what: &dyn std::fmt::Display,
+) -> PyResult<DType> {
+    static KNOWN: Mutex<Vec<(Py<PyType>, DType)>> = Mutex::new(Vec::new());
+    let ty = descr.typeobj();
+    {
+        let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = known.iter().find(|(t, _)| t.as_ptr() == ty.as_ptr()) {
+            return Ok(*d);
+        }
+    }
+    let d = dtype(descr.as_any(), what)?;
+    KNOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((ty.unbind(), d));
+    Ok(d)
+}
+
 /// A tensor's start offset in elements: a negative one is a `GeometryError` naming the tensor.
 pub fn element_offset(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     let n: i128 = obj
@@ -141,7 +166,7 @@ pub fn element_offset(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 /// A dtype given as a name, a numpy dtype or a scalar type.
-pub fn dtype(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
+pub fn dtype(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display) -> PyResult<DType> {
     if let Ok(s) = obj.cast::<PyString>() {
         if let Ok(d) = DType::parse(&s.to_cow()?) {
             return Ok(d);
@@ -169,7 +194,7 @@ pub fn signature(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Signature> {
                 )));
             }
             let Dir(dir) = t.get_item(0)?.extract().map_err(|e| prefix(e, what))?;
-            let dt = dtype(&t.get_item(1)?, what)?;
+            let dt = dtype(&t.get_item(1)?, &what)?;
             params.push(Param {
                 dir,
                 dtype: Some(dt),
@@ -361,7 +386,7 @@ pub fn array_geometry(
     what: &dyn std::fmt::Display,
 ) -> PyResult<Option<Geometry>> {
     let descr = arr.dtype();
-    let dt = dtype(descr.as_any(), &what.to_string())?;
+    let dt = array_dtype(&descr, what)?;
     let order = descr.byteorder();
     let native = order == b'='
         || order == b'|'

@@ -63,7 +63,7 @@ struct Entry {
     means: Means,
 }
 
-/// Views at or above this size log a warning when established (DESIGN 4.5).
+/// Views at or above this size log a warning when established (`docs/concepts.md`).
 pub const LARGE_VIEW_BYTES: u64 = 1 << 20;
 
 /// The cache. See the module docs.
