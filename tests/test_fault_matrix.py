@@ -40,7 +40,8 @@ import simpler as sp
 
 IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
 CODE = 507_901  # the injected code: unique, so the failing call is unambiguous in the log
-OPS = ("alloc", "free", "h2d", "d2h", "map", "unmap")
+OPS = ("alloc", "free", "h2d", "d2h", "map", "unmap", "memset")
+POISON = 0xA5  # what never-written memory holds, on every platform
 LIBS = Path(__file__).resolve().parents[1] / "target" / "fake-ascend-libs"
 ASCEND_ENV = {"SIMPLER_ASCEND_LIB_DIR": str(LIBS), "FAKE_ASCEND_MAP": "min:65536"}
 
@@ -87,7 +88,7 @@ SMALL = 16  # elements of the small staged tensors
 BIG = 16384  # float32 elements: 64 KiB, mapped under svm=65536 / FAKE_ASCEND_MAP=min:65536
 
 
-def _orchestrate(o, lens, state, table, ctrl, big, x, acc, out):
+def _orchestrate(o, lens, state, table, ctrl, big, x, acc, out, spare):
     assert o.get_tensor_data(lens, 0) == 3  # resident, small: mirror (refused map + fill)
     s = o.get_tensor_data(state, 0)  # resident INOUT mirror: refreshed in round 2
     o.set_tensor_data(state, 1, s + 10)  # mirror write: pushed to the device at once
@@ -98,13 +99,15 @@ def _orchestrate(o, lens, state, table, ctrl, big, x, acc, out):
     o.set_tensor_data(x, 0, 1.5)  # staged IN: arena mapping, or staged copy + push-back
     assert o.get_tensor_data(acc, 0) == 0.0  # staged INOUT, large
     tmp = o.scratch([SMALL], "float32", name="tmp")  # scratch pool: allocated once
-    probe = o.scratch([4], "float32", name="probe")
-    o.set_tensor_data(probe, 0, 2.0)  # maps the scratch chunk
+    probe = o.scratch([4], "int32", name="probe")
+    # Never written in this run: poison, every run (the pool is reused from the first run on).
+    assert o.get_tensor_data(probe, 3) == np.frombuffer(bytes([POISON] * 4), np.int32)[0]
+    o.set_tensor_data(probe, 0, 2)  # maps the scratch chunk
     o.submit(K_FIRST, x, table.view([SMALL], [0]), tmp)
     o.submit(K_SECOND, tmp, state, acc.view([SMALL], [0]), out)
 
 
-CALL = sp.Callable(_orchestrate, [IN, INOUT, IN, IN, IN, IN, INOUT, OUT])
+CALL = sp.Callable(_orchestrate, [IN, INOUT, IN, IN, IN, IN, INOUT, OUT, OUT])
 
 
 def _scenario(w):
@@ -124,7 +127,9 @@ def _scenario(w):
             x = np.full(SMALL, rnd + 1, np.float32)
             acc = np.zeros(n_acc, np.float32)
             out = np.zeros(SMALL, np.float32)
-            w.run(CALL, [lens, state, table, ctrl, big, x, acc, out])
+            spare = np.zeros(SMALL, np.float32)  # staged OUT that no task writes
+            w.run(CALL, [lens, state, table, ctrl, big, x, acc, out, spare])
+            assert (spare.view(np.uint8) == POISON).all()  # never-written memory shows, every run
             tmp = x.copy()
             tmp[0] = 1.5
             tmp += table_host[:SMALL]

@@ -2,7 +2,8 @@
 
 Random sequences of malloc, copy_to, copy_from, free, resident add / release, runs of a small
 callable (one device tensor — a user buffer or a resident tensor — read whole and written by the
-orchestrator, a staged input, a staged output, optionally a scratch intermediate), runs with an
+orchestrator, a staged input, a staged output, a staged output no task writes, optionally a
+scratch intermediate), runs with an
 injected fault, and trims of the staging arena. The model holds every buffer's contents (fresh
 allocations are poison on sim) and what should be live; after every step:
 
@@ -10,7 +11,9 @@ allocations are poison on sim) and what should be live; after every step:
 * live mappings = mapped host views; views never outnumber allocations;
 * replaying the driver call log: every free matches a live allocation, no address is freed twice;
 
-and the contents the device reports (copy_from, orchestrator reads) match the model. Example and
+and the contents the device reports (copy_from, orchestrator reads) match the model; memory no
+task wrote in a run (the unwritten staged output, a scratch tensor before its task) is poison, in
+every run. Example and
 step counts come from the hypothesis profile (tests/conftest.py, ``HYPOTHESIS_PROFILE``).
 """
 
@@ -178,24 +181,27 @@ class WorkerMachine(RuleBasedStateMachine):
         scratch = data.draw(st.booleans(), label="scratch")
         expect = model.copy()
 
-        def orchestrate(o, d, xs, os_):
+        def orchestrate(o, d, xs, os_, spare):
             np.testing.assert_array_equal(o.read_tensor(d), expect)  # mapping or (refreshed) mirror
             assert o.get_tensor_data(d, j) == expect[j]
             o.set_tensor_data(d, j, s)
             if scratch:
                 tmp = o.scratch([m], "int32", name="tmp")
+                # Never written yet in this run, whatever an earlier run left in the pool.
+                assert o.get_tensor_data(tmp, m - 1) == POISON
                 o.submit(K_DOUBLE, xs, tmp)
                 o.submit(K_FINISH, tmp, d, os_)
             else:
                 o.submit(K_DIRECT, d, xs, os_)
 
-        call = sp.Callable(orchestrate, [INOUT, IN, OUT], name="step")
+        call = sp.Callable(orchestrate, [INOUT, IN, OUT, OUT], name="step")
+        spare = np.full(m, 7, np.int32)  # a staged output no task writes
         log0 = len(self.w.call_log())
         if fault:
-            op = data.draw(st.sampled_from(["alloc", "h2d", "d2h", "map"]), label="fault op")
+            op = data.draw(st.sampled_from(["alloc", "h2d", "d2h", "map", "memset"]), label="fault op")
             self.w.inject_fault(op, nth=data.draw(st.integers(1, 4), label="nth"), code=CODE)
         try:
-            self.w.run(call, [dev, x, out])
+            self.w.run(call, [dev, x, out, spare])
         except sp.DeviceError as e:
             assert fault and e.code == CODE, str(e)
             failed = True
@@ -217,6 +223,7 @@ class WorkerMachine(RuleBasedStateMachine):
             return
         model[j] = s
         np.testing.assert_array_equal(out, x * 2 + model[0])
+        np.testing.assert_array_equal(spare, POISON)  # never-written memory shows, every run
         model += 1
 
     @precondition(lambda self: self._device_tensors())

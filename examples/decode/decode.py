@@ -431,7 +431,10 @@ def run_decode(
             peak = _measure_upload(cfg, fxs, lambda fx, a: host.__setitem__(fx.name, a))
         h2d1 = w.stats()["h2d_bytes"]
         if mode == "resident":
-            dev = [(fx.name, res[fx.name]) for fx in fxs]
+            # Every fixture must be there, in signature order: a skipped one (an empty fixture a
+            # driver forgot to add) would shift every later argument against the signature.
+            built = res.build_args(expected_count=len(fxs))
+            dev = list(zip(built.names, built))
             weight_ranges = [
                 (t.buffer.ptr, t.buffer.ptr + t.buffer.nbytes)
                 for fx, (_, t) in zip(fxs, dev)

@@ -42,17 +42,30 @@ def dtype_name(dtype: object) -> str:
         raise ArgumentTypeError(f"unsupported dtype {dtype!r}") from e
 
 
+class _Extent:
+    """``nbytes`` bytes of an array from its first element, as a uint8 array interface (keeps the
+    array alive). Described as bytes, so it works for every dtype, ml_dtypes' included (whose
+    own type strings numpy's ``as_strided`` cannot parse)."""
+
+    __slots__ = ("__array_interface__", "_base")
+
+    def __init__(self, arr: np.ndarray, nbytes: int):
+        self._base = arr
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (arr.ctypes.data, not arr.flags.writeable),
+        }
+
+
 def flat_bytes(arr: np.ndarray, nbytes: int) -> np.ndarray:
     """A 1-D uint8 view of the ``nbytes`` bytes of ``arr`` from its first element (no copy)."""
     if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
     if arr.flags.c_contiguous and arr.nbytes == nbytes:
         return arr.reshape(-1).view(np.uint8)
-    item = arr.dtype.itemsize
-    flat = np.lib.stride_tricks.as_strided(
-        arr, shape=(nbytes // item,), strides=(item,), writeable=arr.flags.writeable
-    )
-    return flat.view(np.uint8)
+    return np.asarray(_Extent(arr, nbytes))
 
 
 def native_copy(arr: np.ndarray) -> np.ndarray:

@@ -105,11 +105,10 @@ class Scalar:
         return False
 
     def _replace(self, **changes: Any) -> Scalar:
-        """A copy with ``changes`` applied; ``child_memory=False`` is accepted (and ignored)."""
-        cm = changes.pop("child_memory", False)
-        if cm:
-            raise ArgumentError(f"Scalar '{self.name}': a scalar cannot have child_memory")
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied. ``child_memory`` is ignored: a scalar has no device
+        memory, so ``[s._replace(child_memory=True) for s in specs]`` returns scalars unchanged."""
+        changes.pop("child_memory", None)
+        return dataclasses.replace(self, **changes) if changes else self
 
     def __repr__(self) -> str:
         return f"Scalar({self.name!r}, {self.value!r})"
@@ -396,8 +395,18 @@ class ResidentTaskArgs:
         return f"ResidentTaskArgs({self.names}, {state})"
 
     # -- adding --
-    def add(self, name: str, host: np.ndarray, direction: ArgDirection | str = ArgDirection.IN) -> Any:
+    def add(
+        self,
+        name: str,
+        host: np.ndarray,
+        direction: ArgDirection | str = ArgDirection.IN,
+        host_view: str = "lazy",
+    ) -> Any:
         """Makes ``host`` resident under ``name``; returns its :class:`~simpler.DeviceTensor`.
+
+        ``host_view="eager"`` establishes the tensor's host view (mapping or mirror) now, so the
+        first run that reads it from the orchestrator pays nothing for it; ``"lazy"`` (the
+        default) establishes it at the first access.
 
         Allocates ``host.nbytes``, uploads unless ``direction`` is OUT, keeps no reference to
         ``host``. A zero-byte fixture allocates nothing and stays host-staged: it is recorded and
@@ -419,6 +428,8 @@ class ResidentTaskArgs:
                         f"{what}: its host storage overlaps resident fixture '{other}' "
                         "(an aliased layout cannot be made resident faithfully)"
                     )
+        if host_view not in ("lazy", "eager"):
+            raise ArgumentError(f"{what}: host_view must be 'lazy' or 'eager', not {host_view!r}")
         added = self._worker._native._resident_add(self._set, name, host, direction)
         d = direction if isinstance(direction, ArgDirection) else ArgDirection[str(direction).upper()]
         if added is None:  # no bytes: it stays host-staged
@@ -428,6 +439,8 @@ class ResidentTaskArgs:
         tensor = Buffer(self._worker, ptr, host.nbytes, owner=self, gen=gen).tensor(host.shape, host.dtype)
         self._entries[name] = _Entry(name, d, tensor)
         self._extents.append((name, weakref.ref(_root(host)), start, end))
+        if host_view == "eager":
+            self._worker._native._establish_view(ptr, gen, name)
         return tensor
 
     # -- using --
@@ -438,6 +451,12 @@ class ResidentTaskArgs:
         from the number of tensors added: a skipped fixture would shift every later argument.
         """
         self._check_open("build_args")
+        if expected_count is not None and (
+            isinstance(expected_count, bool) or not isinstance(expected_count, (int, np.integer))
+        ):
+            raise ArgumentTypeError(
+                f"ResidentTaskArgs.build_args: expected_count must be an int, not {expected_count!r}"
+            )
         if expected_count is not None and expected_count != len(self._entries):
             raise ArgumentError(
                 f"ResidentTaskArgs.build_args: expected {expected_count} tensor arguments, "

@@ -118,7 +118,10 @@ class Worker:
             staged tensor per run, the upstream mainline, kept observable).
         svm: sim only: ``"always"``, ``"never"`` or a minimum allocation size in bytes that
             ``map_host`` grants (smaller allocations get a mirror).
-        poison: sim only: fill fresh allocations with a poison byte (default True).
+        poison: never-written memory shows (default True): at the start of every run a staged OUT
+            tensor and every scratch tensor hold the poison byte 0xA5 (a device memset), so a
+            kernel that writes nothing cannot pass with an earlier run's bytes; on sim fresh
+            allocations are filled too.
         capacity: sim only: simulated device memory in bytes.
         device_id: ascend / cuda: the device id.
         malloc_policy: ascend only: ``"huge_first"`` (default), ``"huge_only"``, ``"normal_only"``.

@@ -394,6 +394,36 @@ impl State {
     }
 }
 
+impl State {
+    /// `aclrtMemset` / `rtMemset`: `count` bytes at device address `dst` set to `value`.
+    fn memset(
+        &mut self,
+        name: &str,
+        dst: *mut c_void,
+        dest_max: u64,
+        value: u8,
+        count: u64,
+    ) -> c_int {
+        let dst_a = dst as u64;
+        let args = format!("{dst_a:#x} {count} value={value}");
+        if let Some(code) = self.injected(name, &args) {
+            return code;
+        }
+        if self.devices_set.is_empty() {
+            return self.ret(name, args, ACL_ERROR_RT_CONTEXT_NULL);
+        }
+        if count > dest_max || dst.is_null() {
+            return self.ret(name, args, ACL_ERROR_INVALID_PARAM);
+        }
+        let Some((_, to)) = self.translate(dst_a, count) else {
+            return self.ret(name, args, ACL_ERROR_INVALID_PARAM);
+        };
+        // SAFETY: `dst` was translated into a live backing block with `count` bytes to spare.
+        unsafe { std::ptr::write_bytes(to, value, count as usize) };
+        self.ret(name, args, ACL_SUCCESS)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum HugePolicy {
     HugeFirst,
@@ -523,6 +553,25 @@ pub unsafe extern "C" fn aclrtMemcpy(
     })
 }
 
+/// `aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)`.
+#[no_mangle]
+pub extern "C" fn aclrtMemset(
+    dev_ptr: *mut c_void,
+    max_count: usize,
+    value: i32,
+    count: usize,
+) -> c_int {
+    with_state(|st| {
+        st.memset(
+            "aclrtMemset",
+            dev_ptr,
+            max_count as u64,
+            value as u8,
+            count as u64,
+        )
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // rt* runtime (libruntime.so)
 // ---------------------------------------------------------------------------------------------
@@ -581,6 +630,12 @@ pub unsafe extern "C" fn rtMemcpy(
 ) -> c_int {
     // SAFETY: forwarded caller guarantee on the host pointers.
     with_state(|st| unsafe { st.memcpy("rtMemcpy", dst, dest_max, src, cnt, kind) })
+}
+
+/// `rtError_t rtMemset(void *devPtr, uint64_t destMax, uint32_t value, uint64_t count)`.
+#[no_mangle]
+pub extern "C" fn rtMemset(dev_ptr: *mut c_void, dest_max: u64, value: u32, count: u64) -> c_int {
+    with_state(|st| st.memset("rtMemset", dev_ptr, dest_max, value as u8, count))
 }
 
 // ---------------------------------------------------------------------------------------------

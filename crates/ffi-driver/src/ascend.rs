@@ -209,6 +209,10 @@ type AclMemcpyFn = unsafe extern "C" fn(
     count: usize,
     kind: c_int,
 ) -> c_int;
+type AclMemsetFn =
+    unsafe extern "C" fn(dev_ptr: *mut c_void, max_count: usize, value: i32, count: usize) -> c_int;
+type RtMemsetFn =
+    unsafe extern "C" fn(dev_ptr: *mut c_void, dest_max: u64, value: u32, count: u64) -> i32;
 type RtMallocFn = unsafe extern "C" fn(
     dev_ptr: *mut *mut c_void,
     size: u64,
@@ -240,6 +244,7 @@ struct AclFns {
     malloc: AclMallocFn,
     free: FreeFn,
     memcpy: AclMemcpyFn,
+    memset: AclMemsetFn,
 }
 
 #[derive(Clone, Copy)]
@@ -250,6 +255,7 @@ struct RtFns {
     malloc: RtMallocFn,
     free: FreeFn,
     memcpy: RtMemcpyFn,
+    memset: RtMemsetFn,
 }
 
 #[derive(Clone, Copy)]
@@ -290,6 +296,8 @@ impl Runtime {
             (Op::H2d | Op::D2h, false) => "rtMemcpy",
             (Op::Map, _) => "halHostRegister",
             (Op::Unmap, _) => "halHostUnregister",
+            (Op::Memset, true) => "aclrtMemset",
+            (Op::Memset, false) => "rtMemset",
         }
     }
 
@@ -373,6 +381,28 @@ impl Runtime {
             }
             // SAFETY: per this function's contract.
             Runtime::Rt(_, f) => i64::from(unsafe { (f.memcpy)(dst, dest_max, src, count, kind) }),
+        }
+    }
+}
+
+impl Runtime {
+    /// `aclrtMemset` / `rtMemset` of `count` bytes at `dst` to `value`.
+    ///
+    /// # Safety
+    /// `[dst, dst + count)` must lie inside a live allocation with `dest_max` bytes from `dst`.
+    unsafe fn memset(&self, dst: *mut c_void, dest_max: u64, value: u8, count: u64) -> i64 {
+        match self {
+            Runtime::Acl(_, f) => {
+                let (Ok(max), Ok(n)) = (usize::try_from(dest_max), usize::try_from(count)) else {
+                    return ACL_ERROR_INVALID_PARAM;
+                };
+                // SAFETY: per this function's contract.
+                i64::from(unsafe { (f.memset)(dst, max, i32::from(value), n) })
+            }
+            Runtime::Rt(_, f) => {
+                // SAFETY: per this function's contract.
+                i64::from(unsafe { (f.memset)(dst, dest_max, u32::from(value), count) })
+            }
         }
     }
 }
@@ -490,6 +520,7 @@ fn load_acl(dirs: &[PathBuf], bare: bool) -> Result<Runtime, LoadError> {
             malloc: lib.sym::<AclMallocFn>("aclrtMalloc")?,
             free: lib.sym::<FreeFn>("aclrtFree")?,
             memcpy: lib.sym::<AclMemcpyFn>("aclrtMemcpy")?,
+            memset: lib.sym::<AclMemsetFn>("aclrtMemset")?,
         }
     };
     Ok(Runtime::Acl(lib, f))
@@ -509,6 +540,7 @@ fn load_rt(dirs: &[PathBuf], bare: bool) -> Result<Runtime, LoadError> {
             malloc: lib.sym::<RtMallocFn>("rtMalloc")?,
             free: lib.sym::<FreeFn>("rtFree")?,
             memcpy: lib.sym::<RtMemcpyFn>("rtMemcpy")?,
+            memset: lib.sym::<RtMemsetFn>("rtMemset")?,
         }
     };
     Ok(Runtime::Rt(lib, f))
@@ -712,10 +744,10 @@ impl AscendDevice {
         if code == 0 {
             return Ok(());
         }
-        let what = if op == Op::H2d {
-            "host-to-device copy"
-        } else {
-            "device-to-host copy"
+        let what = match op {
+            Op::H2d => "host-to-device copy",
+            Op::Memset => "device memset",
+            _ => "device-to-host copy",
         };
         Err(self.rt_err(op, code, what).at(addr).sized(bytes))
     }
@@ -926,18 +958,26 @@ impl AscendDevice {
                 .at(start));
         };
         let bytes = entry.bytes;
-        // Nothing may touch the host pointer once the HAL tears the mapping down.
-        entry.mem.revoke();
-        // SAFETY: `halHostUnregister(void *srcPtr, UINT32 devid)` with the device address a
-        // successful `halHostRegister` was given; the host side is revoked above.
-        let code = i64::from(unsafe { (self.hal.unregister)(start as *mut c_void, self.hal_id) });
-        if code != 0 {
-            // Kept (revoked) so its allocation is never freed while the HAL may still map it.
+        // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
+        // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
+        // usable, and its allocation stays live until a retry unregisters it.
+        let hal = (self.hal.unregister, self.hal_id);
+        let r = entry.mem.revoke_with(|| {
+            // SAFETY: `halHostUnregister(void *srcPtr, UINT32 devid)` with the device address a
+            // successful `halHostRegister` was given; no access runs while it does.
+            let code = i64::from(unsafe { (hal.0)(start as *mut c_void, hal.1) });
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(code)
+            }
+        });
+        if let Err(code) = r {
             return Err(self
                 .drv_err(
                     Op::Unmap,
                     code,
-                    "mapping kept (revoked); its allocation stays live",
+                    "mapping kept (still usable); its allocation stays live until it is unregistered",
                 )
                 .at(start)
                 .sized(bytes));
@@ -1026,6 +1066,32 @@ impl Device for AscendDevice {
                     )
                 };
                 self.copy_result(op, code, src.0, bytes)
+            },
+        )
+    }
+
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
+        let op = Op::Memset;
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                let (base, size) = self.containing(st, op, dst.0, bytes)?;
+                if bytes == 0 {
+                    return Ok(());
+                }
+                self.bind(st, op)?;
+                let dest_max = base + size - dst.0;
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max` bytes
+                // from `dst` (checked above).
+                let code = unsafe {
+                    self.runtime
+                        .memset(dst.0 as *mut c_void, dest_max, value, bytes)
+                };
+                self.copy_result(op, code, dst.0, bytes)
             },
         )
     }

@@ -71,6 +71,7 @@ type CuMemcpyHtoDFn =
     unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: usize) -> c_int;
 type CuMemcpyDtoHFn =
     unsafe extern "C" fn(dst: *mut c_void, src: CuDevicePtr, bytes: usize) -> c_int;
+type CuMemsetD8Fn = unsafe extern "C" fn(dst: CuDevicePtr, uc: u8, n: usize) -> c_int;
 
 #[derive(Clone, Copy)]
 struct CudaFns {
@@ -80,6 +81,7 @@ struct CudaFns {
     mem_free: CuMemFreeFn,
     memcpy_htod: CuMemcpyHtoDFn,
     memcpy_dtoh: CuMemcpyDtoHFn,
+    memset_d8: CuMemsetD8Fn,
 }
 
 impl Ledgered for State {
@@ -159,6 +161,7 @@ impl CudaDevice {
                     mem_free: lib.sym::<CuMemFreeFn>("cuMemFree_v2")?,
                     memcpy_htod: lib.sym::<CuMemcpyHtoDFn>("cuMemcpyHtoD_v2")?,
                     memcpy_dtoh: lib.sym::<CuMemcpyDtoHFn>("cuMemcpyDtoH_v2")?,
+                    memset_d8: lib.sym::<CuMemsetD8Fn>("cuMemsetD8_v2")?,
                 },
             )
         };
@@ -229,6 +232,7 @@ impl CudaDevice {
             Op::D2h => "cuMemcpyDtoH_v2",
             Op::Map => "cuda_map_host",
             Op::Unmap => "cuda_unmap_host",
+            Op::Memset => "cuMemsetD8_v2",
         }
     }
 
@@ -272,10 +276,10 @@ impl CudaDevice {
         if code == 0 {
             return Ok(());
         }
-        let what = if op == Op::H2d {
-            "host-to-device copy"
-        } else {
-            "device-to-host copy"
+        let what = match op {
+            Op::H2d => "host-to-device copy",
+            Op::Memset => "device memset",
+            _ => "device-to-host copy",
         };
         Err(Self::err(op, code, what).at(addr).sized(bytes))
     }
@@ -409,6 +413,30 @@ impl Device for CudaDevice {
                     (self.f.memcpy_dtoh)(dst.as_mut_ptr().cast(), src.0, dst.len())
                 });
                 Self::copy_result(op, code, src.0, bytes)
+            },
+        )
+    }
+
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
+        let op = Op::Memset;
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                Self::containing(st, op, dst.0, bytes)?;
+                if bytes == 0 {
+                    return Ok(());
+                }
+                let n = usize::try_from(bytes)
+                    .map_err(|_| Self::err(op, 1, "size does not fit size_t").at(dst.0))?;
+                self.make_current(st, op)?;
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked above);
+                // `cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t)` touches only those bytes.
+                let code = i64::from(unsafe { (self.f.memset_d8)(dst.0, value, n) });
+                Self::copy_result(op, code, dst.0, bytes)
             },
         )
     }

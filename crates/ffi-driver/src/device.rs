@@ -41,11 +41,13 @@ pub struct Stats {
     pub map_refusals: u64,
     pub unmaps: u64,
     pub live_mappings: u64,
+    pub memset_calls: u64,
+    pub memset_bytes: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 13] {
+    pub fn entries(&self) -> [(&'static str, u64); 15] {
         [
             ("live_allocations", self.live_allocations),
             ("live_bytes", self.live_bytes),
@@ -60,6 +62,8 @@ impl Stats {
             ("map_refusals", self.map_refusals),
             ("unmaps", self.unmaps),
             ("live_mappings", self.live_mappings),
+            ("memset_calls", self.memset_calls),
+            ("memset_bytes", self.memset_bytes),
         ]
     }
 }
@@ -105,6 +109,9 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`.
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError>;
+
+    /// Sets `bytes` bytes at device address `dst` to `value` (a device memset).
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError>;
 
     /// Asks for a host mapping of `bytes` at `ptr`. A refusal is an answer (`MapGrant::Refused`),
     /// not an error; errors are for calls that are invalid (mapping twice, an unknown address).

@@ -12,11 +12,21 @@ pub enum Op {
     D2h,
     Map,
     Unmap,
+    /// Fills device memory with a byte (poisoning never-written memory).
+    Memset,
 }
 
 impl Op {
     /// All operations, in a fixed order.
-    pub const ALL: [Op; 6] = [Op::Alloc, Op::Free, Op::H2d, Op::D2h, Op::Map, Op::Unmap];
+    pub const ALL: [Op; 7] = [
+        Op::Alloc,
+        Op::Free,
+        Op::H2d,
+        Op::D2h,
+        Op::Map,
+        Op::Unmap,
+        Op::Memset,
+    ];
 
     /// The short name used in errors, counters and `inject_fault`.
     pub fn name(self) -> &'static str {
@@ -27,6 +37,7 @@ impl Op {
             Op::D2h => "d2h",
             Op::Map => "map",
             Op::Unmap => "unmap",
+            Op::Memset => "memset",
         }
     }
 

@@ -135,6 +135,16 @@ impl HostMem {
         *self.lock() = false;
     }
 
+    /// Runs `teardown` (the vendor call that unmaps this memory) with every access blocked, and
+    /// marks the block revoked only if it succeeds: a teardown that fails leaves a mapping that is
+    /// still there, and still usable.
+    pub fn revoke_with<E>(&self, teardown: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let mut valid = self.lock();
+        teardown()?;
+        *valid = false;
+        Ok(())
+    }
+
     fn lock(&self) -> MutexGuard<'_, bool> {
         // A poisoned lock only means another thread panicked mid-copy; the bytes are still valid.
         self.valid.lock().unwrap_or_else(|e| e.into_inner())

@@ -219,7 +219,7 @@ impl Ledger {
             .collect()
     }
 
-    /// Counts a copy.
+    /// Counts a copy (or a memset).
     pub fn on_copy(&mut self, op: Op, bytes: u64) {
         match op {
             Op::H2d => {
@@ -229,6 +229,10 @@ impl Ledger {
             Op::D2h => {
                 self.stats.d2h_calls += 1;
                 self.stats.d2h_bytes += bytes;
+            }
+            Op::Memset => {
+                self.stats.memset_calls += 1;
+                self.stats.memset_bytes += bytes;
             }
             _ => {}
         }

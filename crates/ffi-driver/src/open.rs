@@ -14,7 +14,8 @@ pub struct DeviceSpec {
     pub platform: String,
     /// sim: which allocations `map_host` grants.
     pub svm: Option<SvmPolicy>,
-    /// sim: poison fresh allocations (default true).
+    /// Poison never-written memory (default true). On sim this also fills every fresh
+    /// allocation; the runtime poisons staged outputs and scratch tensors on every platform.
     pub poison: Option<bool>,
     /// sim: simulated device capacity in bytes.
     pub capacity: Option<u64>,
@@ -63,9 +64,9 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
             Ok(Arc::new(SimDevice::new(cfg)))
         }
         other => {
-            if spec.svm.is_some() || spec.poison.is_some() || spec.capacity.is_some() {
+            if spec.svm.is_some() || spec.capacity.is_some() {
                 return Err(OpenError::Invalid(format!(
-                    "svm / poison / capacity are sim options; platform '{other}' does not take them"
+                    "svm / capacity are sim options; platform '{other}' does not take them"
                 )));
             }
             open_vendor(other, spec)

@@ -118,6 +118,7 @@ fn call_name(op: Op) -> &'static str {
         Op::D2h => "sim_memcpy_d2h",
         Op::Map => "sim_host_register",
         Op::Unmap => "sim_host_unregister",
+        Op::Memset => "sim_memset",
     }
 }
 
@@ -384,6 +385,16 @@ impl Device for SimDevice {
             b.mem
                 .read(off as usize, dst)
                 .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(src.0))
+        })
+    }
+
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
+        let op = Op::Memset;
+        traced(&mut *self.lock(), op, dst.0, bytes, injected(op), |st| {
+            let (off, b) = st.find(op, dst.0, bytes)?;
+            b.mem
+                .fill(off as usize, bytes as usize, value)
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))
         })
     }
 

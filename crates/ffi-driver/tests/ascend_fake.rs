@@ -440,12 +440,38 @@ fn a_failed_unregister_keeps_the_allocation_alive_until_it_succeeds() {
     let e = d.unmap_host(p).unwrap_err();
     assert_eq!((e.call.as_str(), e.code), ("halHostUnregister", 7));
     assert!(e.to_string().contains("DRV_ERROR_INNER_ERR"), "{e}");
-    // The host side is gone already; the allocation cannot be freed yet.
-    assert_eq!(mem.read(0, &mut [0u8; 1]), Err(HostMemError::Revoked));
+    // The HAL still maps it: the host side stays usable, the allocation cannot be freed yet.
+    mem.write(0, &[42]).unwrap();
+    let mut b = [0u8; 1];
+    d.copy_d2h(&mut b, p).unwrap();
+    assert_eq!(b, [42], "the mapping still reaches device memory");
     assert!(d.free(p).is_err());
     d.unmap_host(p).unwrap();
+    // Unregistered: now the host side is gone.
+    assert_eq!(mem.read(0, &mut b), Err(HostMemError::Revoked));
     d.free(p).unwrap();
     assert_eq!(fake.violations(), 0);
+}
+
+#[test]
+fn memset_fills_device_memory_and_is_counted() {
+    let fake = Fake::standard();
+    let d = fake.open();
+    let p = d.alloc(64).unwrap();
+    d.copy_h2d(p, &[1u8; 64]).unwrap();
+    d.fill(DevPtr(p.0 + 8), 16, 0xA5).unwrap();
+    let mut out = [0u8; 64];
+    d.copy_d2h(&mut out, p).unwrap();
+    assert_eq!(&out[..8], &[1u8; 8]);
+    assert_eq!(&out[8..24], &[0xA5u8; 16]);
+    assert_eq!(&out[24..], &[1u8; 40]);
+    let s = d.stats();
+    assert_eq!((s.memset_calls, s.memset_bytes), (1, 16));
+    assert_eq!(fake.calls("aclrtMemset").len(), 1);
+    // Past the allocation: refused before any vendor call.
+    assert!(d.fill(DevPtr(p.0 + 60), 8, 0).is_err());
+    assert_eq!(fake.calls("aclrtMemset").len(), 1);
+    d.free(p).unwrap();
 }
 
 #[test]

@@ -16,7 +16,7 @@ use simpler_runtime::{
 
 use crate::cell::Shared;
 use crate::convert::{self, arrays_fn};
-use crate::errors::{to_py, type_err};
+use crate::errors::{to_py, type_err, ArgumentError};
 use crate::logging;
 use crate::orch::{KernelTable, Orchestrator, RunTensor};
 use crate::tensors::{window_array, Callable, DeviceTensor, Kernel};
@@ -124,17 +124,45 @@ impl RunHost for Host<'_, '_> {
         let mut args: Vec<Bound<'_, PyAny>> =
             Vec::with_capacity(call.buffers.len() + call.scalars.len());
         for w in &call.buffers {
-            args.push(window_array(py, w.clone(), false)?);
+            // The arrays of IN tensors are read-only, on every platform.
+            args.push(window_array(py, w.clone(), !w.writable)?);
         }
         for v in &call.scalars {
             args.push(convert::value_py(py, *v)?);
         }
         let r = k.func.bind(py).call1(PyTuple::new(py, args)?);
-        if let Err(e) = &r {
-            let note = format!("in task {} (kernel {})", call.task, k.name);
-            let _ = e.value(py).call_method1("add_note", (note,));
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let wrote_input = e.is_instance_of::<pyo3::exceptions::PyValueError>(py)
+                    && e.value(py).to_string().contains("read-only");
+                let ins: Vec<&str> = call
+                    .buffers
+                    .iter()
+                    .zip(&call.names)
+                    .filter(|(w, _)| !w.writable)
+                    .map(|(_, n)| &**n)
+                    .collect();
+                let e = if wrote_input && !ins.is_empty() {
+                    let which = match ins.as_slice() {
+                        [one] => format!("its IN tensor {one}"),
+                        many => format!("one of its IN tensors ({})", many.join(", ")),
+                    };
+                    let new = ArgumentError::new_err(format!(
+                        "kernel {} (task {}) wrote {which}: the arrays of a kernel's IN tensors \
+                         are read-only (declare it INOUT to update it)",
+                        k.name, call.task
+                    ));
+                    new.set_cause(py, Some(e));
+                    new
+                } else {
+                    e
+                };
+                let note = format!("in task {} (kernel {})", call.task, k.name);
+                let _ = e.value(py).call_method1("add_note", (note,));
+                Err(e)
+            }
         }
-        r.map(|_| ())
     }
 
     fn checkpoint(&mut self) -> PyResult<()> {

@@ -121,7 +121,7 @@ impl PyWorker {
             other => PlatformUnavailableError::new_err(other.to_string()),
         })?;
         let staging = staging.map_or(simpler_runtime::Staging::Arena, |s| s.0);
-        let worker = Worker::new(dev.clone(), staging);
+        let worker = Worker::new(dev.clone(), staging, poison.unwrap_or(true));
         Ok(PyWorker {
             id: worker.id(),
             cell: Arc::new(Shared::new(worker)),
@@ -324,6 +324,19 @@ impl PyWorker {
             w.resident_add(set, name, &geometry, direction.0, bytes)
         });
         done(py, r).map(|b| b.map(|b| (b.ptr.0, b.gen)))
+    }
+
+    /// Establishes the host view of a buffer now; returns ``"mapping"`` or ``"mirror"``.
+    fn _establish_view(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        gen: u64,
+        name: &str,
+    ) -> PyResult<&'static str> {
+        let b = self.buf(ptr, gen);
+        let r = self.cell.with(true, |w| w.establish_view(b, name));
+        done(py, r)
     }
 
     fn _resident_release<'py>(&self, py: Python<'py>, set: u64) -> Vec<PyErr> {

@@ -180,9 +180,28 @@ impl DType {
                 out[0] = i as u8;
             }
             DType::F64 => out.copy_from_slice(&as_f64(v).to_le_bytes()),
-            DType::F32 => out.copy_from_slice(&(as_f64(v) as f32).to_le_bytes()),
-            DType::F16 => out.copy_from_slice(&f16::from_f64(as_f64(v)).to_le_bytes()),
-            DType::BF16 => out.copy_from_slice(&bf16::from_f64(as_f64(v)).to_le_bytes()),
+            DType::F32 | DType::F16 | DType::BF16 => {
+                // A finite value the type cannot hold would silently become inf: refuse it.
+                let f = as_f64(v);
+                let (bytes, finite) = match self {
+                    DType::F32 => {
+                        let x = f as f32;
+                        (x.to_le_bytes().to_vec(), x.is_finite())
+                    }
+                    DType::F16 => {
+                        let x = f16::from_f64(f);
+                        (x.to_le_bytes().to_vec(), x.is_finite())
+                    }
+                    _ => {
+                        let x = bf16::from_f64(f);
+                        (x.to_le_bytes().to_vec(), x.is_finite())
+                    }
+                };
+                if f.is_finite() && !finite {
+                    return Err(range(&f));
+                }
+                out.copy_from_slice(&bytes);
+            }
             DType::F8E4M3FN | DType::F8E5M2 | DType::F4E2M1FN => {
                 let f = as_f64(v);
                 out[0] = MiniFloat::of(self).encode(f).ok_or_else(|| range(&f))?;
@@ -395,5 +414,20 @@ mod tests {
             round_trip(DType::F4E2M1FN, Value::Float(0.2)),
             Value::Float(0.0)
         );
+    }
+
+    #[test]
+    fn finite_values_that_overflow_are_refused() {
+        let mut b2 = [0u8; 2];
+        assert!(DType::F16.encode(Value::Float(1e6), &mut b2).is_err());
+        assert!(DType::F16.encode(Value::Float(65504.0), &mut b2).is_ok());
+        assert!(DType::F16
+            .encode(Value::Float(f64::INFINITY), &mut b2)
+            .is_ok());
+        assert!(DType::BF16.encode(Value::Float(1e39), &mut b2).is_err());
+        let mut b4 = [0u8; 4];
+        assert!(DType::F32.encode(Value::Float(1e39), &mut b4).is_err());
+        assert!(DType::F32.encode(Value::Float(3.0e38), &mut b4).is_ok());
+        assert!(DType::F32.encode(Value::Float(f64::NAN), &mut b4).is_ok());
     }
 }

@@ -95,7 +95,25 @@ impl Error {
 
     /// A failed access to host memory (a view, a mirror, a copy) of `tensor`.
     pub fn host(tensor: &str, e: simpler_driver::HostMemError) -> Error {
-        Error::Value(format!("{tensor}: host view access failed: {e}"))
+        Error::Value(format!("tensor {tensor}: host view access failed: {e}"))
+    }
+
+    /// A failed orchestrator access of `bytes` at device address `addr` through a host view of
+    /// `tensor`: a view that is no longer there is `NoHostView`.
+    pub fn host_view(
+        tensor: &str,
+        addr: u64,
+        bytes: u64,
+        e: simpler_driver::HostMemError,
+    ) -> Error {
+        match e {
+            simpler_driver::HostMemError::Revoked => Error::NoHostView {
+                addr,
+                bytes,
+                detail: format!("tensor {tensor}: its host mapping was torn down"),
+            },
+            other => Error::host(tensor, other),
+        }
     }
 
     /// A geometry error.

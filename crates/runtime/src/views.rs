@@ -155,18 +155,26 @@ impl ViewCache {
                 Means::Refused
             }
         };
-        // Staging allocations (the arena) are mapped once for their life; only tensor views warn.
-        if bytes >= LARGE_VIEW_BYTES && mirror_on_refusal {
-            log::warn!(
-                "established a host {} of {bytes} bytes for tensor {tensor} (allocation {base}); \
-                 host views of large tensors cost {}",
-                means.kind(),
-                if matches!(means, Means::Mirror { .. }) {
-                    "a bulk copy per refresh"
-                } else {
-                    "a mapping for the allocation's life"
-                }
-            );
+        if bytes >= LARGE_VIEW_BYTES {
+            if mirror_on_refusal {
+                log::warn!(
+                    "established a host {} of {bytes} bytes for tensor {tensor} (allocation {base}); \
+                     host views of large tensors cost {}",
+                    means.kind(),
+                    if matches!(means, Means::Mirror { .. }) {
+                        "a bulk copy per refresh"
+                    } else {
+                        "a mapping for the allocation's life"
+                    }
+                );
+            } else if matches!(means, Means::Mapped { .. }) {
+                // A staged tensor's view maps the whole staging allocation it lives in, once for
+                // that allocation's life: say how large it is.
+                log::warn!(
+                    "mapped the whole staging allocation {base} ({bytes} bytes) to reach staged \
+                     tensor {tensor}; host views of staged tensors map the arena they share"
+                );
+            }
         }
         self.entries.insert(
             base.0,

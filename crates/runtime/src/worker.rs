@@ -23,6 +23,9 @@ use crate::scratch::ScratchPool;
 use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
 use crate::staging::{Arena, Staging};
 
+/// The byte that never-written memory holds (the sim driver fills fresh allocations with it too).
+pub const POISON: u8 = simpler_driver::sim::POISON;
+
 /// What `close` found.
 #[derive(Debug, Default, Clone)]
 pub struct CloseSummary {
@@ -41,6 +44,8 @@ pub struct CloseSummary {
 pub struct Worker {
     mem: Memory,
     staging: Staging,
+    /// Fill staged outputs and scratch tensors with [`POISON`] at the start of every run.
+    poison: bool,
     arena: Arena,
     scratch: ScratchPool,
     resident: ResidentSets,
@@ -66,11 +71,13 @@ fn buffer_err(e: simpler_driver::DeviceError) -> Error {
 }
 
 impl Worker {
-    /// A worker over `dev`.
-    pub fn new(dev: Arc<dyn Device>, staging: Staging) -> Worker {
+    /// A worker over `dev`. With `poison`, never-written memory shows: a staged OUT tensor and a
+    /// scratch tensor hold [`POISON`] bytes at the start of every run, warm runs included.
+    pub fn new(dev: Arc<dyn Device>, staging: Staging, poison: bool) -> Worker {
         Worker {
             mem: Memory::new(dev),
             staging,
+            poison,
             arena: Arena::default(),
             scratch: ScratchPool::default(),
             resident: ResidentSets::default(),
@@ -273,6 +280,21 @@ impl Worker {
             .add(&mut self.mem, set, name, geometry, dir, host)
     }
 
+    /// Establishes the host view of a buffer now instead of at its first orchestrator access
+    /// (`ResidentTaskArgs.add(..., host_view="eager")`), so the first run pays nothing for it.
+    /// Returns the means: `"mapping"` or `"mirror"`.
+    pub fn establish_view(&mut self, buf: BufferRef, tensor: &str) -> Result<&'static str> {
+        self.check_open()?;
+        self.enter(Phase::ResidentAdd);
+        let info = self.mem.lookup(buf, &format_args!("tensor {tensor}"))?;
+        let mut ev = crate::views::ViewEvents::default();
+        let means =
+            self.mem
+                .views
+                .ensure(&*self.mem.dev, buf.ptr, info.bytes, true, tensor, &mut ev)?;
+        Ok(means.kind())
+    }
+
     /// Whether `set` is still open.
     pub fn resident_is_open(&self, set: u64) -> bool {
         self.resident.is_open(set)
@@ -325,6 +347,7 @@ impl Worker {
         self.next_run += 1;
         let records = std::mem::take(&mut self.spare);
         let mut run = RunState::new(id, started, self.mem.dev.stats(), records);
+        run.poison = self.poison.then_some(POISON);
         match run.bind(&mut self.mem, &mut self.arena, self.staging, call, hosts) {
             Ok(()) => {
                 run.report.phases.bind = run.lap();

@@ -175,7 +175,7 @@ impl RunState {
         let mut buf = [0u8; 8];
         r.mem
             .read(r.host_offset(addr), &mut buf[..es])
-            .map_err(|e| Error::host(&self.args[arg as usize].name, e))?;
+            .map_err(|e| Error::host_view(&self.args[arg as usize].name, addr, es as u64, e))?;
         self.report.counters.orch_reads += 1;
         Ok(view.dtype().decode(&buf[..es]))
     }
@@ -205,7 +205,7 @@ impl RunState {
         let r = self.resolved(arg);
         r.mem
             .write(r.host_offset(addr), &buf[..es])
-            .map_err(|e| Error::host(&name, e))?;
+            .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
         if r.push {
             let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);
             if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
@@ -272,7 +272,7 @@ impl RunState {
         let copy = HostMem::new(extent as usize, 0).map_err(|e| Error::host(&name, e))?;
         r.mem
             .with_slice(offset, extent as usize, |s| copy.write(0, s))
-            .map_err(|e| Error::host(&name, e))?
+            .map_err(|e| Error::host_view(&name, addr, extent, e))?
             .map_err(|e| Error::host(&name, e))?;
         Ok(HostWindow {
             mem: Arc::new(copy),

@@ -127,6 +127,14 @@ impl RunState {
                                 .copy_h2d(DevPtr(base.0 + at), host)
                                 .map_err(|e| Error::device(Phase::Bind, Some(&a.name), e))?;
                             self.report.counters.staged_bytes += extent;
+                        } else if let Some(byte) = self.poison {
+                            // An OUT tensor is not uploaded: its slice holds whatever the arena
+                            // last held there, so a kernel that writes nothing would "produce" an
+                            // earlier run's result. Poison makes never-written bytes show.
+                            mem.dev
+                                .fill(DevPtr(base.0 + at), extent, byte)
+                                .map_err(|e| Error::device(Phase::Bind, Some(&a.name), e))?;
+                            self.report.counters.poisoned_bytes += extent;
                         }
                     }
                     self.args.push(arg);

@@ -35,9 +35,11 @@ impl RunState {
         call.scalars.clear();
         call.scalars.extend_from_slice(scalars);
         call.buffers.clear();
+        call.names.clear();
         call.needs_finish = false;
         for (slot, elem) in &call.tensors {
             let a = &self.args[slot.arg as usize];
+            call.names.push(a.name.clone());
             let g = slot.geometry.at_offset(*elem);
             let extent = g.extent();
             let rebased = g.rebased();

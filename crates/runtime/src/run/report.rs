@@ -50,11 +50,12 @@ pub struct Counters {
     pub staged_view_copies: u64,
     pub scratch_tensors: u64,
     pub scratch_bytes: u64,
+    pub poisoned_bytes: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 17] {
+    pub fn entries(&self) -> [(&'static str, u64); 18] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -73,6 +74,7 @@ impl Counters {
             ("staged_view_copies", self.staged_view_copies),
             ("scratch_tensors", self.scratch_tensors),
             ("scratch_bytes", self.scratch_bytes),
+            ("poisoned_bytes", self.poisoned_bytes),
         ]
     }
 }

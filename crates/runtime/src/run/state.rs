@@ -137,6 +137,8 @@ pub struct TaskCall {
     pub scalars: Vec<crate::dtype::Value>,
     /// One window per tensor, in the kernel's signature order.
     pub buffers: Vec<HostWindow>,
+    /// The run argument each window views (for messages).
+    pub names: Vec<Arc<str>>,
     /// Whether host copies must be written back (`Worker::finish_task`) after the kernel.
     pub needs_finish: bool,
     pub(crate) tensors: Vec<(Slot, u64)>,
@@ -168,6 +170,8 @@ pub struct RunState {
     pub(crate) exec: TaskCursor,
     /// Host copies of the task being executed (drivers without kernel memory).
     pub(crate) pending: Vec<PendingCopy>,
+    /// The byte staged outputs and scratch tensors are filled with (`None`: no poisoning).
+    pub(crate) poison: Option<u8>,
 }
 
 impl RunState {
@@ -194,6 +198,7 @@ impl RunState {
             scratch_at: ScratchCursor::default(),
             exec: TaskCursor::default(),
             pending: Vec::new(),
+            poison: None,
         }
     }
 

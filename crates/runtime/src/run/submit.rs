@@ -9,7 +9,9 @@
 use std::fmt::Display;
 
 use crate::dtype::{DType, Value};
-use crate::error::{Error, Result};
+use simpler_driver::DevPtr;
+
+use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
 use crate::run::state::{ArgKind, RunArg, RunState, Stage};
@@ -66,6 +68,37 @@ fn check_contained(who: &dyn Display, a: &RunArg, geometry: &Geometry) -> Result
     Ok(())
 }
 
+/// Refuses a task whose writable tensors share a byte. On sim both writes would land in device
+/// memory; on a driver where kernels run over host copies one copy would overwrite the other. One
+/// rule for every platform: two outputs of one task never overlap.
+fn check_outputs_disjoint(
+    who: &dyn Display,
+    task: u64,
+    a: (usize, &RunArg, &Geometry),
+    b: (usize, &RunArg, &Geometry),
+) -> Result<()> {
+    let (Some((pa, _)), Some((pb, _))) = (a.1.alloc, b.1.alloc) else {
+        return Ok(());
+    };
+    if pa != pb || !a.2.elements_intersect(pa.0, b.2, pb.0) {
+        return Ok(());
+    }
+    let view = |(i, arg, g): (usize, &RunArg, &Geometry)| {
+        format!(
+            "tensor {i} ({} shape {:?} at element {})",
+            arg.name,
+            g.shape(),
+            g.offset()
+        )
+    };
+    Err(Error::Hazard(format!(
+        "{who}: task {task} writes two views that share bytes: {} and {}; the outputs of one \
+         task must not overlap (which write would win depends on the platform)",
+        view(a),
+        view(b)
+    )))
+}
+
 impl RunState {
     fn check_submit(&self, kernel: &KernelRef<'_>, slots: usize) -> Result<()> {
         self.expect(
@@ -106,9 +139,25 @@ impl RunState {
         scalars: &[Value],
     ) -> Result<u64> {
         self.check_submit(&kernel, tensors.len())?;
+        let who = format_args!("submit {}", kernel.name);
         for (i, (arg, g)) in tensors.iter().enumerate() {
             let a = self.check_slot(&kernel, i, *arg, g.dtype())?;
-            check_contained(&format_args!("submit {}", kernel.name), a, g)?;
+            check_contained(&who, a, g)?;
+        }
+        let writes = |i: usize| kernel.sig.params()[i].dir.writes();
+        for i in (0..tensors.len()).filter(|&i| writes(i)) {
+            for j in (i + 1..tensors.len()).filter(|&j| writes(j)) {
+                let (ai, aj) = (
+                    &self.args[tensors[i].0 as usize],
+                    &self.args[tensors[j].0 as usize],
+                );
+                check_outputs_disjoint(
+                    &who,
+                    self.tasks.len(),
+                    (i, ai, &tensors[i].1),
+                    (j, aj, &tensors[j].1),
+                )?;
+            }
         }
         let per_task = u16::try_from(scalars.len()).map_err(|_| {
             Error::Value(format!(
@@ -197,8 +246,39 @@ impl RunState {
                 }
             }
         }
-        // Record.
+        // Outputs of one task never overlap: checked per task for every pair of writable slots
+        // of one allocation.
         let first = self.tasks.len();
+        let writes = |i: usize| kernel.sig.params()[i].dir.writes();
+        let at = |s: &BatchSlot<'_>, t: usize| match s {
+            BatchSlot::One { geometry, .. } => *geometry,
+            BatchSlot::Views {
+                geometry, starts, ..
+            } => geometry.at_offset(starts[t]),
+        };
+        let arg_of = |s: &BatchSlot<'_>| match s {
+            BatchSlot::One { arg, .. } | BatchSlot::Views { arg, .. } => *arg,
+        };
+        for i in (0..slots.len()).filter(|&i| writes(i)) {
+            for j in (i + 1..slots.len()).filter(|&j| writes(j)) {
+                let (ai, aj) = (
+                    &self.args[arg_of(&slots[i]) as usize],
+                    &self.args[arg_of(&slots[j]) as usize],
+                );
+                if ai.alloc.map(|a| a.0) != aj.alloc.map(|a| a.0) {
+                    continue;
+                }
+                for t in 0..count as usize {
+                    check_outputs_disjoint(
+                        &who,
+                        first + t as u64,
+                        (i, ai, &at(&slots[i], t)),
+                        (j, aj, &at(&slots[j], t)),
+                    )?;
+                }
+            }
+        }
+        // Record.
         for (i, s) in slots.iter().enumerate() {
             let dir = kernel.sig.params()[i].dir;
             let (arg, geometry, starts) = match s {
@@ -265,6 +345,13 @@ impl RunState {
         let extent = geometry.extent();
         if extent > 0 {
             let (base, cap, off) = pool.carve(mem, &mut self.scratch_at, extent, &name)?;
+            if let Some(byte) = self.poison {
+                // The pool is reused run after run: poison hides an earlier run's values.
+                mem.dev
+                    .fill(DevPtr(base.0 + off), extent, byte)
+                    .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
+                self.report.counters.poisoned_bytes += extent;
+            }
             arg.geometry = Geometry::new(&what, dtype, shape, None, off / dtype.size())?;
             arg.alloc = Some((base, cap));
             arg.region = self.hazards.add_region(base);

@@ -20,7 +20,7 @@ pub fn sim(svm: SvmPolicy, staging: Staging) -> (Cell, Arc<SimDevice>) {
         svm,
         ..SimConfig::default()
     }));
-    (Mutex::new(Worker::new(dev.clone(), staging)), dev)
+    (Mutex::new(Worker::new(dev.clone(), staging, true)), dev)
 }
 
 pub fn f32s(v: &[f32]) -> Vec<u8> {
