@@ -118,7 +118,7 @@ def test_batched_submit_errors_are_clear_and_leave_the_run_usable():
     assert "scalar 0 has 47 rows, expected 48 (one per task)" in msgs[3], msgs[3]
     assert isinstance(errors[4], sp.ArgumentTypeError) and "integers" in msgs[4], msgs[4]
     assert isinstance(errors[5], sp.HazardError)
-    assert "which task 7 submitted earlier in this run writes" in msgs[5], msgs[5]
+    assert "which task 7 (kernel _scale) submitted earlier in this run writes" in msgs[5], msgs[5]
 
 
 def test_shared_positions_need_a_count_and_views_of_a_finished_run_are_refused():

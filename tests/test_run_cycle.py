@@ -169,7 +169,9 @@ def test_hazards_between_orchestrator_and_submitted_tasks():
         o.get_tensor_data(x, 0)  # reading an input of a submitted task is fine
         with pytest.raises(sp.HazardError, match="stale"):
             o.get_tensor_data(out, 0)
-        with pytest.raises(sp.HazardError, match=r"task \d+ submitted earlier in this run (reads|writes)"):
+        with pytest.raises(
+            sp.HazardError, match=r"task \d+ \(kernel _double\) submitted earlier in this run (reads|writes)"
+        ):
             o.set_tensor_data(x, 0, 1.0)
 
     with sp.Worker("sim") as w:

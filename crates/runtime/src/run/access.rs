@@ -78,9 +78,11 @@ impl RunState {
                 "so this read would see stale bytes"
             };
             return Err(Error::Hazard(format!(
-                "tensor {}: {verb} {len} bytes at {addr:#x}, which task {} submitted earlier in \
-                 this run {task_does}; tasks execute after orchestration, {why}",
-                a.name, c.task
+                "tensor {}: {verb} {len} bytes at {addr:#x}, which task {} (kernel {}) submitted \
+                 earlier in this run {task_does}; tasks execute after orchestration, {why}",
+                a.name,
+                c.task,
+                self.tasks.kernel_name(c.task)
             )));
         }
         let epoch = mem.views.epoch();

@@ -179,7 +179,7 @@ impl RunState {
             });
         }
         self.tasks
-            .push_batch(kernel.id, 1, tensors.len() as u16, per_task, scalars);
+            .push_batch(kernel, 1, tensors.len() as u16, per_task, scalars);
         self.report.counters.tasks += 1;
         self.report.counters.submits += 1;
         Ok(task)
@@ -307,7 +307,7 @@ impl RunState {
             }));
         }
         self.tasks
-            .push_batch(kernel.id, count, slots.len() as u16, per_task, &rows);
+            .push_batch(kernel, count, slots.len() as u16, per_task, &rows);
         self.report.counters.tasks += n;
         self.report.counters.submits += 1;
         Ok(first)

@@ -10,7 +10,7 @@
 
 use crate::dtype::Value;
 use crate::geometry::Geometry;
-use crate::spec::Direction;
+use crate::spec::{Direction, KernelRef};
 
 /// One tensor position of a batch.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +49,8 @@ pub(crate) struct TaskStore {
     starts: Vec<u64>,
     scalars: Vec<Value>,
     tasks: u64,
+    /// Kernel names by the host's id (for messages); kept across runs, so a warm run adds none.
+    names: Vec<(u32, Box<str>)>,
 }
 
 /// Where execution stands: the next task to run.
@@ -136,7 +138,7 @@ impl TaskStore {
     /// `scalars` (row-major, `per_task` values per task). Returns the first task's index.
     pub fn push_batch(
         &mut self,
-        kernel: u32,
+        kernel: KernelRef<'_>,
         count: u32,
         slots: u16,
         per_task: u16,
@@ -144,8 +146,13 @@ impl TaskStore {
     ) -> u64 {
         debug_assert_eq!(scalars.len(), count as usize * per_task as usize);
         let first = self.tasks;
+        match self.names.iter_mut().find(|(id, _)| *id == kernel.id) {
+            Some((_, name)) if **name == *kernel.name => {}
+            Some((_, name)) => *name = kernel.name.into(),
+            None => self.names.push((kernel.id, kernel.name.into())),
+        }
         self.batches.push(Batch {
-            kernel,
+            kernel: kernel.id,
             count,
             first_slot: self.slots.len() as u32 - u32::from(slots),
             slots,
@@ -155,6 +162,22 @@ impl TaskStore {
         self.scalars.extend_from_slice(scalars);
         self.tasks += u64::from(count);
         first
+    }
+
+    /// The name of the kernel task `task` runs (`"?"` past the last task).
+    pub fn kernel_name(&self, task: u64) -> &str {
+        let mut first = 0u64;
+        for b in &self.batches {
+            if task < first + u64::from(b.count) {
+                return self
+                    .names
+                    .iter()
+                    .find(|(id, _)| *id == b.kernel)
+                    .map_or("?", |(_, n)| n);
+            }
+            first += u64::from(b.count);
+        }
+        "?"
     }
 
     /// The task at `cursor`, advancing it: fills `tensors` with each slot and the element offset
