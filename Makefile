@@ -32,24 +32,29 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# `cargo build --workspace` first: the driver tests dlopen the fake vendor library it builds.
+# `cargo build --workspace` first: the driver tests dlopen the fake vendor libraries it builds
+# (they would build them themselves otherwise, into a target directory of their own).
 rust-test:
 	cargo build --workspace -q
 	cargo test --workspace -q
 
-# The scene tests (examples) run on sim and, through the fake CANN runtime + HAL that
-# `cargo build --workspace` produced, on the ascend platform: with small allocations refused
-# (mirror) and large ones mapped, as on 64 KiB-page hosts.
+# The scene tests (examples) run on sim, on the ascend platform through the fake CANN runtime +
+# HAL (small allocations refused and mirrored, large ones mapped, as on 64 KiB-page hosts), and
+# on the cuda platform through the fake libcuda (every view a page-locked mirror).
 FAKE_ASCEND := target/fake-ascend-libs
+FAKE_CUDA := target/fake-cuda-libs
 py-test: build
-	cargo build -q -p fake-ascend
-	mkdir -p $(FAKE_ASCEND)
+	cargo build -q -p fake-ascend -p fake-cuda
+	mkdir -p $(FAKE_ASCEND) $(FAKE_CUDA)
 	for n in libascendcl.so libascend_hal.so libruntime.so; do ln -sf ../debug/libfake_ascend.so $(FAKE_ASCEND)/$$n; done
+	ln -sf ../debug/libfake_cuda.so $(FAKE_CUDA)/libcuda.so.1
 	$(PY) -m mypy.stubtest --ignore-disjoint-bases simpler._core
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 	$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform sim --rounds 3 --svm never
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform ascend --rounds 3
+	SIMPLER_CUDA_LIB=$(CURDIR)/$(FAKE_CUDA)/libcuda.so.1 \
+		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform cuda --rounds 3
 
 test: lint rust-test py-test
 

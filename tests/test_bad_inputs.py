@@ -562,7 +562,7 @@ def unknown_fault_operation(w):
     return lambda: w.inject_fault("launch")
 
 
-@case(PlatformUnavailableError, r"libascendcl\.so.*/nonexistent-simpler-lib")
+@case(PlatformUnavailableError, r"libascend_hal\.so.*/nonexistent-simpler-lib")
 def missing_vendor_library(w):
     import os
 

@@ -181,19 +181,25 @@ def _clean_case(w):
 
 
 def _replay(log, unique_addresses):
-    """Live allocations and mappings after ``log``; fails on any double free or unmatched unmap."""
-    live, maps, freed = {}, set(), Counter()
+    """Live allocations and mappings after ``log``; fails on any double free or unmatched unmap.
+
+    Drivers reuse addresses (the fake vendor library does, as real runtimes do), so an
+    allocation is named by its address and generation: the how-many-th successful alloc that
+    returned that address. ``freed`` counts successful frees per ``(address, generation)``.
+    """
+    live, maps, freed, gens = {}, set(), Counter(), Counter()
     for i, (op, addr, nbytes, code, _phase) in enumerate(log):
         if code != 0:
             continue
         if op == "alloc":
             assert addr not in live, f"call {i}: alloc returned live address {addr:#x}"
+            gens[addr] += 1
             live[addr] = nbytes
         elif op == "free":
             assert addr in live, f"call {i}: free of {addr:#x}, which is not live (double free?)"
             assert addr not in maps, f"call {i}: free of {addr:#x} while it is mapped"
             del live[addr]
-            freed[addr] += 1
+            freed[addr, gens[addr]] += 1
         elif op == "map":
             assert addr in live and addr not in maps, f"call {i}: map of {addr:#x}"
             maps.add(addr)
@@ -201,9 +207,14 @@ def _replay(log, unique_addresses):
             assert addr in maps, f"call {i}: unmap of {addr:#x}, which is not mapped"
             maps.remove(addr)
     if unique_addresses:
-        twice = {hex(a): n for a, n in freed.items() if n > 1}
-        assert not twice, f"addresses freed more than once: {twice}"
+        reused = {hex(a): n for a, n in gens.items() if n > 1}
+        assert not reused, f"addresses allocated more than once: {reused}"
     return live, maps, freed
+
+
+def _generation_at(log, index, addr):
+    """The generation of the allocation at ``addr`` when call ``index`` was made."""
+    return sum(1 for op, a, _n, code, _p in log[:index] if op == "alloc" and code == 0 and a == addr)
 
 
 def _phase_at(log, index):
@@ -303,11 +314,12 @@ def _expected_live(w, fault):
     arena = w._native._arena()
     if arena:
         keep.add(arena[0])
-    freed = {c[1] for c in log if c[0] == "free" and c[3] == 0}
+    _, _, freed = _replay(log, False)
     for i, (op, addr, _n, code, _phase) in enumerate(log):
         if op == "alloc" and code == 0:
             phase = _phase_at(log, i)
-            if phase == "orchestrate" or (phase == "buffer" and addr not in freed):
+            gen = _generation_at(log, i + 1, addr)
+            if phase == "orchestrate" or (phase == "buffer" and not freed[addr, gen]):
                 keep.add(addr)  # a scratch pool chunk / a buffer the caller still owns
     if fault[0] in ("free", "unmap"):
         keep.add(fault[1])  # the allocation whose free or unmap failed: kept for close to retry
@@ -365,7 +377,8 @@ def test_fault_cell(cell, monkeypatch, caplog):
         assert (live, maps) == ({}, set())
         assert w.stats()["live_allocations"] == 0 and w.stats()["live_mappings"] == 0
         assert w._native._view_counts() == (0, 0, 0)
-        assert freed[fault[1]] == 1  # the failed free/unmap was completed once, by the driver
+        gen = _generation_at(log, failed[0], fault[1])
+        assert freed[fault[1], gen] == 1  # the failed free/unmap was completed once, by the driver
         with pytest.raises(sp.StateError, match="closed"):
             w.malloc(8)
         return
@@ -387,4 +400,5 @@ def test_fault_cell(cell, monkeypatch, caplog):
     assert w.stats()["live_allocations"] == 0 and w.stats()["live_mappings"] == 0
     assert w._native._view_counts() == (0, 0, 0) and w._native._arena() is None
     if op in ("free", "unmap"):
-        assert freed[fault[1]] == 1  # the orphan was freed exactly once, by close
+        gen = _generation_at(log, failed[0], fault[1])
+        assert freed[fault[1], gen] == 1  # the orphan was freed exactly once, by close

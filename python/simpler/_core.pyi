@@ -149,6 +149,7 @@ class Worker:
         capacity: int | None = None,
         device_id: int | None = None,
         malloc_policy: str | None = None,
+        reuse_addresses: bool | None = None,
     ) -> Worker: ...
     @property
     def platform(self) -> str: ...

@@ -125,6 +125,10 @@ class Worker:
         capacity: sim only: simulated device memory in bytes.
         device_id: ascend / cuda: the device id.
         malloc_policy: ascend only: ``"huge_first"`` (default), ``"huge_only"``, ``"normal_only"``.
+        reuse_addresses: sim only: hand a freed device address out again to the next allocation
+            of the same size, as real drivers do (default False: every address is new, so a use
+            after free is an error). Handles (``Buffer``, ``DeviceTensor``) carry a generation,
+            so one kept past ``free`` gets a "freed" error even when its address was reused.
 
     On ``ascend`` and ``cuda`` the vendor library is opened at run time (see docs/platforms.md);
     when it is missing, ``PlatformUnavailableError`` names the library and every path tried.
@@ -143,6 +147,7 @@ class Worker:
         capacity: int | None = None,
         device_id: int | None = None,
         malloc_policy: str | None = None,
+        reuse_addresses: bool | None = None,
     ):
         if not isinstance(platform, str):
             raise ArgumentTypeError(f"platform must be a string, not {type(platform).__name__}")
@@ -154,6 +159,7 @@ class Worker:
             capacity=capacity,
             device_id=device_id,
             malloc_policy=malloc_policy,
+            reuse_addresses=reuse_addresses,
         )
         self.platform = platform
 

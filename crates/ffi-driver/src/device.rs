@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{DeviceError, HostMem, Op};
+use crate::{DeviceError, HostMem, HostMemError, Op};
 
 /// A device address. Never a host pointer: nothing outside a driver dereferences it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,11 +43,16 @@ pub struct Stats {
     pub live_mappings: u64,
     pub memset_calls: u64,
     pub memset_bytes: u64,
+    /// Mirrors page-locked (`alloc_mirror`) and unlocked (`free_mirror`, `close`).
+    pub pins: u64,
+    pub unpins: u64,
+    /// Bytes of mirrors page-locked now.
+    pub pinned_bytes: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 15] {
+    pub fn entries(&self) -> [(&'static str, u64); 18] {
         [
             ("live_allocations", self.live_allocations),
             ("live_bytes", self.live_bytes),
@@ -64,6 +69,9 @@ impl Stats {
             ("live_mappings", self.live_mappings),
             ("memset_calls", self.memset_calls),
             ("memset_bytes", self.memset_bytes),
+            ("pins", self.pins),
+            ("unpins", self.unpins),
+            ("pinned_bytes", self.pinned_bytes),
         ]
     }
 }
@@ -119,6 +127,20 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Removes the mapping established at `ptr`.
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError>;
+
+    /// Host memory for a mirror of a device allocation (`len` bytes, zeroed). Drivers that can
+    /// page-lock host memory do (CUDA: `cuMemHostRegister_v2`), so copies into the mirror run at
+    /// pinned bandwidth; a refused page-lock leaves ordinary memory, which works the same.
+    /// Errors are host memory exhaustion only. Give it back with [`Device::free_mirror`].
+    fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
+        Ok(Arc::new(HostMem::new(len, 0)?))
+    }
+
+    /// Undoes what [`Device::alloc_mirror`] did to `mem` (unlocks its pages) before the caller
+    /// drops it. On failure the driver keeps the memory alive (and retries at `close`).
+    fn free_mirror(&self, _mem: &Arc<HostMem>) -> Result<(), DeviceError> {
+        Ok(())
+    }
 
     /// The memory a kernel running "on the device" sees at `ptr` (`bytes` long), when the device
     /// is host memory (sim). `None` on real hardware, where kernels run on the host over copies.

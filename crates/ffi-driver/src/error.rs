@@ -14,11 +14,18 @@ pub enum Op {
     Unmap,
     /// Fills device memory with a byte (poisoning never-written memory).
     Memset,
+    /// Page-locks host memory for faster copies (a mirror; CUDA `cuMemHostRegister`).
+    Pin,
+    /// Undoes [`Op::Pin`].
+    Unpin,
+    /// Device lifecycle: binding the device or its context to a thread, resetting it. Errors
+    /// only: not counted, logged or fault-injectable.
+    Device,
 }
 
 impl Op {
-    /// All operations, in a fixed order.
-    pub const ALL: [Op; 7] = [
+    /// The operations that are counted, logged and fault-injectable, in a fixed order.
+    pub const ALL: [Op; 9] = [
         Op::Alloc,
         Op::Free,
         Op::H2d,
@@ -26,6 +33,8 @@ impl Op {
         Op::Map,
         Op::Unmap,
         Op::Memset,
+        Op::Pin,
+        Op::Unpin,
     ];
 
     /// The short name used in errors, counters and `inject_fault`.
@@ -38,10 +47,13 @@ impl Op {
             Op::Map => "map",
             Op::Unmap => "unmap",
             Op::Memset => "memset",
+            Op::Pin => "pin",
+            Op::Unpin => "unpin",
+            Op::Device => "device",
         }
     }
 
-    /// Parses a short name (`"alloc"`, `"free"`, `"h2d"`, `"d2h"`, `"map"`, `"unmap"`).
+    /// Parses the short name of one of [`Op::ALL`] (`"alloc"`, `"free"`, `"h2d"`, ...).
     pub fn parse(name: &str) -> Option<Op> {
         Op::ALL.into_iter().find(|op| op.name() == name)
     }
@@ -94,15 +106,18 @@ pub mod codes {
 }
 
 /// A failed driver call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed with code {code} ({code_name}) [{op}{}{}]: {detail}",
-    .addr.map(|a| format!(", device address {a:#x}")).unwrap_or_default(),
-    .bytes.map(|b| format!(", {b} bytes")).unwrap_or_default())]
+///
+/// Three kinds read differently: a vendor call that returned an error code ("`call` failed with
+/// code ..."), one that returned success but an unusable result ("`call` returned success ...
+/// but ..."), and a call the driver refused before making it, because its own checks failed
+/// (`called == false`: "`op` refused before calling `call`"; `code` is the code the vendor would
+/// have returned).
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceError {
     /// The operation that failed.
     pub op: Op,
-    /// The vendor (or sim) function that reported the failure.
+    /// The vendor (or sim) function that reported the failure, or would have been called.
     pub call: String,
     /// The driver's status code.
     pub code: i64,
@@ -114,7 +129,36 @@ pub struct DeviceError {
     pub bytes: Option<u64>,
     /// What went wrong, in words.
     pub detail: String,
+    /// Whether the vendor function was called (false: the driver's own checks refused first).
+    pub called: bool,
 }
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut at = format!("[{}", self.op);
+        if let Some(a) = self.addr {
+            at.push_str(&format!(", device address {a:#x}"));
+        }
+        if let Some(b) = self.bytes {
+            at.push_str(&format!(", {b} bytes"));
+        }
+        at.push(']');
+        let (call, code, name, detail) = (&self.call, self.code, &self.code_name, &self.detail);
+        if !self.called {
+            write!(
+                f,
+                "{} refused before calling {call} {at}: {detail} ({name}, code {code})",
+                self.op
+            )
+        } else if code == 0 {
+            write!(f, "{call} returned success ({name}) {at} but {detail}")
+        } else {
+            write!(f, "{call} failed with code {code} ({name}) {at}: {detail}")
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
 
 impl DeviceError {
     /// Builds an error for `op` reported by `call` with `code`.
@@ -133,7 +177,14 @@ impl DeviceError {
             addr: None,
             bytes: None,
             detail: detail.into(),
+            called: true,
         }
+    }
+
+    /// Marks the error as the driver's own refusal, made before calling the vendor function.
+    pub fn before_call(mut self) -> Self {
+        self.called = false;
+        self
     }
 
     /// Attaches the device address involved.
@@ -146,5 +197,84 @@ impl DeviceError {
     pub fn sized(mut self, bytes: u64) -> Self {
         self.bytes = Some(bytes);
         self
+    }
+}
+
+/// A vendor status other than success: its code and symbolic name. Each vendor's status type
+/// (`ascend::sys::AclStatus`, `cuda::sys::CuResult`, ...) converts into one with `result()`, and
+/// the driver turns it into a [`DeviceError`] or a [`crate::LoadError`] with the context it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub code: i64,
+    pub name: &'static str,
+}
+
+impl Status {
+    /// The error of `op` whose vendor call `call` returned this status.
+    pub fn error(self, op: Op, call: &str, detail: impl Into<String>) -> DeviceError {
+        DeviceError::new(op, call, self.code, self.name, detail)
+    }
+
+    /// The error of an initialization call `call` of `library` that returned this status.
+    pub fn init_error(
+        self,
+        library: &str,
+        call: &str,
+        detail: impl Into<String>,
+    ) -> crate::LoadError {
+        crate::LoadError::Init {
+            library: library.to_string(),
+            call: call.to_string(),
+            code: self.code,
+            code_name: self.name.to_string(),
+            detail: detail.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_three_kinds_of_failure_read_differently() {
+        let failed = DeviceError::new(
+            Op::Free,
+            "aclrtFree",
+            507_000,
+            "ACL_ERROR_RT_INTERNAL_ERROR",
+            "allocation left live",
+        )
+        .at(0x10);
+        assert_eq!(
+            failed.to_string(),
+            "aclrtFree failed with code 507000 (ACL_ERROR_RT_INTERNAL_ERROR) [free, device address 0x10]: allocation left live"
+        );
+        let null = DeviceError::new(
+            Op::Alloc,
+            "cuMemAlloc_v2",
+            0,
+            "CUDA_SUCCESS",
+            "a null pointer",
+        )
+        .sized(8);
+        assert_eq!(
+            null.to_string(),
+            "cuMemAlloc_v2 returned success (CUDA_SUCCESS) [alloc, 8 bytes] but a null pointer"
+        );
+        let refused = DeviceError::new(
+            Op::Free,
+            "aclrtFree",
+            13,
+            "DRV_ERROR_BUSY",
+            "allocation still has 1 host mapping",
+        )
+        .before_call()
+        .at(0x10);
+        assert_eq!(
+            refused.to_string(),
+            "free refused before calling aclrtFree [free, device address 0x10]: allocation still has 1 host mapping (DRV_ERROR_BUSY, code 13)"
+        );
+        assert!(!refused.to_string().contains("failed"));
     }
 }

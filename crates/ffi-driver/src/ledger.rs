@@ -41,6 +41,23 @@ impl Outcome for MapGrant {
     }
 }
 
+/// The answer to a page-lock request: a refusal is an answer (the memory stays pageable), logged
+/// with the vendor's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pinned {
+    Yes,
+    No { code: i64 },
+}
+
+impl Outcome for Pinned {
+    fn log_code(&self) -> i64 {
+        match self {
+            Pinned::Yes => 0,
+            Pinned::No { code } => *code,
+        }
+    }
+}
+
 /// One driver call, the same way on every backend: a pending injected fault fails it before
 /// `body` runs (the backend names the error with `injected`); otherwise `body` makes the call.
 /// Either way the call is logged, and a successful copy is counted.
@@ -246,6 +263,18 @@ impl Ledger {
         } else {
             self.stats.map_refusals += 1;
         }
+    }
+
+    /// Counts a page-locked mirror of `bytes`.
+    pub fn on_pin(&mut self, bytes: u64) {
+        self.stats.pins += 1;
+        self.stats.pinned_bytes += bytes;
+    }
+
+    /// Counts an unlocked mirror of `bytes`.
+    pub fn on_unpin(&mut self, bytes: u64) {
+        self.stats.unpins += 1;
+        self.stats.pinned_bytes = self.stats.pinned_bytes.saturating_sub(bytes);
     }
 
     /// Counts a successful unmap.

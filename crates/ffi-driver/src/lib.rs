@@ -20,7 +20,7 @@ mod open;
 pub mod sim;
 
 pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
-pub use error::{codes, DeviceError, Op};
+pub use error::{codes, DeviceError, Op, Status};
 pub use hostmem::{HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};

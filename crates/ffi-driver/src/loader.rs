@@ -8,6 +8,15 @@
 //! [`LoadError`] as well, naming the library, the path it was opened from and the symbol. Nothing
 //! here panics: a panic would cross into Python as `PanicException`.
 //!
+//! A library the process has already loaded (a framework such as torch_npu loaded the vendor
+//! runtime before us) is reused, never loaded a second time from another path: [`open_first`]
+//! first asks the loader for a library of that name that is already resident (`RTLD_NOLOAD`),
+//! which matches by the soname real vendor libraries carry.
+//!
+//! Function tables are declared with [`vendor_fns!`]: one list of symbol names generates the
+//! struct of function pointers, its loader and the table of call names used in errors, so the
+//! three cannot drift apart.
+//!
 //! Lifetime: an opened library is leaked into a `&'static Library` (`Box::leak`) and never closed.
 //! Function pointers copied out of it are therefore valid for the rest of the process, so backends
 //! can store plain `extern "C" fn` pointers without tying them to a borrow. Vendor runtimes keep
@@ -52,11 +61,13 @@ fn list_errors(errors: &[LoadError]) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// No candidate path of `library` could be opened.
-    #[error("cannot open vendor library {library}: tried {}", list_attempts(.tried))]
+    /// No candidate path of `library` could be opened. `hint` names the settings that change
+    /// where it is searched for.
+    #[error("cannot open vendor library {library}: tried {}; {hint}", list_attempts(.tried))]
     Library {
         library: String,
         tried: Vec<LoadAttempt>,
+        hint: String,
     },
     /// `library` opened, but lacks `symbol`.
     #[error("vendor library {library} (opened from {path}) has no symbol `{symbol}`: {reason}")]
@@ -124,10 +135,51 @@ pub(crate) fn candidates(file: &str, dirs: &[PathBuf], bare: bool) -> Vec<PathBu
 type Opened = Vec<(PathBuf, &'static Library, &'static str)>;
 static OPENED: Mutex<Opened> = Mutex::new(Vec::new());
 
-/// Opens the first candidate that the dynamic loader accepts (or that was opened before).
-pub(crate) fn open_first(name: &'static str, paths: &[PathBuf]) -> Result<VendorLib, LoadError> {
+/// `RTLD_NOLOAD` (glibc and musl `<dlfcn.h>` on Linux): succeed only for a library that is
+/// already loaded. libloading exports the portable flags only.
+const RTLD_NOLOAD: std::ffi::c_int = 0x4;
+
+/// A library named `name` (a file name, matched by soname) that the process has already loaded.
+fn already_loaded(name: &str) -> Option<&'static Library> {
+    let flags = RTLD_NOLOAD | libloading::os::unix::RTLD_LAZY;
+    // SAFETY: with RTLD_NOLOAD the loader opens nothing new: it returns a handle to a library
+    // that is already loaded (whose initializers have already run) or fails.
+    let lib = unsafe { libloading::os::unix::Library::open(Some(name), flags) }.ok()?;
+    Some(Box::leak(Box::new(Library::from(lib))))
+}
+
+/// Opens `name`: a copy the process already loaded when there is one (so a process that loaded
+/// the vendor runtime before us never gets a second copy), else the first candidate path the
+/// dynamic loader accepts (or that was opened before). `hint` goes into the error when nothing
+/// opens: the settings that change the search.
+pub(crate) fn open_first(
+    name: &'static str,
+    paths: &[PathBuf],
+    hint: &str,
+) -> Result<VendorLib, LoadError> {
     let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    let resident = PathBuf::from(format!("{name} (already loaded in this process)"));
     let mut tried = Vec::new();
+    if let Some(&(_, lib, text)) = opened.iter().find(|o| o.0 == resident) {
+        return Ok(VendorLib {
+            name,
+            path: text,
+            lib,
+        });
+    }
+    // A library we opened ourselves by one of these paths is ours, not someone else's.
+    let ours = paths.iter().find_map(|p| opened.iter().find(|o| &o.0 == p));
+    if ours.is_none() {
+        if let Some(lib) = already_loaded(name) {
+            let text: &'static str = Box::leak(resident.display().to_string().into_boxed_str());
+            opened.push((resident, lib, text));
+            return Ok(VendorLib {
+                name,
+                path: text,
+                lib,
+            });
+        }
+    }
     for path in paths {
         if let Some(&(_, lib, text)) = opened.iter().find(|o| &o.0 == path) {
             return Ok(VendorLib {
@@ -155,6 +207,7 @@ pub(crate) fn open_first(name: &'static str, paths: &[PathBuf]) -> Result<Vendor
     Err(LoadError::Library {
         library: name.to_string(),
         tried,
+        hint: hint.to_string(),
     })
 }
 
@@ -194,6 +247,78 @@ impl VendorLib {
     }
 }
 
+/// Declares a vendor function table: a struct of `extern "C"` function pointers, loaded from a
+/// [`VendorLib`] by the listed symbol names, with a companion struct of those names
+/// (`Table::NAMES.field`), used wherever a call is named in an error.
+///
+/// ```text
+/// vendor_fns! {
+///     /// The runtime's functions.
+///     pub(crate) struct AclFns, names AclNames {
+///         init: "aclInit" => AclInitFn,
+///     }
+///     optional {
+///         finalize_reference: "aclFinalizeReference" => AclFinalizeReferenceFn,
+///     }
+/// }
+/// ```
+///
+/// Required symbols are fields of their function type; optional ones are `Option`s (`None`
+/// when the library does not export them). Loading is `unsafe`: each type must be the exact C
+/// signature of its symbol.
+macro_rules! vendor_fns {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident, names $names:ident {
+            $( $field:ident : $sym:literal => $ty:ty ),* $(,)?
+        }
+        $( optional {
+            $( $ofield:ident : $osym:literal => $oty:ty ),* $(,)?
+        } )?
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy)]
+        $vis struct $name {
+            $( pub $field: $ty, )*
+            $($( pub $ofield: Option<$oty>, )*)?
+        }
+
+        /// The vendor name of each function of the table.
+        #[derive(Debug, Clone, Copy)]
+        #[allow(dead_code)]
+        $vis struct $names {
+            $( pub $field: &'static str, )*
+            $($( pub $ofield: &'static str, )*)?
+        }
+
+        #[allow(dead_code)]
+        impl $name {
+            /// The symbol names, field by field.
+            pub const NAMES: $names = $names {
+                $( $field: $sym, )*
+                $($( $ofield: $osym, )*)?
+            };
+
+            /// Every symbol the table loads (required, then optional).
+            pub const SYMBOLS: &'static [&'static str] = &[$($sym,)* $($($osym,)*)?];
+
+            /// Loads the table; a missing required symbol is a [`LoadError::Symbol`].
+            ///
+            /// # Safety
+            /// Each declared type must be the exact C signature of its symbol.
+            pub unsafe fn load(lib: &$crate::loader::VendorLib) -> Result<Self, $crate::loader::LoadError> {
+                Ok($name {
+                    // SAFETY: per this function's contract.
+                    $( $field: unsafe { lib.sym::<$ty>($sym)? }, )*
+                    // SAFETY: per this function's contract.
+                    $($( $ofield: unsafe { lib.sym::<$oty>($osym).ok() }, )*)?
+                })
+            }
+        }
+    };
+}
+pub(crate) use vendor_fns;
+
 /// Splits a `PATH`-like list (`a:b:c`) into directories, skipping empty entries.
 pub(crate) fn split_dirs(list: &str) -> Vec<PathBuf> {
     list.split(':')
@@ -216,8 +341,8 @@ mod tests {
             ],
             true,
         );
-        let e = open_first("libdoes_not_exist_simpler.so", &paths).unwrap_err();
-        let LoadError::Library { library, tried } = &e else {
+        let e = open_first("libdoes_not_exist_simpler.so", &paths, "set X").unwrap_err();
+        let LoadError::Library { library, tried, .. } = &e else {
             panic!("{e}")
         };
         assert_eq!(library, "libdoes_not_exist_simpler.so");
@@ -235,12 +360,14 @@ mod tests {
             msg.contains("/nonexistent/b/libdoes_not_exist_simpler.so"),
             "{msg}"
         );
+        assert!(msg.ends_with("; set X"), "{msg}");
     }
 
     #[test]
     fn missing_symbol_names_library_path_and_symbol() {
         // libc is always loaded (bare name: the loader returns the existing handle).
-        let lib = open_first("libc.so.6", &[PathBuf::from("libc.so.6")]).unwrap();
+        let lib = open_first("libc.so.6", &[PathBuf::from("/nonexistent/libc.so.6")], "").unwrap();
+        assert_eq!(lib.path, "libc.so.6 (already loaded in this process)");
         type F = extern "C" fn() -> i32;
         // SAFETY: the symbol does not exist, so no pointer of the wrong type is produced.
         let e = unsafe { lib.sym::<F>("simpler_no_such_symbol") }.unwrap_err();
@@ -250,6 +377,27 @@ mod tests {
         // SAFETY: `getpid` is `pid_t getpid(void)`, pid_t = int on Linux.
         let getpid = unsafe { lib.sym::<F>("getpid") }.unwrap();
         assert_eq!(getpid() as u32, std::process::id());
+    }
+
+    vendor_fns! {
+        /// libc, as a table.
+        struct LibcFns, names LibcNames {
+            getpid: "getpid" => extern "C" fn() -> i32,
+        }
+        optional {
+            missing: "simpler_no_such_symbol" => extern "C" fn() -> i32,
+        }
+    }
+
+    #[test]
+    fn a_table_loads_required_and_optional_symbols_and_names_them() {
+        let lib = open_first("libc.so.6", &[], "").unwrap();
+        // SAFETY: `pid_t getpid(void)`, pid_t = int on Linux; the optional one does not exist.
+        let f = unsafe { LibcFns::load(&lib) }.unwrap();
+        assert_eq!((f.getpid)() as u32, std::process::id());
+        assert!(f.missing.is_none());
+        assert_eq!(LibcFns::NAMES.getpid, "getpid");
+        assert_eq!(LibcFns::SYMBOLS, ["getpid", "simpler_no_such_symbol"]);
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub struct DeviceSpec {
     pub poison: Option<bool>,
     /// sim: simulated device capacity in bytes.
     pub capacity: Option<u64>,
+    /// sim: hand freed device addresses out again, as real drivers do.
+    pub reuse_addresses: Option<bool>,
     /// ascend / cuda: the (logical) device id.
     pub device_id: Option<u32>,
     /// ascend: `"huge_first"` (default), `"huge_only"` or `"normal_only"`.
@@ -61,12 +63,16 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
             if let Some(c) = spec.capacity {
                 cfg.capacity = c;
             }
+            if let Some(r) = spec.reuse_addresses {
+                cfg.reuse_addresses = r;
+            }
             Ok(Arc::new(SimDevice::new(cfg)))
         }
         other => {
-            if spec.svm.is_some() || spec.capacity.is_some() {
+            if spec.svm.is_some() || spec.capacity.is_some() || spec.reuse_addresses.is_some() {
                 return Err(OpenError::Invalid(format!(
-                    "svm / capacity are sim options; platform '{other}' does not take them"
+                    "svm / capacity / reuse_addresses are sim options; platform '{other}' does \
+                     not take them (its driver reuses addresses by itself)"
                 )));
             }
             open_vendor(other, spec)

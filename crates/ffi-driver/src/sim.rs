@@ -3,8 +3,11 @@
 //! It is the platform every test runs on, so it is deliberately strict:
 //! * device addresses live in a non-canonical range (`SIM_BASE` upward), never equal to the host
 //!   pointers backing them, so code that dereferences a device address crashes in tests instead
-//!   of silently working; addresses are never reused and allocations are separated by a guard gap,
-//!   so a use after free or a copy across two allocations is an error, not a silent success;
+//!   of silently working; allocations are separated by a guard gap, so a copy across two
+//!   allocations is an error; by default addresses are never reused, so a use after free is an
+//!   error too, and with [`SimConfig::reuse_addresses`] a freed address is handed out again to
+//!   the next allocation of the same size, as real drivers do (to prove that handles kept past
+//!   `free` cannot reach the newer allocation);
 //! * a mapping policy ([`SvmPolicy`]) grants or refuses `map_host` per allocation, mimicking hosts
 //!   that refuse small ordinary-page allocations; mapping twice and unmapping what was never mapped
 //!   are errors, as on the real HAL; freeing an allocation that is still mapped is an error;
@@ -72,6 +75,8 @@ pub struct SimConfig {
     pub poison: Option<u8>,
     /// Simulated device memory size; an allocation past it fails with OUT_OF_MEMORY.
     pub capacity: u64,
+    /// Hand freed addresses out again (to the next allocation of the same aligned size).
+    pub reuse_addresses: bool,
 }
 
 impl Default for SimConfig {
@@ -80,6 +85,7 @@ impl Default for SimConfig {
             svm: SvmPolicy::Always,
             poison: Some(POISON),
             capacity: DEFAULT_CAPACITY,
+            reuse_addresses: false,
         }
     }
 }
@@ -95,6 +101,8 @@ struct Block {
 #[derive(Debug)]
 struct State {
     next: u64,
+    /// Freed addresses by aligned size, most recent last (with `reuse_addresses`).
+    free: BTreeMap<u64, Vec<u64>>,
     blocks: BTreeMap<u64, Block>,
     ledger: Ledger,
 }
@@ -119,6 +127,8 @@ fn call_name(op: Op) -> &'static str {
         Op::Map => "sim_host_register",
         Op::Unmap => "sim_host_unregister",
         Op::Memset => "sim_memset",
+        Op::Pin | Op::Unpin => "(sim mirrors are not page-locked)",
+        Op::Device => "(sim has no device lifecycle)",
     }
 }
 
@@ -170,6 +180,7 @@ impl SimDevice {
             config,
             state: Mutex::new(State {
                 next: SIM_BASE,
+                free: BTreeMap::new(),
                 blocks: BTreeMap::new(),
                 ledger: Ledger::new(),
             }),
@@ -222,22 +233,35 @@ impl SimDevice {
         };
         let len = usize::try_from(bytes).map_err(|_| oom())?;
         let mem = HostMem::new(len, self.config.poison.unwrap_or(0)).map_err(|_| oom())?;
-        let addr = st.next;
-        let next = bytes
+        let exhausted = || {
+            err(
+                Op::Alloc,
+                "sim_malloc",
+                codes::OUT_OF_MEMORY,
+                "address space exhausted",
+            )
+            .sized(bytes)
+        };
+        let span = bytes
             .checked_add(SIM_ALIGN - 1)
             .map(|b| b / SIM_ALIGN * SIM_ALIGN)
-            .and_then(|b| addr.checked_add(b))
-            .and_then(|e| e.checked_add(GUARD))
-            .ok_or_else(|| {
-                err(
-                    Op::Alloc,
-                    "sim_malloc",
-                    codes::OUT_OF_MEMORY,
-                    "address space exhausted",
-                )
-                .sized(bytes)
-            })?;
-        st.next = next;
+            .ok_or_else(exhausted)?;
+        let recycled = if self.config.reuse_addresses {
+            st.free.get_mut(&span).and_then(Vec::pop)
+        } else {
+            None
+        };
+        let addr = match recycled {
+            Some(a) => a,
+            None => {
+                let addr = st.next;
+                st.next = addr
+                    .checked_add(span)
+                    .and_then(|e| e.checked_add(GUARD))
+                    .ok_or_else(exhausted)?;
+                addr
+            }
+        };
         st.blocks.insert(
             addr,
             Block {
@@ -273,7 +297,12 @@ impl SimDevice {
             .at(ptr.0)
             .sized(block.size));
         }
+        let size = block.size;
         st.blocks.remove(&ptr.0);
+        st.free
+            .entry(size.div_ceil(SIM_ALIGN) * SIM_ALIGN)
+            .or_default()
+            .push(ptr.0);
         st.ledger.on_free(ptr);
         Ok(())
     }
@@ -625,6 +654,28 @@ mod tests {
         assert!(r.errors.is_empty());
         assert_eq!(d.stats().live_allocations, 0);
         assert_eq!(d.close(), CloseReport::default());
+    }
+
+    #[test]
+    fn freed_addresses_are_reused_only_on_request() {
+        let d = sim(SvmPolicy::Always);
+        let a = d.alloc(100).unwrap();
+        d.free(a).unwrap();
+        assert_ne!(d.alloc(100).unwrap(), a);
+        let d = SimDevice::new(SimConfig {
+            reuse_addresses: true,
+            ..SimConfig::default()
+        });
+        let a = d.alloc(100).unwrap();
+        let b = d.alloc(5000).unwrap();
+        d.free(a).unwrap();
+        assert_eq!(
+            d.alloc(4096).unwrap(),
+            a,
+            "same aligned size: the freed address"
+        );
+        d.free(b).unwrap();
+        assert_ne!(d.alloc(100).unwrap(), b, "another size: a fresh address");
     }
 
     #[test]

@@ -84,7 +84,7 @@ fn report_py<'py>(py: Python<'py>, r: &RunReport) -> PyResult<Bound<'py, PyTuple
 impl PyWorker {
     #[new]
     #[allow(clippy::too_many_arguments)] // the keyword options of `simpler.Worker`
-    #[pyo3(signature = (platform, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None))]
+    #[pyo3(signature = (platform, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None, reuse_addresses=None))]
     fn new(
         py: Python<'_>,
         platform: &str,
@@ -94,6 +94,7 @@ impl PyWorker {
         capacity: Option<&Bound<'_, PyAny>>,
         device_id: Option<&Bound<'_, PyAny>>,
         malloc_policy: Option<String>,
+        reuse_addresses: Option<bool>,
     ) -> PyResult<Self> {
         let capacity = capacity
             .map(|c| u64_arg(c, "Worker", "capacity"))
@@ -113,6 +114,7 @@ impl PyWorker {
             capacity,
             device_id,
             malloc_policy,
+            reuse_addresses,
         };
         let dev = py.detach(|| open_device(&spec));
         logging::flush(py);

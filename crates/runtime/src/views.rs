@@ -141,12 +141,15 @@ impl ViewCache {
                 let len = usize::try_from(bytes).map_err(|_| {
                     Error::geometry(format!("tensor {tensor}"), "allocation too large to mirror")
                 })?;
-                let mem = Arc::new(HostMem::new(len, 0).map_err(|e| {
+                let mem = dev.alloc_mirror(len).map_err(|e| {
                     Error::Value(format!(
                         "tensor {tensor}: cannot allocate a host mirror: {e}"
                     ))
-                })?);
-                fill_mirror(dev, &mem, base, tensor)?;
+                })?;
+                if let Err(e) = fill_mirror(dev, &mem, base, tensor) {
+                    give_back_mirror(dev, &mem, base);
+                    return Err(e);
+                }
                 ev.mirrored += 1;
                 Means::Mirror { mem, stale: false }
             }
@@ -207,15 +210,21 @@ impl ViewCache {
         base: DevPtr,
     ) -> std::result::Result<(), simpler_driver::DeviceError> {
         self.epoch += 1;
-        if let Some(Entry {
-            means: Means::Mapped { .. },
-            ..
-        }) = self.entries.get(&base.0)
-        {
-            dev.unmap_host(base)?;
+        match self.entries.get(&base.0).map(|e| &e.means) {
+            Some(Means::Mapped { .. }) => dev.unmap_host(base)?,
+            Some(Means::Mirror { mem, .. }) => give_back_mirror(dev, mem, base),
+            _ => {}
         }
         self.entries.remove(&base.0);
         Ok(())
+    }
+}
+
+/// Returns a mirror's memory to the driver (unlocking its pages where it locked them). A failure
+/// does not hold up the allocation's free: the driver keeps the memory alive and retries at close.
+fn give_back_mirror(dev: &dyn Device, mem: &Arc<HostMem>, base: DevPtr) {
+    if let Err(e) = dev.free_mirror(mem) {
+        log::warn!("mirror of allocation {base}: {e}");
     }
 }
 

@@ -1,0 +1,250 @@
+//! The fake's state is global, so everything is checked in one test, in order.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::ptr;
+
+use crate::api::*;
+use crate::control::*;
+use crate::*;
+
+fn call_log() -> String {
+    // SAFETY: a null buffer with capacity 0 is allowed.
+    let len = unsafe { fake_cuda_call_log(ptr::null_mut(), 0) };
+    let mut buf = vec![0u8; len];
+    // SAFETY: `buf` holds `len` bytes.
+    let n = unsafe { fake_cuda_call_log(buf.as_mut_ptr().cast::<c_char>(), len) };
+    assert_eq!(n, len);
+    String::from_utf8(buf).unwrap()
+}
+
+fn current() -> usize {
+    let mut ctx: CUcontext = ptr::null_mut();
+    // SAFETY: `ctx` is a valid out pointer.
+    assert_eq!(unsafe { cuCtxGetCurrent(&mut ctx) }, CUDA_SUCCESS);
+    ctx as usize
+}
+
+fn retain(dev: CUdevice) -> CUcontext {
+    let mut ctx: CUcontext = ptr::null_mut();
+    // SAFETY: `ctx` is a valid out pointer.
+    let rc = unsafe { cuDevicePrimaryCtxRetain(&mut ctx, dev) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    ctx
+}
+
+fn alloc(bytes: usize) -> Result<CUdeviceptr, CUresult> {
+    let mut d: CUdeviceptr = 0;
+    // SAFETY: `d` is a valid out pointer.
+    match unsafe { cuMemAlloc_v2(&mut d, bytes) } {
+        CUDA_SUCCESS => Ok(d),
+        code => Err(code),
+    }
+}
+
+fn read(src: CUdeviceptr, n: usize) -> Result<Vec<u8>, CUresult> {
+    let mut buf = vec![0u8; n];
+    // SAFETY: `buf` holds `n` bytes.
+    match unsafe { cuMemcpyDtoH_v2(buf.as_mut_ptr().cast::<c_void>(), src, n) } {
+        CUDA_SUCCESS => Ok(buf),
+        code => Err(code),
+    }
+}
+
+fn error_name(code: CUresult) -> Option<String> {
+    let mut s: *const c_char = ptr::null();
+    // SAFETY: `s` is a valid out pointer.
+    let rc = unsafe { cuGetErrorName(code, &mut s) };
+    // SAFETY: on success `s` points at a static NUL-terminated string.
+    (rc == CUDA_SUCCESS).then(|| unsafe { CStr::from_ptr(s) }.to_str().unwrap().to_string())
+}
+
+#[test]
+fn driver_model() {
+    fake_cuda_reset();
+    fake_cuda_set_devices(2);
+    fake_cuda_set_reuse(1);
+
+    // Before cuInit only cuInit and cuGetErrorName work.
+    let mut dev: CUdevice = -1;
+    // SAFETY: `dev` is a valid out pointer.
+    let rc = unsafe { cuDeviceGet(&mut dev, 0) };
+    assert_eq!(rc, CUDA_ERROR_NOT_INITIALIZED);
+    assert_eq!(
+        error_name(201).as_deref(),
+        Some("CUDA_ERROR_INVALID_CONTEXT")
+    );
+    assert_eq!(error_name(12345), None);
+    assert_eq!(cuInit(1), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(cuInit(0), CUDA_SUCCESS);
+
+    // Devices.
+    // SAFETY: `dev` is a valid out pointer; a null one is rejected.
+    unsafe {
+        assert_eq!(cuDeviceGet(&mut dev, 2), CUDA_ERROR_INVALID_DEVICE);
+        assert_eq!(cuDeviceGet(ptr::null_mut(), 0), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cuDeviceGet(&mut dev, 1), CUDA_SUCCESS);
+    }
+    assert_eq!(dev, 1);
+
+    // No current context: memory calls fail with 201.
+    assert_eq!(current(), 0);
+    assert_eq!(alloc(4096), Err(CUDA_ERROR_INVALID_CONTEXT));
+    assert_eq!(
+        cuMemFree_v2(0xc0da_0000_0000_0000),
+        CUDA_ERROR_INVALID_CONTEXT
+    );
+
+    // Retain counts and the per-thread current context.
+    let ctx0 = retain(0);
+    assert_eq!(ctx0 as usize, 0xC7C0_0000);
+    assert_eq!(retain(0), ctx0);
+    assert_eq!(fake_cuda_retain_count(0), 2);
+    assert_eq!(fake_cuda_retain_count(1), 0);
+    assert_eq!(fake_cuda_retain_count(2), -1);
+    assert_eq!(
+        cuCtxSetCurrent(0xdead_0000 as CUcontext),
+        CUDA_ERROR_INVALID_CONTEXT
+    );
+    assert_eq!(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    assert_eq!(current(), ctx0 as usize);
+    std::thread::spawn(|| {
+        assert_eq!(current(), 0, "a new thread has no current context");
+        assert_eq!(alloc(64), Err(CUDA_ERROR_INVALID_CONTEXT));
+    })
+    .join()
+    .unwrap();
+
+    // Allocation, fill, copies, memset, bounds.
+    let a = alloc(4096).unwrap();
+    assert_eq!(a, 0xc0da_0000_0000_0000);
+    assert_eq!(fake_cuda_alloc_device(a + 100), 0);
+    assert_eq!(read(a, 8).unwrap(), [0xCD; 8]);
+    let data: Vec<u8> = (0..16).collect();
+    // SAFETY: `data` holds 16 bytes.
+    let rc = unsafe { cuMemcpyHtoD_v2(a + 8, data.as_ptr().cast::<c_void>(), 16) };
+    assert_eq!(rc, CUDA_SUCCESS);
+    assert_eq!(read(a + 8, 16).unwrap(), data);
+    assert_eq!(cuMemsetD8_v2(a, 7, 4), CUDA_SUCCESS);
+    assert_eq!(read(a, 4).unwrap(), [7; 4]);
+    assert_eq!(read(a + 4090, 8), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(cuMemsetD8_v2(a + 8192, 0, 1), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(alloc(0), Err(CUDA_ERROR_INVALID_VALUE));
+
+    // Address reuse after free (and none when turned off).
+    assert_eq!(cuMemFree_v2(a + 1), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(cuMemFree_v2(a), CUDA_SUCCESS);
+    assert_eq!(cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(fake_cuda_alloc_device(a), -1);
+    let b = alloc(100).unwrap();
+    assert_eq!(b, a, "same size class: the freed address comes back");
+    assert_eq!(read(b, 2).unwrap(), [0xCD; 2], "fresh fill on reuse");
+    fake_cuda_set_reuse(0);
+    assert_eq!(cuMemFree_v2(b), CUDA_SUCCESS);
+    let c = alloc(100).unwrap();
+    assert_ne!(c, b);
+    fake_cuda_set_reuse(1);
+    assert_eq!(fake_cuda_live_allocations(), 1);
+
+    // Wrong context: another device's current context may not touch the allocation.
+    let ctx1 = retain(1);
+    assert_ne!(ctx1, ctx0);
+    assert_eq!(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+    assert_eq!(cuMemFree_v2(c), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(read(c, 1), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(fake_cuda_violations(), 2);
+    let d = alloc(10).unwrap();
+    assert_eq!(fake_cuda_alloc_device(d), 1);
+    assert_eq!(cuMemFree_v2(d), CUDA_SUCCESS);
+    assert_eq!(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+    assert_eq!(cuMemFree_v2(c), CUDA_SUCCESS);
+    assert_eq!(fake_cuda_live_allocations(), 0);
+
+    // Host registration: overlap 712, unregister of a non-start 713.
+    let mut host = vec![0u8; 256];
+    let p = host.as_mut_ptr().cast::<c_void>();
+    assert_eq!(cuMemHostRegister_v2(p, 100, 0), CUDA_SUCCESS);
+    // SAFETY: offsets stay inside `host` (the pointers are only recorded, never dereferenced).
+    let (p50, p1) = unsafe { (p.byte_add(50), p.byte_add(1)) };
+    assert_eq!(
+        cuMemHostRegister_v2(p50, 10, 0),
+        CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+    );
+    assert_eq!(
+        cuMemHostRegister_v2(ptr::null_mut(), 10, 0),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(cuMemHostRegister_v2(p, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(
+        cuMemHostUnregister(p1),
+        CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    );
+    assert_eq!(fake_cuda_live_registrations(), 1);
+    assert_eq!(fake_cuda_registered_bytes(), 100);
+    assert_eq!(cuMemHostUnregister(p), CUDA_SUCCESS);
+    assert_eq!(
+        cuMemHostUnregister(p),
+        CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    );
+    assert_eq!(fake_cuda_live_registrations(), 0);
+    assert_eq!(host[0], 0, "registration never touches the memory");
+
+    // Injection fires once, on the nth call, without doing anything.
+    // SAFETY: valid NUL-terminated names; a null one is rejected.
+    unsafe {
+        assert_eq!(fake_cuda_inject(c"cuMemAlloc_v2".as_ptr(), 2, 2), 0);
+        assert_eq!(fake_cuda_inject(ptr::null(), 1, 2), -1);
+        assert_eq!(fake_cuda_inject(c"cuMemAlloc_v2".as_ptr(), 0, 2), -1);
+    }
+    let e = alloc(4096).unwrap();
+    assert_eq!(alloc(4096), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    let f = alloc(4096).unwrap();
+    assert_eq!(fake_cuda_live_allocations(), 2);
+    assert_eq!(cuMemFree_v2(e), CUDA_SUCCESS);
+    assert_eq!(cuMemFree_v2(f), CUDA_SUCCESS);
+    let log = call_log();
+    assert!(
+        log.contains("cuMemAlloc_v2 - 4096 -> 2 (injected)\n"),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("cuMemAlloc_v2 {e:#x} 4096 -> 0\n")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("cuMemFree_v2 {e:#x} -> 0\n")),
+        "{log}"
+    );
+    assert!(
+        log.contains("cuMemAlloc_v2 0xc0da000000000000 4096 -> 0\n"),
+        "{log}"
+    );
+    assert!(log.contains("WRONG-CONTEXT"), "{log}");
+
+    // Release: counts go down; at 0 the context is inactive and the handle dangles.
+    assert_eq!(cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+    assert_eq!(cuDevicePrimaryCtxRelease_v2(1), CUDA_ERROR_INVALID_CONTEXT);
+    assert_eq!(cuDevicePrimaryCtxRelease_v2(7), CUDA_ERROR_INVALID_DEVICE);
+    assert_eq!(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+    assert_eq!(fake_cuda_retain_count(0), 1);
+    assert_eq!(alloc(64).map(|d| cuMemFree_v2(d)), Ok(CUDA_SUCCESS));
+    assert_eq!(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+    assert_eq!(fake_cuda_retain_count(0), 0);
+    assert_eq!(
+        current(),
+        ctx0 as usize,
+        "the released context stays current"
+    );
+    assert_eq!(alloc(64), Err(CUDA_ERROR_INVALID_CONTEXT));
+    assert_eq!(cuCtxSetCurrent(ctx0), CUDA_ERROR_INVALID_CONTEXT);
+    assert_eq!(cuCtxSetCurrent(ptr::null_mut()), CUDA_SUCCESS);
+    assert_eq!(current(), 0);
+
+    // Reset clears the log, injections and violations but keeps the model's state.
+    // SAFETY: a valid NUL-terminated name.
+    unsafe { fake_cuda_inject(c"cuInit".as_ptr(), 1, 999) };
+    fake_cuda_reset();
+    assert_eq!(fake_cuda_violations(), 0);
+    assert_eq!(call_log(), "");
+    assert_eq!(cuInit(0), CUDA_SUCCESS);
+    assert_eq!(call_log(), "cuInit 0 -> 0\n");
+}

@@ -1,0 +1,348 @@
+//! What the fake vendor libraries share (test infrastructure, never shipped).
+//!
+//! The fakes (`crates/fake-ascend`, `crates/fake-cuda`) stand in for vendor drivers in CI. They
+//! are only useful if they are at least as strict as the real thing, so the pieces here model
+//! what real drivers do that a friendly test double would not:
+//! * [`Heap`] hands out device addresses the way a caching device allocator does: a freed range
+//!   is handed out again to the next allocation of the same size class (address reuse), so a
+//!   handle kept past `free` really does alias a newer allocation. Addresses are either in a
+//!   distinct, non-canonical range (a caller that dereferences one crashes) or, in
+//!   [`AddressMode::Host`], equal to the host memory backing them (as on devices whose mapped
+//!   host address equals the device address).
+//! * [`Injections`]: the `nth` next call of a named function returns a given code.
+//! * [`CallLog`]: one text line per call, for tests to read back.
+
+use std::alloc::{self, Layout};
+use std::collections::BTreeMap;
+use std::ffi::c_int;
+
+/// Host memory standing in for one device allocation.
+pub struct Backing {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: `Backing` owns its block exclusively; the fakes touch it only under their state mutex
+// (or callers reach it through a mapping, as they would reach a device's memory).
+unsafe impl Send for Backing {}
+
+impl Backing {
+    /// `len` (> 0) bytes aligned to `align` (a power of two), every byte `fill`.
+    pub fn new(len: usize, align: usize, fill: u8) -> Option<Backing> {
+        let layout = Layout::from_size_align(len.max(1), align).ok()?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { alloc::alloc(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: `ptr` is a fresh block of `layout.size()` bytes.
+        unsafe { std::ptr::write_bytes(ptr, fill, layout.size()) };
+        Some(Backing { ptr, layout })
+    }
+
+    /// The host address of the block.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc::alloc` with exactly `layout` and is freed once, here.
+        unsafe { alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// How device addresses relate to the host memory behind them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressMode {
+    /// A distinct range starting at the given base; dereferencing an address faults.
+    Distinct(u64),
+    /// The device address is the host address of the backing memory.
+    Host,
+}
+
+/// One live allocation.
+pub struct Block<T> {
+    pub size: u64,
+    pub mem: Backing,
+    /// What the fake records about the allocation (its device, its page size, ...).
+    pub meta: T,
+}
+
+/// Device memory: allocation, address reuse after free, address translation.
+pub struct Heap<T> {
+    mode: AddressMode,
+    /// Whether freed addresses are handed out again (the default: real allocators do).
+    pub reuse: bool,
+    next: u64,
+    /// Freed ranges by (span, alignment), most recently freed last.
+    free: BTreeMap<(u64, u64), Vec<u64>>,
+    live: BTreeMap<u64, Block<T>>,
+}
+
+/// Unmapped gap left after each allocation in a distinct range.
+const GAP: u64 = 4096;
+
+impl<T> Heap<T> {
+    /// An empty heap.
+    pub fn new(mode: AddressMode) -> Heap<T> {
+        let next = match mode {
+            AddressMode::Distinct(base) => base,
+            AddressMode::Host => 0,
+        };
+        Heap {
+            mode,
+            reuse: true,
+            next,
+            free: BTreeMap::new(),
+            live: BTreeMap::new(),
+        }
+    }
+
+    /// The address mode.
+    pub fn mode(&self) -> AddressMode {
+        self.mode
+    }
+
+    /// Changes the address mode; only while nothing is live.
+    pub fn set_mode(&mut self, mode: AddressMode) -> bool {
+        if !self.live.is_empty() {
+            return false;
+        }
+        *self = Heap {
+            reuse: self.reuse,
+            ..Heap::new(mode)
+        };
+        true
+    }
+
+    /// Allocates `size` (> 0) bytes aligned to `align` (a power of two >= 4096), filled with
+    /// `fill`. `None` when the size does not fit the address space or host memory runs out.
+    pub fn alloc(&mut self, size: u64, align: u64, fill: u8, meta: T) -> Option<u64> {
+        let len = usize::try_from(size).ok()?;
+        let mem = Backing::new(len, usize::try_from(align).ok()?, fill)?;
+        let addr = match self.mode {
+            AddressMode::Host => mem.ptr() as u64,
+            AddressMode::Distinct(_) => {
+                let span = size.checked_add(align - 1)? / align * align;
+                let recycled = if self.reuse {
+                    self.free.get_mut(&(span, align)).and_then(Vec::pop)
+                } else {
+                    None
+                };
+                match recycled {
+                    Some(a) => a,
+                    None => {
+                        let a = self.next.checked_add(align - 1)? / align * align;
+                        self.next = a.checked_add(span)?.checked_add(GAP)?;
+                        a
+                    }
+                }
+            }
+        };
+        self.live.insert(addr, Block { size, mem, meta });
+        Some(addr)
+    }
+
+    /// Removes the allocation at `addr` (its base) and returns it; its address becomes free for
+    /// reuse unless `keep_address` (a free the fake refuses to honour fully, e.g. of memory that
+    /// is still mapped: the range stays reserved so a stale host pointer never aliases).
+    pub fn remove(&mut self, addr: u64, align: u64, keep_address: bool) -> Option<Block<T>> {
+        let b = self.live.remove(&addr)?;
+        if let (AddressMode::Distinct(_), false) = (self.mode, keep_address) {
+            let span = b.size.div_ceil(align) * align;
+            self.free.entry((span, align)).or_default().push(addr);
+        }
+        Some(b)
+    }
+
+    /// The allocation containing `[addr, addr + len)`: its base, the host address of `addr` and
+    /// the block. `None` when no allocation contains the whole range (a zero-length range must
+    /// still start inside one).
+    pub fn translate(&self, addr: u64, len: u64) -> Option<(u64, *mut u8, &Block<T>)> {
+        let (&base, b) = self.live.range(..=addr).next_back()?;
+        let end = addr.checked_add(len)?;
+        if addr >= base + b.size || end > base + b.size {
+            return None;
+        }
+        // SAFETY: `addr - base < b.size`, so the offset stays inside the backing block.
+        let host = unsafe { b.mem.ptr().add((addr - base) as usize) };
+        Some((base, host, b))
+    }
+
+    /// The allocation starting at `addr`.
+    pub fn get(&self, addr: u64) -> Option<&Block<T>> {
+        self.live.get(&addr)
+    }
+
+    /// Number of live allocations.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether nothing is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+struct Injection {
+    name: String,
+    remaining: u32,
+    code: c_int,
+}
+
+/// Pending injected failures: the `nth` next call of a named function returns a code.
+#[derive(Default)]
+pub struct Injections(Vec<Injection>);
+
+impl Injections {
+    /// Arms one; `false` when `nth` is 0.
+    pub fn push(&mut self, name: &str, nth: u32, code: c_int) -> bool {
+        if nth == 0 {
+            return false;
+        }
+        self.0.push(Injection {
+            name: name.to_string(),
+            remaining: nth,
+            code,
+        });
+        true
+    }
+
+    /// Parses `name:nth:code[,name:nth:code...]` (the `*_INJECT` variables); returns the items
+    /// it could not parse.
+    pub fn parse(&mut self, spec: &str) -> Vec<String> {
+        let mut bad = Vec::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let parts: Vec<&str> = item.split(':').collect();
+            let ok = match parts.as_slice() {
+                [name, nth, code] => match (nth.parse::<u32>(), code.parse::<c_int>()) {
+                    (Ok(n), Ok(c)) => self.push(name, n, c),
+                    _ => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                bad.push(item.to_string());
+            }
+        }
+        bad
+    }
+
+    /// Counts one call of `name`; returns the code when an injection fires. Each fires once.
+    pub fn take(&mut self, name: &str) -> Option<c_int> {
+        let mut fired = None;
+        for inj in self.0.iter_mut().filter(|i| i.name == name) {
+            inj.remaining -= 1;
+            if inj.remaining == 0 && fired.is_none() {
+                fired = Some(inj.code);
+            }
+        }
+        self.0.retain(|i| i.remaining > 0);
+        fired
+    }
+
+    /// Drops every pending injection.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// One text line per call: `name args -> code`.
+#[derive(Default)]
+pub struct CallLog(String);
+
+impl CallLog {
+    /// Appends a line.
+    pub fn line(&mut self, s: &str) {
+        self.0.push_str(s);
+        self.0.push('\n');
+    }
+
+    /// Logs a call and passes its code on.
+    pub fn ret(&mut self, name: &str, args: &str, code: c_int) -> c_int {
+        self.line(&format!("{name} {args} -> {code}"));
+        code
+    }
+
+    /// The log's text.
+    pub fn text(&self) -> &str {
+        &self.0
+    }
+
+    /// Forgets every line.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Copies up to `cap` bytes of the log into `buf` (not NUL-terminated) and returns the
+    /// log's full length.
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `cap` bytes (or null).
+    pub unsafe fn copy_out(&self, buf: *mut u8, cap: usize) -> usize {
+        let n = self.0.len().min(cap);
+        if n > 0 && !buf.is_null() {
+            // SAFETY: `buf` holds `cap >= n` bytes per the caller; the log holds `n` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(self.0.as_ptr(), buf, n) };
+        }
+        self.0.len()
+    }
+}
+
+/// Reads a boolean environment switch (`1`/`0`, `true`/`false`, `on`/`off`).
+pub fn env_flag(name: &str) -> Option<bool> {
+    match std::env::var(name).ok()?.trim() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_addresses_are_reused_by_the_same_size_class() {
+        let mut h: Heap<()> = Heap::new(AddressMode::Distinct(0x1000_0000));
+        let a = h.alloc(100, 4096, 0, ()).unwrap();
+        let b = h.alloc(5000, 4096, 0, ()).unwrap();
+        assert_ne!(a, b);
+        h.remove(a, 4096, false).unwrap();
+        assert_eq!(h.alloc(4000, 4096, 0, ()), Some(a), "same span: reused");
+        h.remove(b, 4096, true).unwrap();
+        assert_ne!(
+            h.alloc(5000, 4096, 0, ()),
+            Some(b),
+            "kept address: not reused"
+        );
+        h.reuse = false;
+        h.remove(a, 4096, false).unwrap();
+        assert_ne!(h.alloc(100, 4096, 0, ()), Some(a));
+        let huge = h.alloc(3 << 20, 2 << 20, 0, ()).unwrap();
+        assert_eq!(huge % (2 << 20), 0);
+        let (base, _, blk) = h.translate(huge + 10, 5).unwrap();
+        assert_eq!((base, blk.size), (huge, 3 << 20));
+        assert!(h.translate(huge + (3 << 20) - 1, 2).is_none());
+    }
+
+    #[test]
+    fn host_mode_addresses_are_the_backing_memory() {
+        let mut h: Heap<u8> = Heap::new(AddressMode::Host);
+        let a = h.alloc(64, 4096, 7, 1).unwrap();
+        let (_, host, _) = h.translate(a, 64).unwrap();
+        assert_eq!(host as u64, a);
+    }
+
+    #[test]
+    fn injections_fire_once_on_the_nth_call() {
+        let mut i = Injections::default();
+        assert_eq!(i.parse("a:2:5, b:x:1 ,c:1"), ["b:x:1", "c:1"]);
+        assert_eq!(i.take("a"), None);
+        assert_eq!(i.take("a"), Some(5));
+        assert_eq!(i.take("a"), None);
+    }
+}

@@ -1,0 +1,688 @@
+//! The `ascend` backend: the CANN runtime (`libascendcl.so`, or `libruntime.so` where the `acl*`
+//! symbols are absent) for memory and copies, and the driver's HAL (`libascend_hal.so`) for host
+//! mappings, all opened at run time. Three rooms: [`sys`] (raw signatures, constants, status
+//! codes), [`loading`] (finding the libraries, load order, function tables, device ids) and
+//! [`session`] (the runtime references a device holds and how threads are bound); this file is
+//! the safe driver. `docs/platforms.md` describes it for users.
+//!
+//! Invariants this file keeps:
+//! * **Unregister before free.** `free` refuses an allocation that still has a host mapping
+//!   (BUSY, like sim; the runtime unmaps first), and `close` unmaps every mapping before it frees
+//!   anything. A mapping whose unregister fails stays recorded, so its allocation is never freed.
+//! * **Revoke after a successful unregister.** Each granted mapping is a foreign [`HostMem`]
+//!   shared with the caller; `unmap_host` blocks accesses while `halHostUnregister` runs and
+//!   revokes the host side only when it succeeded, so a failed unregister leaves a usable view.
+//! * **Only a capability answer is a refusal.** `halHostRegister` answering NOT_SUPPORT (the
+//!   driver's per-page-type check), or a "success" that leaves the out-pointer null (the
+//!   toolkit's stub HAL), is `MapGrant::Refused`: the caller mirrors that allocation. Any other
+//!   code (an unaligned pointer, a bad range, a bad device) is a bug and a [`DeviceError`].
+//! * **The HAL gets the logical device id** (the runtime's translation of the user id, see
+//!   [`loading::logical_device_id`]).
+//! * **One device reference, one ACL reference**, taken at open and given back once at close;
+//!   every runtime call runs with this device's context current on the calling thread, and the
+//!   caller's own context is restored afterwards ([`session`]).
+//! * Every call is validated against the ledger first (zero-byte allocations, copies past their
+//!   allocation, unknown addresses are refused before any vendor call), counted and logged like
+//!   sim, and an injected fault fails the call before the vendor function runs.
+
+pub mod loading;
+mod session;
+pub mod sys;
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::fmt;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use loading::{
+    logical_device_id, MallocPolicy, RuntimeApi, VisibleDevices, DEFAULT_TOOLKIT_HOMES,
+    DRIVER_LIB_DIRS, ENV_ASCEND_HOME, ENV_LIB_DIR, ENV_VISIBLE_DEVICES,
+};
+pub use sys::{acl_code_name, drv_code_name};
+
+use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::error::codes;
+use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, LoadError, Op, Status};
+use loading::{Hal, HalFns, Runtime};
+use session::Session;
+use sys::{acl_status, drv_status, DrvStatus, ACL_ERROR_INVALID_PARAM};
+
+/// Options of an Ascend device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AscendConfig {
+    /// The device id as the user sees it (what `aclrtSetDevice` takes; renumbered by
+    /// `ASCEND_RT_VISIBLE_DEVICES`).
+    pub device_id: u32,
+    /// Page policy of allocations.
+    pub malloc_policy: MallocPolicy,
+    /// Directory holding the libraries; when set, the only place searched (overrides
+    /// `SIMPLER_ASCEND_LIB_DIR` and the install locations).
+    pub lib_dir: Option<PathBuf>,
+    /// Where the logical id comes from when the runtime does not translate it.
+    pub visible_devices: VisibleDevices,
+}
+
+#[derive(Debug)]
+struct MapEntry {
+    bytes: u64,
+    mem: Arc<HostMem>,
+}
+
+#[derive(Debug)]
+struct State {
+    ledger: Ledger,
+    /// Live host mappings by device start address.
+    mappings: BTreeMap<u64, MapEntry>,
+    session: Session,
+}
+
+impl Ledgered for State {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+/// An Ascend NPU through the CANN runtime and HAL. See the module docs.
+pub struct AscendDevice {
+    config: AscendConfig,
+    user: i32,
+    logical: u32,
+    runtime: Runtime,
+    hal: Hal,
+    state: Mutex<State>,
+}
+
+impl fmt::Debug for AscendDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AscendDevice")
+            .field("device_id", &self.user)
+            .field("logical_device_id", &self.logical)
+            .field("runtime", &self.runtime.api())
+            .field("runtime_library", &self.runtime.lib().path)
+            .field("hal_library", &self.hal.lib.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AscendDevice {
+    /// Opens user device `config.device_id`: loads the libraries (HAL first; a copy the process
+    /// already loaded is reused), takes one ACL reference and one device reference, and finds
+    /// the logical id the HAL wants.
+    pub fn open(config: AscendConfig) -> Result<AscendDevice, LoadError> {
+        let user = i32::try_from(config.device_id).map_err(|_| LoadError::Config {
+            what: "device_id".to_string(),
+            detail: format!("{} does not fit int32_t", config.device_id),
+        })?;
+        let (hal, runtime) = loading::load(&loading::search_dirs(config.lib_dir.as_ref()))?;
+        let mut session = Session::init(runtime, user)?;
+        let lib = runtime.lib();
+        let logical = match runtime.logic_id(user) {
+            Some(Ok(id)) => id,
+            Some(Err(s)) => {
+                return Err(s.init_error(
+                    lib.name,
+                    runtime.calls().logic_id,
+                    format!("translating user device {user}"),
+                ))
+            }
+            None => logical_device_id(config.device_id, config.visible_devices.value().as_deref())
+                .map_err(|detail| LoadError::Config {
+                    what: "device id".to_string(),
+                    detail,
+                })?,
+        };
+        session.set_device().map_err(|e| LoadError::Init {
+            library: lib.name.to_string(),
+            call: e.call.clone(),
+            code: e.code,
+            code_name: e.code_name.clone(),
+            detail: format!("device {user} (logical {logical}): {}", e.detail),
+        })?;
+        Ok(AscendDevice {
+            config,
+            user,
+            logical,
+            runtime,
+            hal,
+            state: Mutex::new(State {
+                ledger: Ledger::new(),
+                mappings: BTreeMap::new(),
+                session,
+            }),
+        })
+    }
+
+    /// The options this device was opened with.
+    pub fn config(&self) -> &AscendConfig {
+        &self.config
+    }
+
+    /// The user device id (the runtime's numbering, after `ASCEND_RT_VISIBLE_DEVICES`).
+    pub fn device_id(&self) -> u32 {
+        self.config.device_id
+    }
+
+    /// The logical device id, passed to the HAL.
+    pub fn logical_device_id(&self) -> u32 {
+        self.logical
+    }
+
+    /// The runtime API family in use.
+    pub fn runtime_api(&self) -> RuntimeApi {
+        self.runtime.api()
+    }
+
+    /// Where the runtime library came from (a path, or "already loaded in this process").
+    pub fn runtime_library(&self) -> &str {
+        self.runtime.lib().path
+    }
+
+    /// Where the HAL came from.
+    pub fn hal_library(&self) -> &str {
+        self.hal.lib.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The vendor function behind `op`.
+    fn call(&self, op: Op) -> &'static str {
+        let c = self.runtime.calls();
+        match op {
+            Op::Alloc => c.malloc,
+            Op::Free => c.free,
+            Op::H2d | Op::D2h => c.memcpy,
+            Op::Memset => c.memset,
+            Op::Map => HalFns::NAMES.register,
+            Op::Unmap => HalFns::NAMES.unregister,
+            Op::Pin | Op::Unpin => "(no host registration on ascend)",
+            Op::Device => c.set_context,
+        }
+    }
+
+    /// The status the vendor would answer for a call the driver refuses itself.
+    fn own_status(op: Op, code: i64) -> Status {
+        match op {
+            Op::Map | Op::Unmap => drv_status(code),
+            _ => acl_status(code),
+        }
+    }
+
+    /// An error from the driver's own checks, made before any vendor call.
+    fn refused(&self, op: Op, code: i64, detail: impl Into<String>) -> DeviceError {
+        Self::own_status(op, code)
+            .error(op, self.call(op), detail)
+            .before_call()
+    }
+
+    /// The error of an injected fault: it fails the call before the vendor function.
+    fn injected(&self, op: Op) -> impl FnOnce(i64) -> DeviceError + '_ {
+        move |code| Self::own_status(op, code).error(op, self.call(op), "injected fault")
+    }
+
+    /// The live allocation `(base, size)` containing `[addr, addr + bytes)`, else an error.
+    fn containing(
+        &self,
+        st: &State,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+    ) -> Result<(u64, u64), DeviceError> {
+        st.ledger
+            .containing(addr, bytes)
+            .map(|(b, s)| (b.0, s))
+            .ok_or_else(|| {
+                let code = match op {
+                    Op::Map | Op::Unmap => codes::BAD_ADDRESS,
+                    _ => ACL_ERROR_INVALID_PARAM,
+                };
+                self.refused(
+                    op,
+                    code,
+                    "no live allocation contains this range (unknown address, freed, or the \
+                     range runs past its allocation)",
+                )
+                .at(addr)
+                .sized(bytes)
+            })
+    }
+
+    fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
+        let op = Op::Alloc;
+        if bytes == 0 {
+            let e = self.refused(
+                op,
+                ACL_ERROR_INVALID_PARAM,
+                "zero-byte allocation (the runtime rejects it)",
+            );
+            return Err(e.sized(0));
+        }
+        if usize::try_from(bytes).is_err() {
+            return Err(self
+                .refused(op, ACL_ERROR_INVALID_PARAM, "size exceeds size_t")
+                .sized(bytes));
+        }
+        let _bound = st.session.enter(op)?;
+        let (status, p) = self.runtime.malloc(bytes, self.config.malloc_policy);
+        let policy = self.config.malloc_policy;
+        status.result().map_err(|s| {
+            s.error(op, self.call(op), format!("policy {policy:?}"))
+                .sized(bytes)
+        })?;
+        if p.is_null() {
+            let s = acl_status(0);
+            return Err(s.error(op, self.call(op), "a null pointer").sized(bytes));
+        }
+        let ptr = DevPtr(p as u64);
+        st.ledger.on_alloc(ptr, bytes);
+        Ok(ptr)
+    }
+
+    fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
+        let op = Op::Free;
+        let Some(size) = st.ledger.live_size(ptr) else {
+            let e = self.refused(
+                op,
+                ACL_ERROR_INVALID_PARAM,
+                "not a live allocation (unknown address or already freed)",
+            );
+            return Err(e.at(ptr.0));
+        };
+        let mapped = st.mappings.range(ptr.0..ptr.0.saturating_add(size)).count();
+        if mapped > 0 {
+            let e = Self::own_status(Op::Unmap, codes::BUSY)
+                .error(
+                    op,
+                    self.call(op),
+                    format!(
+                        "allocation still has {mapped} host mapping(s); unmap first (unregister \
+                     must precede free)"
+                    ),
+                )
+                .before_call();
+            return Err(e.at(ptr.0).sized(size));
+        }
+        let _bound = st.session.enter(op)?;
+        self.runtime.free(ptr.0).result().map_err(|s| {
+            s.error(op, self.call(op), "allocation left live")
+                .at(ptr.0)
+                .sized(size)
+        })?;
+        st.ledger.on_free(ptr);
+        Ok(())
+    }
+
+    fn do_map(&self, st: &mut State, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
+        let op = Op::Map;
+        if bytes == 0 {
+            return Err(self
+                .refused(op, codes::INVALID_VALUE, "zero-byte mapping")
+                .at(ptr.0));
+        }
+        self.containing(st, op, ptr.0, bytes)?;
+        let end = ptr.0 + bytes;
+        let overlaps = st
+            .mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, m)| s + m.bytes > ptr.0);
+        if overlaps {
+            let e = self.refused(
+                op,
+                codes::PARA_ERROR,
+                "range is already mapped (a mapping leaked?)",
+            );
+            return Err(e.at(ptr.0).sized(bytes));
+        }
+        let len = usize::try_from(bytes).map_err(|_| {
+            self.refused(op, codes::INVALID_VALUE, "size exceeds the address space")
+                .at(ptr.0)
+                .sized(bytes)
+        })?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
+        // void **dstPtr)`: `ptr` is a device address inside a live allocation (checked above),
+        // which the HAL does not dereference on the host; `&mut host` is valid for the
+        // pointer-sized write of the out-parameter.
+        let status = DrvStatus(unsafe {
+            (self.hal.f.register)(
+                ptr.0 as *mut c_void,
+                bytes,
+                sys::DEV_SVM_MAP_HOST,
+                self.logical,
+                &mut host,
+            )
+        });
+        match status.result() {
+            Ok(()) => {}
+            Err(s) if s.code == codes::NOT_SUPPORT => {
+                st.ledger.on_map(false);
+                return Ok(MapGrant::Refused {
+                    code: s.code,
+                    reason: format!(
+                        "halHostRegister answered {} for {bytes} bytes at {ptr} on logical \
+                         device {} (this allocation's pages cannot be mapped on this host)",
+                        s.name, self.logical
+                    ),
+                });
+            }
+            Err(s) => {
+                let detail = format!(
+                    "mapping {bytes} bytes for the host on logical device {} (not a capability \
+                     answer: an unaligned pointer, a bad range or a bad device)",
+                    self.logical
+                );
+                return Err(s.error(op, self.call(op), detail).at(ptr.0).sized(bytes));
+            }
+        }
+        let Some(host) = NonNull::new(host.cast::<u8>()) else {
+            st.ledger.on_map(false);
+            return Ok(MapGrant::Refused {
+                code: 0,
+                reason: format!(
+                    "halHostRegister reported success but returned no host pointer (a stub HAL? \
+                     loaded from {}); treated as a refusal",
+                    self.hal.lib.path
+                ),
+            });
+        };
+        // SAFETY: the HAL keeps the mapping valid for `len` bytes until `halHostUnregister`,
+        // and this driver revokes the `HostMem` (in `unmap_host` / `close`) when that call
+        // succeeds, blocking accesses while it runs.
+        let mem = Arc::new(unsafe { HostMem::foreign(host, len) });
+        st.mappings.insert(
+            ptr.0,
+            MapEntry {
+                bytes,
+                mem: mem.clone(),
+            },
+        );
+        st.ledger.on_map(true);
+        Ok(MapGrant::Mapped { mem, offset: 0 })
+    }
+
+    /// Unregisters the mapping at `start` and revokes its host side; on success forgets it.
+    fn do_unmap(&self, st: &mut State, start: u64) -> Result<u64, DeviceError> {
+        let op = Op::Unmap;
+        let Some(entry) = st.mappings.get(&start) else {
+            return Err(self
+                .refused(
+                    op,
+                    codes::NOT_EXIST,
+                    "no host mapping starts at this address",
+                )
+                .at(start));
+        };
+        let bytes = entry.bytes;
+        // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
+        // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
+        // usable, and its allocation stays live until a retry unregisters it.
+        let (unregister, logical) = (self.hal.f.unregister, self.logical);
+        let r = entry.mem.revoke_with(|| {
+            // SAFETY: `halHostUnregister(void *srcPtr, UINT32 devid)` with the device address a
+            // successful `halHostRegister` was given; no access runs while it does.
+            DrvStatus(unsafe { unregister(start as *mut c_void, logical) }).result()
+        });
+        r.map_err(|s| {
+            s.error(
+                op,
+                self.call(op),
+                "mapping kept (still usable); its allocation stays live until it is unregistered",
+            )
+            .at(start)
+            .sized(bytes)
+        })?;
+        st.mappings.remove(&start);
+        st.ledger.on_unmap();
+        Ok(bytes)
+    }
+
+    /// A copy or memset through the runtime, with the context bound and the status checked.
+    fn transfer(
+        &self,
+        st: &mut State,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        call: impl FnOnce(u64) -> sys::AclStatus,
+    ) -> Result<(), DeviceError> {
+        let (base, size) = self.containing(st, op, addr, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let _bound = st.session.enter(op)?;
+        let what = match op {
+            Op::H2d => "host-to-device copy",
+            Op::Memset => "device memset",
+            _ => "device-to-host copy",
+        };
+        call(base + size - addr)
+            .result()
+            .map_err(|s| s.error(op, self.call(op), what).at(addr).sized(bytes))
+    }
+}
+
+impl Device for AscendDevice {
+    fn platform(&self) -> &'static str {
+        "ascend"
+    }
+
+    fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        let op = Op::Alloc;
+        traced(&mut *self.lock(), op, 0, bytes, self.injected(op), |st| {
+            self.do_alloc(st, bytes)
+        })
+    }
+
+    fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
+        let op = Op::Free;
+        traced(&mut *st, op, ptr.0, size, self.injected(op), |st| {
+            self.do_free(st, ptr)
+        })
+    }
+
+    fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        let (op, bytes) = (Op::H2d, src.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                self.transfer(st, op, dst.0, bytes, |dest_max| {
+                    // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
+                    // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
+                    unsafe {
+                        self.runtime.memcpy(
+                            dst.0 as *mut c_void,
+                            dest_max,
+                            src.as_ptr().cast(),
+                            bytes,
+                            sys::MEMCPY_HOST_TO_DEVICE,
+                        )
+                    }
+                })
+            },
+        )
+    }
+
+    fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
+        let (op, bytes) = (Op::D2h, dst.len() as u64);
+        let out = dst.as_mut_ptr();
+        traced(
+            &mut *self.lock(),
+            op,
+            src.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                self.transfer(st, op, src.0, bytes, |_| {
+                    // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
+                    // bytes)` lies inside a live allocation (checked by `transfer`).
+                    unsafe {
+                        self.runtime.memcpy(
+                            out.cast(),
+                            bytes,
+                            src.0 as *const c_void,
+                            bytes,
+                            sys::MEMCPY_DEVICE_TO_HOST,
+                        )
+                    }
+                })
+            },
+        )
+    }
+
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
+        let op = Op::Memset;
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            self.injected(op),
+            |st| {
+                self.transfer(st, op, dst.0, bytes, |dest_max| {
+                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
+                    // bytes from `dst` (checked by `transfer`).
+                    unsafe {
+                        self.runtime
+                            .memset(dst.0 as *mut c_void, dest_max, value, bytes)
+                    }
+                })
+            },
+        )
+    }
+
+    fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
+        let op = Op::Map;
+        traced(
+            &mut *self.lock(),
+            op,
+            ptr.0,
+            bytes,
+            self.injected(op),
+            |st| self.do_map(st, ptr, bytes),
+        )
+    }
+
+    fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
+        let op = Op::Unmap;
+        traced(&mut *st, op, ptr.0, bytes, self.injected(op), |st| {
+            self.do_unmap(st, ptr.0).map(|_| ())
+        })
+    }
+
+    fn stats(&self) -> Stats {
+        self.lock().ledger.stats()
+    }
+
+    fn call_log(&self) -> Vec<CallRecord> {
+        self.lock().ledger.log()
+    }
+
+    fn set_phase(&self, phase: &'static str) {
+        self.lock().ledger.set_phase(phase);
+    }
+
+    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
+        let default = match op {
+            Op::Map | Op::Unmap => codes::INNER_ERR,
+            _ => sys::ACL_ERROR_RT_INTERNAL_ERROR,
+        };
+        self.lock().ledger.inject(op, nth, code.unwrap_or(default))
+    }
+
+    fn clear_faults(&self) {
+        self.lock().ledger.clear_faults();
+    }
+
+    /// Unmaps every mapping, frees every allocation, then gives back the device and ACL
+    /// references. The device is unusable afterwards (calls fail: "the device is closed").
+    fn close(&self) -> CloseReport {
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        let mut report = CloseReport::default();
+        if !st.session.is_open() {
+            return report;
+        }
+        // 1. Every mapping goes first: unregister before free, always.
+        let starts: Vec<u64> = st.mappings.keys().copied().collect();
+        for start in starts {
+            report.leaked_mappings += 1;
+            let r = self.do_unmap(&mut st, start);
+            let bytes = r.as_ref().copied().unwrap_or(0);
+            if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
+                report.errors.push(e);
+            }
+        }
+        // 2. Then every allocation whose mappings are gone.
+        for (ptr, size) in st.ledger.live_allocations() {
+            report.leaked_allocations += 1;
+            report.leaked_bytes += size;
+            let r = self.do_free(&mut st, ptr);
+            if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
+                report.errors.push(e);
+            }
+        }
+        // 3. Give back what open took, once.
+        report.errors.extend(st.session.close());
+        if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
+            log::warn!(
+                "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \
+                 released them ({} error(s))",
+                self.user,
+                report.leaked_allocations,
+                report.leaked_bytes,
+                report.leaked_mappings,
+                report.errors.len()
+            );
+        }
+        report
+    }
+}
+
+impl Drop for AscendDevice {
+    /// Releases whatever is still live (mappings before allocations) and gives back the
+    /// runtime references. Never panics: errors are logged.
+    fn drop(&mut self) {
+        let report = self.close();
+        for e in &report.errors {
+            log::warn!("ascend device {} drop: {e}", self.user);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_lib_dir_names_every_library_path_and_setting() {
+        let dir = PathBuf::from("/nonexistent/simpler-ascend");
+        let e = AscendDevice::open(AscendConfig {
+            lib_dir: Some(dir),
+            visible_devices: VisibleDevices::Unset,
+            ..AscendConfig::default()
+        })
+        .unwrap_err();
+        let msg = e.to_string();
+        // The HAL is looked for first.
+        for needle in [
+            "libascend_hal.so",
+            "/nonexistent/simpler-ascend/libascend_hal.so",
+            "SIMPLER_ASCEND_LIB_DIR",
+            "ASCEND_HOME_PATH",
+        ] {
+            assert!(msg.contains(needle), "{needle} missing from: {msg}");
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! Finding `libcuda` and its function table. A driver library the process already loaded (a
+//! framework initialized CUDA first) is reused (`loader::open_first`).
+
+use std::path::PathBuf;
+
+use super::sys::*;
+use crate::loader::{self, vendor_fns, LoadError, VendorLib};
+
+/// Environment override: the path (or name) of the CUDA driver library.
+pub const ENV_CUDA_LIB: &str = "SIMPLER_CUDA_LIB";
+/// Library names tried when no override is given (the loader's search path applies).
+pub const DEFAULT_CUDA_LIBS: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+const SEARCH_HINT: &str = "set SIMPLER_CUDA_LIB to the driver library's path, or install the \
+     NVIDIA driver (libcuda.so.1 on the loader's search path, LD_LIBRARY_PATH)";
+
+vendor_fns! {
+    /// The CUDA driver API functions the driver calls.
+    pub(crate) struct CudaFns, names CudaNames {
+        init: "cuInit" => CuInitFn,
+        device_get: "cuDeviceGet" => CuDeviceGetFn,
+        primary_ctx_retain: "cuDevicePrimaryCtxRetain" => CuPrimaryCtxRetainFn,
+        primary_ctx_release: "cuDevicePrimaryCtxRelease_v2" => CuPrimaryCtxReleaseFn,
+        ctx_get_current: "cuCtxGetCurrent" => CuCtxGetCurrentFn,
+        ctx_set_current: "cuCtxSetCurrent" => CuCtxSetCurrentFn,
+        mem_alloc: "cuMemAlloc_v2" => CuMemAllocFn,
+        mem_free: "cuMemFree_v2" => CuMemFreeFn,
+        memcpy_htod: "cuMemcpyHtoD_v2" => CuMemcpyHtoDFn,
+        memcpy_dtoh: "cuMemcpyDtoH_v2" => CuMemcpyDtoHFn,
+        memset_d8: "cuMemsetD8_v2" => CuMemsetD8Fn,
+        host_register: "cuMemHostRegister_v2" => CuMemHostRegisterFn,
+        host_unregister: "cuMemHostUnregister" => CuMemHostUnregisterFn,
+    }
+}
+
+/// Opens the driver library (`lib_path`, else `SIMPLER_CUDA_LIB`, else the default names on the
+/// loader's search path) and loads its table.
+pub(crate) fn load(lib_path: Option<&PathBuf>) -> Result<(VendorLib, CudaFns), LoadError> {
+    let paths: Vec<PathBuf> = match (lib_path, std::env::var_os(ENV_CUDA_LIB)) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(p)) if !p.is_empty() => vec![PathBuf::from(p)],
+        _ => DEFAULT_CUDA_LIBS.iter().map(PathBuf::from).collect(),
+    };
+    let lib = loader::open_first("libcuda.so.1", &paths, SEARCH_HINT)?;
+    // SAFETY: each type in the table is the exact `cuda.h` signature of its (v2) symbol.
+    let f = unsafe { CudaFns::load(&lib) }?;
+    Ok((lib, f))
+}

@@ -1,0 +1,642 @@
+//! The `cuda` backend: the CUDA driver API (`libcuda.so.1`) opened at run time, through the
+//! `_v2` symbols and the device's primary context (`cuda.h`). Rooms: [`sys`] (signatures,
+//! codes), [`loading`] (finding the library, the function table); this file is the safe driver.
+//!
+//! * **One primary-context reference**, retained at open and released once at close; the device
+//!   is unusable after close.
+//! * **The caller's context survives.** Every driver call runs with the primary context current
+//!   on the calling thread ([`CudaDevice::enter`]): when the thread had another context current
+//!   (user code, a framework), it is made current again after the call.
+//! * **Mirrors are page-locked.** `cuMemAlloc` memory has no host mapping, so `map_host` always
+//!   answers `Refused` (without a vendor call; still counted as a refusal) and every host view is
+//!   a mirror; [`Device::alloc_mirror`] registers mirror memory with `cuMemHostRegister_v2`, so
+//!   refreshes run at pinned bandwidth (a refused registration leaves an ordinary, pageable
+//!   mirror). The driver keeps each registered block alive until it is unregistered, so its
+//!   memory is never freed while registered.
+//! * Every call is validated against the ledger first (zero-byte allocations, copies past their
+//!   allocation and unknown addresses are refused before any vendor call), counted and logged like
+//!   sim; an injected fault fails the call before the vendor function runs.
+
+pub mod loading;
+pub mod sys;
+
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use loading::{DEFAULT_CUDA_LIBS, ENV_CUDA_LIB};
+pub use sys::cuda_code_name;
+
+use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::ledger::Pinned;
+use crate::loader::{LoadError, VendorLib};
+use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
+use loading::CudaFns;
+use sys::{status, CuContext, CuDevice, CuDevicePtr, CuResult, CUDA_ERROR_INVALID_VALUE};
+
+/// Options of a CUDA device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Device ordinal (as `cuDeviceGet` numbers devices, after `CUDA_VISIBLE_DEVICES`).
+    pub device_id: u32,
+    /// Path of the driver library; overrides `SIMPLER_CUDA_LIB` and the default names.
+    pub lib_path: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct State {
+    ledger: Ledger,
+    /// The retained primary context; `None` once released (closed).
+    ctx: Option<CuContext>,
+    /// Registered (page-locked) mirrors by host address, kept alive until unregistered.
+    pinned: BTreeMap<usize, Arc<HostMem>>,
+}
+
+impl Ledgered for State {
+    fn ledger(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+/// An NVIDIA GPU through the CUDA driver API. See the module docs.
+pub struct CudaDevice {
+    config: CudaConfig,
+    lib: VendorLib,
+    dev: CuDevice,
+    f: CudaFns,
+    state: Mutex<State>,
+}
+
+// SAFETY: the only non-thread-safe fields are the raw `CUcontext` handles inside `state`, opaque
+// handles the CUDA driver allows to be made current on any thread; they are only read under the
+// mutex, and the registered mirrors are `HostMem`s, which are `Send + Sync`.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; every access to the context, the mirrors and the ledger goes through the
+// mutex.
+unsafe impl Sync for CudaDevice {}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("device_id", &self.config.device_id)
+            .field("library", &self.lib.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The primary context bound to the calling thread for one call; the caller's own context is
+/// current again when this drops.
+struct Bound<'a> {
+    f: &'a CudaFns,
+    restore: Option<CuContext>,
+}
+
+impl Drop for Bound<'_> {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the context the thread had
+            // before the call (null unbinds, which is what the thread had then).
+            let r = CuResult(unsafe { (self.f.ctx_set_current)(prev) }).result();
+            if let Err(s) = r {
+                log::warn!(
+                    "cuCtxSetCurrent failed with code {} ({}) restoring the caller's context",
+                    s.code,
+                    s.name
+                );
+            }
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `config.device_id`: loads the driver library (config path, else
+    /// `SIMPLER_CUDA_LIB`, else `libcuda.so.1` / `libcuda.so` on the loader's search path),
+    /// `cuInit(0)`, and retains the device's primary context once.
+    pub fn open(config: CudaConfig) -> Result<CudaDevice, LoadError> {
+        let ordinal = c_int::try_from(config.device_id).map_err(|_| LoadError::Config {
+            what: "device_id".to_string(),
+            detail: format!("{} does not fit int", config.device_id),
+        })?;
+        let (lib, f) = loading::load(config.lib_path.as_ref())?;
+        let names = CudaFns::NAMES;
+        // SAFETY: `CUresult cuInit(unsigned int Flags)`, Flags must be 0.
+        CuResult(unsafe { (f.init)(0) })
+            .result()
+            .map_err(|s| s.init_error(lib.name, names.init, format!("opened from {}", lib.path)))?;
+        let mut dev: CuDevice = 0;
+        // SAFETY: `&mut dev` is valid for the int the call writes.
+        CuResult(unsafe { (f.device_get)(&mut dev, ordinal) })
+            .result()
+            .map_err(|s| s.init_error(lib.name, names.device_get, format!("ordinal {ordinal}")))?;
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: `&mut ctx` is valid for the pointer the call writes; `dev` came from
+        // cuDeviceGet.
+        CuResult(unsafe { (f.primary_ctx_retain)(&mut ctx, dev) })
+            .result()
+            .map_err(|s| {
+                s.init_error(
+                    lib.name,
+                    names.primary_ctx_retain,
+                    format!("device {ordinal}"),
+                )
+            })?;
+        if ctx.is_null() {
+            // SAFETY: balances the retain that just succeeded.
+            let _ = unsafe { (f.primary_ctx_release)(dev) };
+            return Err(status(0).init_error(
+                lib.name,
+                names.primary_ctx_retain,
+                format!("device {ordinal}: returned success but a null context"),
+            ));
+        }
+        Ok(CudaDevice {
+            config,
+            lib,
+            dev,
+            f,
+            state: Mutex::new(State {
+                ledger: Ledger::new(),
+                ctx: Some(ctx),
+                pinned: BTreeMap::new(),
+            }),
+        })
+    }
+
+    /// The options this device was opened with.
+    pub fn config(&self) -> &CudaConfig {
+        &self.config
+    }
+
+    /// Where the driver library came from (a path, or "already loaded in this process").
+    pub fn library(&self) -> &str {
+        self.lib.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn call_name(op: Op) -> &'static str {
+        let n = CudaFns::NAMES;
+        match op {
+            Op::Alloc => n.mem_alloc,
+            Op::Free => n.mem_free,
+            Op::H2d => n.memcpy_htod,
+            Op::D2h => n.memcpy_dtoh,
+            Op::Memset => n.memset_d8,
+            Op::Map | Op::Unmap => "(no host mapping of device memory on cuda)",
+            Op::Pin => n.host_register,
+            Op::Unpin => n.host_unregister,
+            Op::Device => n.ctx_set_current,
+        }
+    }
+
+    /// An error from the driver's own checks, made before any vendor call.
+    fn refused(op: Op, code: i64, detail: impl Into<String>) -> DeviceError {
+        status(code)
+            .error(op, Self::call_name(op), detail)
+            .before_call()
+    }
+
+    /// The error of an injected fault: it fails the call before the vendor function.
+    fn injected(op: Op) -> impl FnOnce(i64) -> DeviceError {
+        move |code| status(code).error(op, Self::call_name(op), "injected fault")
+    }
+
+    /// Makes the primary context current on the calling thread for one call (see [`Bound`]).
+    fn enter(&self, st: &State, op: Op) -> Result<Bound<'_>, DeviceError> {
+        let names = CudaFns::NAMES;
+        let Some(ctx) = st.ctx else {
+            return Err(Self::refused(
+                op,
+                sys::CUDA_ERROR_INVALID_CONTEXT,
+                "the device is closed (its primary context was released)",
+            ));
+        };
+        let mut cur: CuContext = std::ptr::null_mut();
+        // SAFETY: `&mut cur` is valid for the pointer the call writes.
+        CuResult(unsafe { (self.f.ctx_get_current)(&mut cur) })
+            .result()
+            .map_err(|s| s.error(op, names.ctx_get_current, "reading the thread's context"))?;
+        if cur == ctx {
+            return Ok(Bound {
+                f: &self.f,
+                restore: None,
+            });
+        }
+        // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the primary context retained in
+        // `open` and not yet released (`st.ctx` is `Some`).
+        CuResult(unsafe { (self.f.ctx_set_current)(ctx) })
+            .result()
+            .map_err(|s| {
+                s.error(
+                    op,
+                    names.ctx_set_current,
+                    "making the primary context current",
+                )
+            })?;
+        Ok(Bound {
+            f: &self.f,
+            restore: Some(cur),
+        })
+    }
+
+    fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
+        st.ledger
+            .containing(addr, bytes)
+            .map(|(b, s)| (b.0, s))
+            .ok_or_else(|| {
+                Self::refused(
+                    op,
+                    CUDA_ERROR_INVALID_VALUE,
+                    "no live allocation contains this range (unknown address, freed, or the \
+                     range runs past its allocation)",
+                )
+                .at(addr)
+                .sized(bytes)
+            })
+    }
+
+    fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
+        let op = Op::Alloc;
+        if bytes == 0 {
+            return Err(
+                Self::refused(op, CUDA_ERROR_INVALID_VALUE, "zero-byte allocation").sized(0),
+            );
+        }
+        let size = usize::try_from(bytes).map_err(|_| {
+            Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").sized(bytes)
+        })?;
+        let _bound = self.enter(st, op)?;
+        let mut p: CuDevicePtr = 0;
+        // SAFETY: `&mut p` is valid for the CUdeviceptr the call writes.
+        CuResult(unsafe { (self.f.mem_alloc)(&mut p, size) })
+            .result()
+            .map_err(|s| {
+                s.error(op, Self::call_name(op), "device allocation")
+                    .sized(bytes)
+            })?;
+        if p == 0 {
+            return Err(status(0)
+                .error(op, Self::call_name(op), "a null pointer")
+                .sized(bytes));
+        }
+        st.ledger.on_alloc(DevPtr(p), bytes);
+        Ok(DevPtr(p))
+    }
+
+    fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
+        let op = Op::Free;
+        let Some(size) = st.ledger.live_size(ptr) else {
+            let e = Self::refused(
+                op,
+                CUDA_ERROR_INVALID_VALUE,
+                "not a live allocation (unknown address or already freed)",
+            );
+            return Err(e.at(ptr.0));
+        };
+        let _bound = self.enter(st, op)?;
+        // SAFETY: `ptr` is a live cuMemAlloc allocation (ledger); the host never dereferences it.
+        CuResult(unsafe { (self.f.mem_free)(ptr.0) })
+            .result()
+            .map_err(|s| {
+                s.error(op, Self::call_name(op), "allocation left live")
+                    .at(ptr.0)
+                    .sized(size)
+            })?;
+        st.ledger.on_free(ptr);
+        Ok(())
+    }
+
+    /// A copy or memset: range checked, context bound, status checked.
+    fn transfer(
+        &self,
+        st: &mut State,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        call: impl FnOnce() -> CuResult,
+    ) -> Result<(), DeviceError> {
+        Self::containing(st, op, addr, bytes)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if usize::try_from(bytes).is_err() {
+            return Err(
+                Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").at(addr),
+            );
+        }
+        let _bound = self.enter(st, op)?;
+        let what = match op {
+            Op::H2d => "host-to-device copy",
+            Op::Memset => "device memset",
+            _ => "device-to-host copy",
+        };
+        call()
+            .result()
+            .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))
+    }
+
+    /// Registers `mem` with the driver (page-locks it); a refusal is an answer.
+    fn do_pin(&self, st: &mut State, mem: &Arc<HostMem>) -> Result<Pinned, DeviceError> {
+        let Some(addr) = mem.owned_addr() else {
+            return Ok(Pinned::No { code: 0 });
+        };
+        let _bound = self.enter(st, Op::Pin)?;
+        // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
+        // `mem.len()` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
+        // unregistered, so the memory outlives the registration.
+        let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, mem.len(), 0) });
+        drop(_bound);
+        match r.result() {
+            Ok(()) => {
+                st.pinned.insert(addr, mem.clone());
+                st.ledger.on_pin(mem.len() as u64);
+                Ok(Pinned::Yes)
+            }
+            Err(s) => {
+                log::debug!(
+                    "cuMemHostRegister_v2 refused a {}-byte mirror (code {} {}); it stays pageable",
+                    mem.len(),
+                    s.code,
+                    s.name
+                );
+                Ok(Pinned::No { code: s.code })
+            }
+        }
+    }
+
+    fn do_unpin(&self, st: &mut State, addr: usize) -> Result<(), DeviceError> {
+        let op = Op::Unpin;
+        let Some(len) = st.pinned.get(&addr).map(|m| m.len()) else {
+            return Ok(());
+        };
+        let _bound = self.enter(st, op)?;
+        // SAFETY: `cuMemHostUnregister(void *p)` with the address a successful
+        // `cuMemHostRegister_v2` was given; the memory is still alive (held in `pinned`).
+        CuResult(unsafe { (self.f.host_unregister)(addr as *mut c_void) })
+            .result()
+            .map_err(|s| {
+                s.error(
+                    op,
+                    Self::call_name(op),
+                    "mirror stays registered (and alive) until a retry",
+                )
+                .sized(len as u64)
+            })?;
+        drop(_bound);
+        st.pinned.remove(&addr);
+        st.ledger.on_unpin(len as u64);
+        Ok(())
+    }
+}
+
+impl Device for CudaDevice {
+    fn platform(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
+        let op = Op::Alloc;
+        traced(&mut *self.lock(), op, 0, bytes, Self::injected(op), |st| {
+            self.do_alloc(st, bytes)
+        })
+    }
+
+    fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let mut st = self.lock();
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
+        let op = Op::Free;
+        traced(&mut *st, op, ptr.0, size, Self::injected(op), |st| {
+            self.do_free(st, ptr)
+        })
+    }
+
+    fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
+        let (op, bytes) = (Op::H2d, src.len() as u64);
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                self.transfer(st, op, dst.0, bytes, || {
+                    // SAFETY: `src` is valid for `src.len()` reads; `[dst, dst + len)` lies inside a
+                    // live allocation (checked by `transfer`).
+                    CuResult(unsafe { (self.f.memcpy_htod)(dst.0, src.as_ptr().cast(), src.len()) })
+                })
+            },
+        )
+    }
+
+    fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
+        let (op, bytes) = (Op::D2h, dst.len() as u64);
+        let (out, len) = (dst.as_mut_ptr(), dst.len());
+        traced(
+            &mut *self.lock(),
+            op,
+            src.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                self.transfer(st, op, src.0, bytes, || {
+                    // SAFETY: `out` is valid for `len` writes (the whole of `dst`); `[src, src +
+                    // len)` lies inside a live allocation (checked by `transfer`).
+                    CuResult(unsafe { (self.f.memcpy_dtoh)(out.cast(), src.0, len) })
+                })
+            },
+        )
+    }
+
+    fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
+        let op = Op::Memset;
+        traced(
+            &mut *self.lock(),
+            op,
+            dst.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                self.transfer(st, op, dst.0, bytes, || {
+                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation and `bytes` fits
+                    // `size_t` (both checked by `transfer`); `cuMemsetD8_v2(CUdeviceptr, unsigned
+                    // char, size_t)` touches only those bytes.
+                    CuResult(unsafe { (self.f.memset_d8)(dst.0, value, bytes as usize) })
+                })
+            },
+        )
+    }
+
+    fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
+        let op = Op::Map;
+        traced(
+            &mut *self.lock(),
+            op,
+            ptr.0,
+            bytes,
+            Self::injected(op),
+            |st| {
+                Self::containing(st, op, ptr.0, bytes.max(1))?;
+                st.ledger.on_map(false);
+                Ok(MapGrant::Refused {
+                    code: sys::CUDA_ERROR_NOT_SUPPORTED,
+                    reason:
+                        "cuMemAlloc memory has no host mapping on CUDA; every host view is a mirror"
+                            .to_string(),
+                })
+            },
+        )
+    }
+
+    fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
+        let op = Op::Unmap;
+        traced(&mut *self.lock(), op, ptr.0, 0, Self::injected(op), |_| {
+            Err(Self::refused(
+                op,
+                CUDA_ERROR_INVALID_VALUE,
+                "no host mapping starts at this address (CUDA never maps device memory)",
+            )
+            .at(ptr.0))
+        })
+    }
+
+    fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
+        let mem = Arc::new(HostMem::new(len, 0)?);
+        let mut st = self.lock();
+        let op = Op::Pin;
+        let r = traced(&mut *st, op, 0, len as u64, Self::injected(op), |st| {
+            self.do_pin(st, &mem)
+        });
+        if let Err(e) = r {
+            log::debug!("mirror of {len} bytes stays pageable: {e}");
+        }
+        Ok(mem)
+    }
+
+    fn free_mirror(&self, mem: &Arc<HostMem>) -> Result<(), DeviceError> {
+        let Some(addr) = mem.owned_addr() else {
+            return Ok(());
+        };
+        let mut st = self.lock();
+        if !st.pinned.contains_key(&addr) {
+            return Ok(());
+        }
+        let op = Op::Unpin;
+        traced(
+            &mut *st,
+            op,
+            0,
+            mem.len() as u64,
+            Self::injected(op),
+            |st| self.do_unpin(st, addr),
+        )
+    }
+
+    fn stats(&self) -> Stats {
+        self.lock().ledger.stats()
+    }
+
+    fn call_log(&self) -> Vec<CallRecord> {
+        self.lock().ledger.log()
+    }
+
+    fn set_phase(&self, phase: &'static str) {
+        self.lock().ledger.set_phase(phase);
+    }
+
+    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
+        // Default: CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error on real hardware.
+        let code = code.unwrap_or(sys::CUDA_ERROR_ILLEGAL_ADDRESS);
+        self.lock().ledger.inject(op, nth, code)
+    }
+
+    fn clear_faults(&self) {
+        self.lock().ledger.clear_faults();
+    }
+
+    /// Unregisters every mirror, frees every allocation and releases the primary context (once).
+    /// The device is unusable afterwards.
+    fn close(&self) -> CloseReport {
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        let mut report = CloseReport::default();
+        if st.ctx.is_none() {
+            return report;
+        }
+        let pinned: Vec<(usize, u64)> = st
+            .pinned
+            .iter()
+            .map(|(&a, m)| (a, m.len() as u64))
+            .collect();
+        for (addr, len) in pinned {
+            let r = self.do_unpin(&mut st, addr);
+            if let Err(e) = st.ledger.logged(Op::Unpin, 0, len, r) {
+                report.errors.push(e);
+            }
+        }
+        for (ptr, size) in st.ledger.live_allocations() {
+            report.leaked_allocations += 1;
+            report.leaked_bytes += size;
+            let r = self.do_free(&mut st, ptr);
+            if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
+                report.errors.push(e);
+            }
+        }
+        st.ctx = None;
+        // Mirrors whose unregister failed: the driver's registration dies with the context.
+        st.pinned.clear();
+        // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
+        // in `open`; the context is not used afterwards (`st.ctx` is `None`).
+        let r = CuResult(unsafe { (self.f.primary_ctx_release)(self.dev) }).result();
+        if let Err(s) = r {
+            report.errors.push(s.error(
+                Op::Device,
+                CudaFns::NAMES.primary_ctx_release,
+                format!(
+                    "releasing device {}'s primary context on close",
+                    self.config.device_id
+                ),
+            ));
+        }
+        if report.leaked_allocations > 0 {
+            log::warn!(
+                "cuda device {} closed with {} live allocation(s) ({} bytes); freed them",
+                self.config.device_id,
+                report.leaked_allocations,
+                report.leaked_bytes
+            );
+        }
+        report
+    }
+}
+
+impl Drop for CudaDevice {
+    /// Frees what is still live and releases the primary context. Never panics.
+    fn drop(&mut self) {
+        let report = self.close();
+        for e in &report.errors {
+            log::warn!("cuda device {} drop: {e}", self.config.device_id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_the_path_and_the_setting() {
+        let e = CudaDevice::open(CudaConfig {
+            device_id: 0,
+            lib_path: Some(PathBuf::from("/nonexistent/libcuda.so.1")),
+        })
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("/nonexistent/libcuda.so.1"), "{msg}");
+        assert!(msg.contains("SIMPLER_CUDA_LIB"), "{msg}");
+        assert!(matches!(e, LoadError::Library { .. }), "{e:?}");
+    }
+}

@@ -1,0 +1,108 @@
+//! Raw CUDA driver API signatures, constants and status codes (`cuda.h`). The `_v2` entry points
+//! are the ones with 64-bit `CUdeviceptr` and `size_t` sizes.
+
+use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+
+use crate::Status;
+
+/// `CUcontext`: an opaque pointer.
+pub type CuContext = *mut c_void;
+/// `CUdevice`: an int.
+pub type CuDevice = c_int;
+/// `CUdeviceptr` (v2): unsigned long long.
+pub type CuDevicePtr = c_ulonglong;
+
+pub type CuInitFn = unsafe extern "C" fn(flags: c_uint) -> c_int;
+pub type CuDeviceGetFn = unsafe extern "C" fn(device: *mut CuDevice, ordinal: c_int) -> c_int;
+pub type CuPrimaryCtxRetainFn = unsafe extern "C" fn(pctx: *mut CuContext, dev: CuDevice) -> c_int;
+pub type CuPrimaryCtxReleaseFn = unsafe extern "C" fn(dev: CuDevice) -> c_int;
+pub type CuCtxGetCurrentFn = unsafe extern "C" fn(pctx: *mut CuContext) -> c_int;
+pub type CuCtxSetCurrentFn = unsafe extern "C" fn(ctx: CuContext) -> c_int;
+pub type CuMemAllocFn = unsafe extern "C" fn(dptr: *mut CuDevicePtr, bytesize: usize) -> c_int;
+pub type CuMemFreeFn = unsafe extern "C" fn(dptr: CuDevicePtr) -> c_int;
+pub type CuMemcpyHtoDFn =
+    unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: usize) -> c_int;
+pub type CuMemcpyDtoHFn =
+    unsafe extern "C" fn(dst: *mut c_void, src: CuDevicePtr, bytes: usize) -> c_int;
+pub type CuMemsetD8Fn = unsafe extern "C" fn(dst: CuDevicePtr, uc: u8, n: usize) -> c_int;
+pub type CuMemHostRegisterFn =
+    unsafe extern "C" fn(p: *mut c_void, bytesize: usize, flags: c_uint) -> c_int;
+pub type CuMemHostUnregisterFn = unsafe extern "C" fn(p: *mut c_void) -> c_int;
+
+pub const CUDA_ERROR_INVALID_VALUE: i64 = 1;
+pub const CUDA_ERROR_INVALID_CONTEXT: i64 = 201;
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: i64 = 700;
+pub const CUDA_ERROR_NOT_SUPPORTED: i64 = 801;
+
+const CODES: &[(i64, &str)] = &[
+    (0, "CUDA_SUCCESS"),
+    (1, "CUDA_ERROR_INVALID_VALUE"),
+    (2, "CUDA_ERROR_OUT_OF_MEMORY"),
+    (3, "CUDA_ERROR_NOT_INITIALIZED"),
+    (4, "CUDA_ERROR_DEINITIALIZED"),
+    (34, "CUDA_ERROR_STUB_LIBRARY"),
+    (46, "CUDA_ERROR_DEVICE_UNAVAILABLE"),
+    (100, "CUDA_ERROR_NO_DEVICE"),
+    (101, "CUDA_ERROR_INVALID_DEVICE"),
+    (201, "CUDA_ERROR_INVALID_CONTEXT"),
+    (400, "CUDA_ERROR_INVALID_HANDLE"),
+    (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+    (712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
+    (713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"),
+    (800, "CUDA_ERROR_NOT_PERMITTED"),
+    (801, "CUDA_ERROR_NOT_SUPPORTED"),
+    (999, "CUDA_ERROR_UNKNOWN"),
+];
+
+/// The symbolic name of a `CUresult`, or `"UNKNOWN"`.
+pub fn cuda_code_name(code: i64) -> &'static str {
+    CODES
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map_or("UNKNOWN", |(_, n)| n)
+}
+
+/// A `CUresult`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct CuResult(pub c_int);
+
+impl CuResult {
+    /// `Ok` for `CUDA_SUCCESS`, else the code and its name.
+    pub fn result(self) -> Result<(), Status> {
+        match self.0 {
+            0 => Ok(()),
+            c => Err(status(i64::from(c))),
+        }
+    }
+}
+
+/// The status for `code` (for calls the driver refuses itself, and injected faults).
+pub fn status(code: i64) -> Status {
+    Status {
+        code,
+        name: cuda_code_name(code),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_code_names() {
+        assert_eq!(cuda_code_name(0), "CUDA_SUCCESS");
+        assert_eq!(cuda_code_name(34), "CUDA_ERROR_STUB_LIBRARY");
+        assert_eq!(
+            cuda_code_name(712),
+            "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"
+        );
+        assert_eq!(cuda_code_name(801), "CUDA_ERROR_NOT_SUPPORTED");
+        assert_eq!(cuda_code_name(9999), "UNKNOWN");
+        assert_eq!(
+            CuResult(201).result().unwrap_err().name,
+            "CUDA_ERROR_INVALID_CONTEXT"
+        );
+    }
+}

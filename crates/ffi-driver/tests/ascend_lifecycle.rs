@@ -1,0 +1,417 @@
+//! The Ascend driver's lifecycle as the CANN runtime counts it, against the fake vendor library:
+//! one ACL reference and one device reference per device, given back once; threads bound
+//! without counting; the caller's context restored; a later ACL user unharmed; HAL error
+//! classes; logical device ids; address reuse.
+
+mod common;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+use common::Fake;
+use simpler_driver::ascend::{AscendConfig, AscendDevice, RuntimeApi, VisibleDevices};
+use simpler_driver::{DevPtr, Device, LoadError, MapGrant, Op};
+
+const NAMES: [&str; 3] = ["libascendcl.so", "libruntime.so", "libascend_hal.so"];
+
+fn standard() -> Fake {
+    Fake::new("fake-ascend", "fake_ascend", &NAMES)
+}
+
+fn open_id(fake: &Fake, device_id: u32) -> AscendDevice {
+    AscendDevice::open(AscendConfig {
+        device_id,
+        lib_dir: Some(fake.dir.clone()),
+        visible_devices: VisibleDevices::Unset,
+        ..AscendConfig::default()
+    })
+    .unwrap()
+}
+
+/// `(aclInit references, device 0 references, device 1 references)` as the fake counts them.
+fn refs(fake: &Fake) -> (u64, u64, u64) {
+    (
+        fake.count("init_count"),
+        fake.query::<u32, u64>("device_refs", 0),
+        fake.query::<u32, u64>("device_refs", 1),
+    )
+}
+
+/// The vendor's own entry points, called as another user of the runtime in this process would.
+struct OtherUser<'a>(&'a Fake);
+
+impl OtherUser<'_> {
+    fn init(&self) -> c_int {
+        // SAFETY: `aclError aclInit(const char *)` accepts NULL.
+        unsafe {
+            self.0
+                .sym::<unsafe extern "C" fn(*const c_char) -> c_int>("aclInit")(
+                std::ptr::null()
+            )
+        }
+    }
+    fn finalize_reference(&self) -> c_int {
+        // SAFETY: `aclError aclFinalizeReference(uint64_t *)` accepts NULL.
+        unsafe {
+            self.0
+                .sym::<unsafe extern "C" fn(*mut u64) -> c_int>("aclFinalizeReference")(
+                std::ptr::null_mut(),
+            )
+        }
+    }
+    fn set_device(&self, id: i32) -> c_int {
+        // SAFETY: `aclError aclrtSetDevice(int32_t)`.
+        unsafe { self.0.sym::<extern "C" fn(i32) -> c_int>("aclrtSetDevice")(id) }
+    }
+    fn reset_device(&self, id: i32) -> c_int {
+        // SAFETY: `aclError aclrtResetDevice(int32_t)`.
+        unsafe {
+            self.0
+                .sym::<extern "C" fn(i32) -> c_int>("aclrtResetDevice")(id)
+        }
+    }
+    fn malloc_free(&self) -> (c_int, c_int) {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `aclError aclrtMalloc(void **, size_t, int)` / `aclrtFree(void *)`; `&mut p`
+        // is valid for the write, and `p` is freed only if the malloc succeeded.
+        unsafe {
+            let m = self
+                .0
+                .sym::<unsafe extern "C" fn(*mut *mut c_void, usize, c_int) -> c_int>(
+                    "aclrtMalloc",
+                )(&mut p, 64, 0);
+            let f = if m == 0 {
+                self.0
+                    .sym::<extern "C" fn(*mut c_void) -> c_int>("aclrtFree")(p)
+            } else {
+                -1
+            };
+            (m, f)
+        }
+    }
+}
+
+#[test]
+fn references_balance_with_workers_on_several_threads_and_devices() {
+    let fake = standard();
+    assert_eq!(refs(&fake), (0, 0, 0));
+    let devs: Vec<Arc<AscendDevice>> = (0..2).map(|id| Arc::new(open_id(&fake, id))).collect();
+    assert_eq!(
+        refs(&fake),
+        (2, 1, 1),
+        "one ACL and one device reference per device"
+    );
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let devs = devs.clone();
+            std::thread::spawn(move || {
+                // Each thread alternates between the two devices.
+                for i in 0..10u8 {
+                    for d in &devs {
+                        let p = d.alloc(64).unwrap();
+                        d.copy_h2d(p, &[t ^ i; 64]).unwrap();
+                        let mut out = [0u8; 64];
+                        d.copy_d2h(&mut out, p).unwrap();
+                        assert_eq!(out, [t ^ i; 64]);
+                        d.free(p).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Alternating on this thread too.
+    for _ in 0..10 {
+        for d in &devs {
+            d.free(d.alloc(8).unwrap()).unwrap();
+        }
+    }
+    assert_eq!(refs(&fake), (2, 1, 1), "threads are bound without counting");
+    assert_eq!(fake.calls("aclrtSetDevice").len(), 2);
+    assert_eq!(
+        fake.count("violations"),
+        0,
+        "every call ran on its own device's context"
+    );
+    drop(devs);
+    assert_eq!(refs(&fake), (0, 0, 0), "everything given back once");
+    assert_eq!(fake.calls("aclrtResetDevice").len(), 2);
+    assert_eq!(fake.calls("aclFinalizeReference").len(), 2);
+    assert!(
+        fake.calls("aclFinalize").is_empty(),
+        "never the global teardown"
+    );
+}
+
+#[test]
+fn a_thread_switched_to_another_device_still_allocates_on_ours_and_keeps_its_context() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let other = OtherUser(&fake);
+    // User code (or a framework) binds device 1 on this thread between our calls.
+    assert_eq!(other.init(), 100_002);
+    assert_eq!(other.set_device(1), 0);
+    let theirs = fake.query::<(), usize>("current_context", ());
+    assert_ne!(theirs, 0);
+    let p = d.alloc(4096).unwrap();
+    assert_eq!(
+        fake.query::<u64, c_int>("alloc_device", p.0),
+        0,
+        "landed on the worker's device"
+    );
+    assert_eq!(
+        fake.query::<(), usize>("current_context", ()),
+        theirs,
+        "their context is back"
+    );
+    d.copy_h2d(p, &[7; 16]).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(fake.query::<(), usize>("current_context", ()), theirs);
+    assert_eq!(fake.count("violations"), 0);
+    drop(d);
+    assert_eq!(refs(&fake).2, 1, "their device reference is theirs");
+    assert_eq!(other.reset_device(1), 0);
+    assert_eq!(other.finalize_reference(), 0);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn a_later_acl_user_survives_our_close() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let other = OtherUser(&fake);
+    assert_eq!(
+        other.init(),
+        100_002,
+        "REPEAT_INITIALIZE: one more reference"
+    );
+    d.free(d.alloc(8).unwrap()).unwrap();
+    drop(d);
+    assert_eq!(refs(&fake), (1, 0, 0));
+    // ACL is still initialized for them.
+    assert_eq!(other.set_device(0), 0);
+    assert_eq!(other.malloc_free(), (0, 0));
+    assert_eq!(other.reset_device(0), 0);
+    assert_eq!(other.finalize_reference(), 0);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn a_failing_set_device_is_an_open_error_that_gives_the_acl_reference_back() {
+    let fake = standard();
+    fake.inject("aclrtSetDevice", 1, 507_033);
+    let e = AscendDevice::open(AscendConfig {
+        lib_dir: Some(fake.dir.clone()),
+        visible_devices: VisibleDevices::Unset,
+        ..AscendConfig::default()
+    })
+    .unwrap_err();
+    let LoadError::Init {
+        call, code_name, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (call.as_str(), code_name.as_str()),
+        ("aclrtSetDevice", "ACL_ERROR_RT_DEV_SETUP_ERROR")
+    );
+    assert_eq!(refs(&fake), (0, 0, 0), "{:#?}", fake.log());
+    // A later open works.
+    let d = open_id(&fake, 0);
+    d.free(d.alloc(8).unwrap()).unwrap();
+}
+
+#[test]
+fn close_gives_everything_back_once_and_the_device_refuses_use_afterwards() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    assert!(matches!(
+        d.map_host(p, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    fake.inject("aclrtResetDevice", 1, 507_000);
+    let r = d.close();
+    assert_eq!((r.leaked_mappings, r.leaked_allocations), (1, 1));
+    // The reset's failure is reported under the device lifecycle, not as a free.
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    let e = &r.errors[0];
+    assert_eq!(
+        (e.op, e.call.as_str(), e.code),
+        (Op::Device, "aclrtResetDevice", 507_000)
+    );
+    assert!(
+        e.to_string()
+            .contains("giving back the reference to device 0"),
+        "{e}"
+    );
+    assert_eq!(fake.count("init_count"), 0);
+    let e = d.alloc(8).unwrap_err();
+    assert!(e.to_string().contains("the device is closed"), "{e}");
+    assert!(!e.called);
+    assert_eq!(d.close(), Default::default(), "close is idempotent");
+    assert_eq!(fake.calls("aclrtResetDevice").len(), 1);
+}
+
+#[test]
+fn hal_error_classes_map_to_mirror_or_error() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(8192).unwrap();
+    // Capability answers: mirror.
+    fake.inject("halHostRegister", 1, 0xfffe);
+    assert!(matches!(
+        d.map_host(p, 8192).unwrap(),
+        MapGrant::Refused { code: 0xfffe, .. }
+    ));
+    // Bugs: errors naming the call and code.
+    for (code, name) in [
+        (3, "DRV_ERROR_INVALID_VALUE"),
+        (8, "DRV_ERROR_PARA_ERROR"),
+        (2, "DRV_ERROR_INVALID_DEVICE"),
+        (7, "DRV_ERROR_INNER_ERR"),
+    ] {
+        fake.inject("halHostRegister", 1, code);
+        let e = d.map_host(p, 8192).unwrap_err();
+        assert_eq!(
+            (e.op, e.call.as_str(), e.code, e.code_name.as_str()),
+            (Op::Map, "halHostRegister", i64::from(code), name)
+        );
+        assert!(e.called);
+    }
+    // A real unaligned pointer, inside the allocation: the fake HAL's INVALID_VALUE is an error.
+    let e = d.map_host(DevPtr(p.0 + 64), 64).unwrap_err();
+    assert_eq!((e.call.as_str(), e.code), ("halHostRegister", 3));
+    let s = d.stats();
+    assert_eq!(
+        (s.maps, s.map_refusals, s.live_mappings),
+        (1, 1, 0),
+        "errors are not refusals"
+    );
+    assert!(matches!(
+        d.map_host(p, 8192).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    d.unmap_host(p).unwrap();
+    d.free(p).unwrap();
+}
+
+#[test]
+fn the_hal_gets_the_logical_id_the_runtime_translates() {
+    let fake = standard();
+    fake.set("set_visible", Some("3,5"));
+    let d = open_id(&fake, 1);
+    assert_eq!((d.device_id(), d.logical_device_id()), (1, 5));
+    let p = d.alloc(4096).unwrap();
+    assert!(matches!(
+        d.map_host(p, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    d.unmap_host(p).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(
+        fake.calls("aclrtGetLogicDevIdByUserDevId"),
+        ["aclrtGetLogicDevIdByUserDevId 1 logical=5 -> 0"]
+    );
+    assert!(fake.calls("aclrtSetDevice")[0].starts_with("aclrtSetDevice 1 logical=5"));
+    assert!(fake.calls("halHostRegister")[0].contains("devid=5"));
+    assert_eq!(
+        fake.calls("halHostUnregister"),
+        [format!("halHostUnregister {:#x} devid=5 -> 0", p.0)]
+    );
+    drop(d);
+
+    // Where the runtime does not translate, the ASCEND_RT_VISIBLE_DEVICES value is read by the
+    // runtime's rules (here: from the config, stopping at the bad entry).
+    fake.inject("aclrtGetLogicDevIdByUserDevId", 1, 200_001);
+    let d = AscendDevice::open(AscendConfig {
+        device_id: 1,
+        lib_dir: Some(fake.dir.clone()),
+        visible_devices: VisibleDevices::Value("3,5,x,9".into()),
+        ..AscendConfig::default()
+    })
+    .unwrap();
+    assert_eq!(d.logical_device_id(), 5);
+    drop(d);
+
+    // A user id the runtime does not know: an open error naming the translation call.
+    let e = AscendDevice::open(AscendConfig {
+        device_id: 2,
+        lib_dir: Some(fake.dir.clone()),
+        ..AscendConfig::default()
+    })
+    .unwrap_err();
+    let LoadError::Init {
+        call, code_name, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (call.as_str(), code_name.as_str()),
+        (
+            "aclrtGetLogicDevIdByUserDevId",
+            "ACL_ERROR_RT_INVALID_DEVICEID"
+        )
+    );
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn the_rt_runtime_is_bound_and_counted_the_same_way() {
+    let fake = Fake::new(
+        "fake-ascend",
+        "fake_ascend",
+        &["libruntime.so", "libascend_hal.so"],
+    );
+    let d = Arc::new(open_id(&fake, 1));
+    assert_eq!(d.runtime_api(), RuntimeApi::Rt);
+    let t = {
+        let d = d.clone();
+        std::thread::spawn(move || d.free(d.alloc(64).unwrap()).unwrap())
+    };
+    t.join().unwrap();
+    assert_eq!(fake.calls("rtSetDevice").len(), 1);
+    assert!(
+        !fake.calls("rtCtxSetCurrent").is_empty(),
+        "the other thread was bound by context"
+    );
+    drop(d);
+    assert_eq!(refs(&fake), (0, 0, 0));
+    assert_eq!(fake.calls("rtDeviceReset").len(), 1);
+    assert_eq!(fake.count("violations"), 0);
+}
+
+#[test]
+fn the_fake_reuses_addresses_and_can_hand_out_host_addresses() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let a = d.alloc(4096).unwrap();
+    d.free(a).unwrap();
+    let b = d.alloc(4096).unwrap();
+    assert_eq!(
+        a, b,
+        "a freed address is handed out again, as the runtime does"
+    );
+    d.free(b).unwrap();
+
+    // Host address mode: the mapping's host pointer equals the device address; nothing in the
+    // driver depends on them differing.
+    assert_eq!(fake.set("set_addresses", Some("host")), 0);
+    let p = d.alloc(8192).unwrap();
+    let MapGrant::Mapped { mem, offset } = d.map_host(p, 8192).unwrap() else {
+        panic!("must map")
+    };
+    let _ = offset;
+    assert!(fake.calls("halHostRegister")[0].contains(&format!("host={:#x}", p.0)));
+    mem.write(10, &[4, 5]).unwrap();
+    let mut out = [0u8; 2];
+    d.copy_d2h(&mut out, DevPtr(p.0 + 10)).unwrap();
+    assert_eq!(out, [4, 5]);
+    d.unmap_host(p).unwrap();
+    d.free(p).unwrap();
+    assert_eq!(fake.count("violations"), 0);
+}
