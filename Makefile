@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test memcheck bench clean
+.PHONY: demo test build lint rust-test py-test memcheck bench device-check clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -62,6 +62,11 @@ test: lint rust-test py-test
 # (.ci/memcheck; suppressed false positives, with reasons, in .ci/valgrind.supp).
 memcheck:
 	.ci/memcheck
+
+# On a machine with a GPU or an Ascend card: the vendor platforms against the real driver
+# (tests, scene tests, benchmarks); skips cleanly without one.
+device-check:
+	.ci/device-check
 
 bench: build
 	$(BENCH_ENV) $(PY) -m simpler.benchmarks

@@ -1,6 +1,7 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
-``python -m simpler.benchmarks [staging] [views] [bind] [--quick]``
+``python -m simpler.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [--quick]
+[--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
   malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
@@ -8,6 +9,9 @@
 * ``views`` — per-access cost of ``get_tensor_data`` through a mapping, a mirror, and a per-access
   D2H read-through baseline; and of ``read_tensor``.
 * ``bind`` — resident bind time for a 4 KiB vs a 1 GiB argument (flat in bytes).
+* ``mirrors`` — mirror refresh bandwidth (one bulk D2H into the host copy of a resident tensor)
+  at three sizes, on ``--platform`` (default sim); on cuda, page-locked mirrors (the default)
+  against pageable ones (``SIMPLER_CUDA_PIN_MIRRORS=0``), the arms interleaved round by round.
 * ``orchestration`` — what an orchestration costs per call: a batched submit per task at 1K,
   16K and 64K tasks (records, checks and teardown: orchestrate + cleanup); a single submit (and
   the view it takes) per task; the fixed overhead of a warm run with 20 resident arguments and
@@ -20,6 +24,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 from typing import Any
@@ -372,16 +377,79 @@ def bench_orchestration(quick: bool) -> None:
         w.free(buf)
 
 
+def _mirror_worker(platform: str, pinned: bool) -> Worker:
+    """A worker whose resident tensors are mirrored (sim: ``svm="never"``; cuda: always)."""
+    if platform == "sim":
+        return Worker("sim", svm="never", poison=False)
+    if platform != "cuda":
+        return Worker(platform, poison=False)
+    import os
+
+    saved = os.environ.get("SIMPLER_CUDA_PIN_MIRRORS")
+    os.environ["SIMPLER_CUDA_PIN_MIRRORS"] = "1" if pinned else "0"
+    try:
+        return Worker("cuda", poison=False)
+    finally:
+        if saved is None:
+            del os.environ["SIMPLER_CUDA_PIN_MIRRORS"]
+        else:
+            os.environ["SIMPLER_CUDA_PIN_MIRRORS"] = saved
+
+
+def bench_mirrors(quick: bool, platform: str = "sim") -> None:
+    """Mirror refresh bandwidth: a kernel writes a resident tensor, the orchestrator reads one
+    element of it in the next run, so the mirror refreshes (one bulk D2H) once per run."""
+    sizes = [4 << 20, 64 << 20] + ([] if quick else [256 << 20])
+    rounds = 5 if quick else 9
+    arms = ["pinned", "pageable"] if platform == "cuda" else ["mirror"]
+    touch = Kernel(lambda t: t.__setitem__(0, t[0]), [INOUT], name="touch")
+
+    def orch(o, t):
+        o.get_tensor_data(t, 0)  # refreshes the mirror the previous run's kernel made stale
+        o.submit(touch, t)
+
+    call = Callable(orch, [INOUT])
+    # The one-time "established a host mirror of N bytes" warnings are expected here.
+    logging.getLogger("simpler").setLevel(logging.ERROR)
+    print(f"\n== mirror refresh bandwidth on {platform} (median of {rounds - 1} warm runs, arms interleaved) ==")
+    workers = {arm: _mirror_worker(platform, arm == "pinned") for arm in arms}
+    try:
+        for size in sizes:
+            bufs = {arm: w.malloc(size) for arm, w in workers.items()}
+            ts = {arm: b.tensor((size // 4,), "int32") for arm, b in bufs.items()}
+            gbps: dict[str, list[float]] = {arm: [] for arm in arms}
+            for r in range(rounds):
+                for arm in arms if r % 2 == 0 else arms[::-1]:
+                    rep = workers[arm].run(call, [ts[arm]])
+                    moved = rep.counters["mirror_refresh_bytes"]
+                    if r > 0 and moved:
+                        gbps[arm].append(moved / rep.phases["orchestrate"])
+            line = ", ".join(f"{arm} {_median(v):6.2f} GB/s" for arm, v in gbps.items() if v)
+            if len(arms) == 2 and gbps["pinned"] and gbps["pageable"]:
+                line += f"   pinned/pageable {_median(gbps['pinned']) / _median(gbps['pageable']):.2f}x"
+            print(f"{size >> 20:>6} MiB: {line}")
+            for arm, w in workers.items():
+                w.free(bufs[arm])
+        if platform == "cuda":
+            s = workers["pinned"].stats()
+            print(f"{'':>10}pinned worker: {s['pins']} mirror(s) page-locked, {s['unpins']} unlocked")
+    finally:
+        for w in workers.values():
+            w.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m simpler.benchmarks``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="*", help="staging, views, bind, orchestration (default: all)")
+    p.add_argument("which", nargs="*", help="staging, views, bind, mirrors, orchestration (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
+    p.add_argument("--platform", default="sim", help="platform of the mirrors benchmark (default sim)")
     a = p.parse_args(argv)
     benches = {
         "staging": bench_staging,
         "views": bench_views,
         "bind": bench_bind,
+        "mirrors": lambda quick: bench_mirrors(quick, a.platform),
         "orchestration": bench_orchestration,
     }
     which = a.which or list(benches)

@@ -21,6 +21,7 @@ fn open_id(fake: &Fake, device_id: u32) -> CudaDevice {
     CudaDevice::open(CudaConfig {
         device_id,
         lib_path: Some(fake.dir.join("libcuda.so.1")),
+        pin_mirrors: None,
     })
     .unwrap()
 }

@@ -43,7 +43,13 @@ pub struct CudaConfig {
     pub device_id: u32,
     /// Path of the driver library; overrides `SIMPLER_CUDA_LIB` and the default names.
     pub lib_path: Option<PathBuf>,
+    /// Page-lock mirrors; `None` reads `SIMPLER_CUDA_PIN_MIRRORS` (`0` turns it off; default
+    /// on). Off only to measure what pinning buys.
+    pub pin_mirrors: Option<bool>,
 }
+
+/// Environment switch for [`CudaConfig::pin_mirrors`].
+pub const ENV_PIN_MIRRORS: &str = "SIMPLER_CUDA_PIN_MIRRORS";
 
 #[derive(Debug)]
 struct State {
@@ -63,6 +69,7 @@ impl Ledgered for State {
 /// An NVIDIA GPU through the CUDA driver API. See the module docs.
 pub struct CudaDevice {
     config: CudaConfig,
+    pin_mirrors: bool,
     lib: VendorLib,
     dev: CuDevice,
     f: CudaFns,
@@ -151,8 +158,12 @@ impl CudaDevice {
                 format!("device {ordinal}: returned success but a null context"),
             ));
         }
+        let pin_mirrors = config
+            .pin_mirrors
+            .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| v.trim() != "0"));
         Ok(CudaDevice {
             config,
+            pin_mirrors,
             lib,
             dev,
             f,
@@ -505,6 +516,9 @@ impl Device for CudaDevice {
 
     fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
         let mem = Arc::new(HostMem::new(len, 0)?);
+        if !self.pin_mirrors {
+            return Ok(mem);
+        }
         let mut st = self.lock();
         let op = Op::Pin;
         let r = traced(&mut *st, op, 0, len as u64, Self::injected(op), |st| {
@@ -632,6 +646,7 @@ mod tests {
         let e = CudaDevice::open(CudaConfig {
             device_id: 0,
             lib_path: Some(PathBuf::from("/nonexistent/libcuda.so.1")),
+            pin_mirrors: None,
         })
         .unwrap_err();
         let msg = e.to_string();

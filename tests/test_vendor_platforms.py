@@ -1,0 +1,159 @@
+"""What the vendor platforms share with real drivers, tested through the fake vendor libraries.
+
+Real drivers hand a freed device address out again, so a handle kept past ``free`` must not
+reach the newer allocation that starts there: every operation on it is a clear "was freed"
+error, on sim (``reuse_addresses=True``) and on the ascend and cuda platforms (whose fakes reuse
+addresses as the runtimes do). On cuda every host view is a mirror, page-locked while it lives.
+A vendor runtime the process already loaded is reused, never loaded a second time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import simpler as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+ASCEND_LIBS = ROOT / "target" / "fake-ascend-libs"
+CUDA_LIB = ROOT / "target" / "fake-cuda-libs" / "libcuda.so.1"
+IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
+
+
+def _worker(kind, monkeypatch):
+    if kind == "ascend":
+        if not (ASCEND_LIBS / "libascend_hal.so").exists():
+            pytest.skip(f"fake vendor library not linked under {ASCEND_LIBS} (run `make test`)")
+        monkeypatch.setenv("SIMPLER_ASCEND_LIB_DIR", str(ASCEND_LIBS))
+        monkeypatch.setenv("FAKE_ASCEND_MAP", "min:65536")
+        monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+        return sp.Worker("ascend")
+    if kind == "cuda":
+        if not CUDA_LIB.exists():
+            pytest.skip(f"fake libcuda not linked at {CUDA_LIB} (run `make test`)")
+        monkeypatch.setenv("SIMPLER_CUDA_LIB", str(CUDA_LIB))
+        return sp.Worker("cuda")
+    return sp.Worker("sim", reuse_addresses=True)
+
+
+COPY = sp.Kernel(lambda x, y: y.__setitem__(..., x), [IN, OUT], name="copy")
+CALL = sp.Callable(lambda o, x, y: o.submit(COPY, x, y), [IN, OUT])
+
+
+@pytest.mark.parametrize("kind", ["sim", "ascend", "cuda"])
+def test_a_handle_kept_past_free_is_refused_everywhere_after_its_address_is_reused(kind, monkeypatch):
+    with _worker(kind, monkeypatch) as w:
+        old = w.malloc(4096)
+        stale = old.tensor((1024,), "float32")
+        w.free(old)
+        new = w.malloc(4096)
+        assert new.ptr == old.ptr, "the driver handed the freed address out again"
+        w.copy_to(new, np.arange(1024, dtype=np.float32))
+        host = np.zeros(1024, np.float32)
+        freed = r"was freed; the allocation now at that address is a newer one"
+        attempts = {
+            "write": lambda: w.copy_to(old, host),
+            "read": lambda: w.copy_from(host, old),
+            "copy (a tensor)": lambda: w.copy_from(host, stale),
+            "view": lambda: w.host_view_info(old),
+            "bind": lambda: w.run(CALL, [stale, np.zeros(1024, np.float32)]),
+            "free": lambda: w.free(old),
+        }
+        for what, attempt in attempts.items():
+            with pytest.raises(sp.StateError, match=freed):
+                attempt()
+            got = np.zeros(1024, np.float32)
+            w.copy_from(got, new)
+            np.testing.assert_array_equal(got, np.arange(1024), err_msg=f"after {what}")
+        # The new handle works, bound and all.
+        out = np.zeros(1024, np.float32)
+        w.run(CALL, [new.tensor((1024,), "float32"), out])
+        np.testing.assert_array_equal(out, np.arange(1024))
+        w.free(new)
+        w.trim_staging()  # the retained staging arena
+        assert w.stats()["live_allocations"] == 0
+
+
+def test_reuse_addresses_is_a_sim_option():
+    with pytest.raises(sp.ArgumentError, match="reuse_addresses are sim options"):
+        sp.Worker("cuda", reuse_addresses=True)
+
+
+def test_cuda_mirrors_are_page_locked_while_they_live(monkeypatch):
+    read = sp.Callable(lambda o, t: o.get_tensor_data(t, 3), [IN])
+    with _worker("cuda", monkeypatch) as w:
+        buf = w.malloc(1 << 16)
+        w.copy_to(buf, np.arange(1 << 14, dtype=np.int32))
+        t = buf.tensor((1 << 14,), "int32")
+        r = w.run(read, [t])
+        assert r.counters["views_mirrored"] == 1 and r.counters["views_mapped"] == 0
+        s = w.stats()
+        assert (s["pins"], s["pinned_bytes"], s["unpins"]) == (1, 1 << 16, 0)
+        w.free(buf)
+        s = w.stats()
+        assert (s["pins"], s["unpins"], s["pinned_bytes"]) == (1, 1, 0)
+        # One left for close: still unlocked exactly once.
+        buf = w.malloc(4096)
+        w.run(read, [buf.tensor((1024,), "int32")])
+    s = w.stats()
+    assert (s["pins"], s["unpins"], s["pinned_bytes"]) == (2, 2, 0)
+
+
+def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path):
+    """A framework (torch_npu) loaded the runtime first, from its own directory; our worker,
+    pointed elsewhere, must use that copy rather than load a second one."""
+    fake = ROOT / "target" / "debug" / "libfake_ascend.so"
+    if not fake.exists():
+        pytest.skip(f"fake vendor library not built at {fake} (run `make test`)")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    shutil.copy(fake, theirs / "libfake_ascend.so")
+    for name in ("libascendcl.so", "libruntime.so", "libascend_hal.so"):
+        (theirs / name).symlink_to("libfake_ascend.so")
+    script = textwrap.dedent(
+        """
+        import ctypes, sys
+        # The framework's load: by name, found on LD_LIBRARY_PATH (the runtime pulls in the HAL).
+        hal = ctypes.CDLL("libascend_hal.so", mode=ctypes.RTLD_GLOBAL)
+        acl = ctypes.CDLL("libascendcl.so", mode=ctypes.RTLD_GLOBAL)
+        acl.fake_ascend_init_count.restype = ctypes.c_uint64
+        import simpler as sp
+        w = sp.Worker("ascend")
+        w.free(w.malloc(64))
+        refs_while_open = acl.fake_ascend_init_count()
+        w.close()
+        maps = open("/proc/self/maps").read()
+        print(refs_while_open, acl.fake_ascend_init_count(), sys.argv[1] in maps)
+        """
+    )
+    env = dict(os.environ)
+    env.update(
+        LD_LIBRARY_PATH=str(theirs),
+        SIMPLER_ASCEND_LIB_DIR=str(ASCEND_LIBS),  # ours: the build's copy
+        FAKE_ASCEND_MAP="always",
+    )
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    ours = str(fake.resolve())
+    out = subprocess.run([sys.executable, "-c", script, ours], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    refs_open, refs_closed, ours_loaded = out.stdout.split()
+    assert (refs_open, refs_closed) == ("1", "0"), "the worker initialized the framework's copy"
+    assert ours_loaded == "False", "a second copy of the runtime was loaded"
+
+
+def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library():
+    script = ROOT / ".ci" / "device-check"
+    env = dict(os.environ, SIMPLER_CUDA_LIB="/nonexistent/libcuda.so.1", SIMPLER_ASCEND_LIB_DIR="/nonexistent")
+    out = subprocess.run([str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "device-check: skipped: no device driver" in out.stdout, out
+    if CUDA_LIB.exists():
+        env["SIMPLER_CUDA_LIB"] = str(CUDA_LIB)
+        out = subprocess.run([str(script), "--probe"], env=env, capture_output=True, text=True)
+        assert out.returncode == 0 and "platforms with a driver: cuda" in out.stdout, out
