@@ -150,7 +150,8 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path):
 
 def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library():
     script = ROOT / ".ci" / "device-check"
-    env = dict(os.environ, SIMPLER_CUDA_LIB="/nonexistent/libcuda.so.1", SIMPLER_ASCEND_LIB_DIR="/nonexistent")
+    env = dict(os.environ, SIMPLER_CUDA_LIB="/nonexistent/libcuda.so.1")
+    env["SIMPLER_ASCEND_LIB_DIR"] = "/nonexistent"
     out = subprocess.run([str(script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "device-check: skipped: no device driver" in out.stdout, out
     if CUDA_LIB.exists():

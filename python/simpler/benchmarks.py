@@ -411,7 +411,7 @@ def bench_mirrors(quick: bool, platform: str = "sim") -> None:
     call = Callable(orch, [INOUT])
     # The one-time "established a host mirror of N bytes" warnings are expected here.
     logging.getLogger("simpler").setLevel(logging.ERROR)
-    print(f"\n== mirror refresh bandwidth on {platform} (median of {rounds - 1} warm runs, arms interleaved) ==")
+    print(f"\n== mirror refresh bandwidth on {platform} (median of {rounds - 1} warm runs, interleaved) ==")
     workers = {arm: _mirror_worker(platform, arm == "pinned") for arm in arms}
     try:
         for size in sizes:
