@@ -18,10 +18,11 @@
 //!   sim; an injected fault fails the call before the vendor function runs.
 
 pub mod loading;
+mod pinning;
 pub mod sys;
 
 use std::collections::BTreeMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,7 +31,6 @@ pub use loading::{DEFAULT_CUDA_LIBS, ENV_CUDA_LIB};
 pub use sys::cuda_code_name;
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
-use crate::ledger::Pinned;
 use crate::loader::{LoadError, VendorLib};
 use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 use loading::CudaFns;
@@ -348,59 +348,6 @@ impl CudaDevice {
         call()
             .result()
             .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))
-    }
-
-    /// Registers `mem` with the driver (page-locks it); a refusal is an answer.
-    fn do_pin(&self, st: &mut State, mem: &Arc<HostMem>) -> Result<Pinned, DeviceError> {
-        let Some(addr) = mem.owned_addr() else {
-            return Ok(Pinned::No { code: 0 });
-        };
-        let _bound = self.enter(st, Op::Pin)?;
-        // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
-        // `mem.len()` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
-        // unregistered, so the memory outlives the registration.
-        let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, mem.len(), 0) });
-        drop(_bound);
-        match r.result() {
-            Ok(()) => {
-                st.pinned.insert(addr, mem.clone());
-                st.ledger.on_pin(mem.len() as u64);
-                Ok(Pinned::Yes)
-            }
-            Err(s) => {
-                log::debug!(
-                    "cuMemHostRegister_v2 refused a {}-byte mirror (code {} {}); it stays pageable",
-                    mem.len(),
-                    s.code,
-                    s.name
-                );
-                Ok(Pinned::No { code: s.code })
-            }
-        }
-    }
-
-    fn do_unpin(&self, st: &mut State, addr: usize) -> Result<(), DeviceError> {
-        let op = Op::Unpin;
-        let Some(len) = st.pinned.get(&addr).map(|m| m.len()) else {
-            return Ok(());
-        };
-        let _bound = self.enter(st, op)?;
-        // SAFETY: `cuMemHostUnregister(void *p)` with the address a successful
-        // `cuMemHostRegister_v2` was given; the memory is still alive (held in `pinned`).
-        CuResult(unsafe { (self.f.host_unregister)(addr as *mut c_void) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    Self::call_name(op),
-                    "mirror stays registered (and alive) until a retry",
-                )
-                .sized(len as u64)
-            })?;
-        drop(_bound);
-        st.pinned.remove(&addr);
-        st.ledger.on_unpin(len as u64);
-        Ok(())
     }
 }
 

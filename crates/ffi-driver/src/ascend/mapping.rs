@@ -1,0 +1,144 @@
+//! Host mappings of device memory through the HAL: `halHostRegister(DEV_SVM_MAP_HOST)` and
+//! `halHostUnregister`, with the rules of the module docs (only a capability answer is a
+//! refusal; the host side is revoked only after a successful unregister).
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::sys::{self, DrvStatus};
+use super::{AscendDevice, MapEntry, State};
+use crate::error::codes;
+use crate::{DevPtr, DeviceError, HostMem, MapGrant, Op};
+
+impl AscendDevice {
+    pub(super) fn do_map(
+        &self,
+        st: &mut State,
+        ptr: DevPtr,
+        bytes: u64,
+    ) -> Result<MapGrant, DeviceError> {
+        let op = Op::Map;
+        if bytes == 0 {
+            return Err(self
+                .refused(op, codes::INVALID_VALUE, "zero-byte mapping")
+                .at(ptr.0));
+        }
+        self.containing(st, op, ptr.0, bytes)?;
+        let end = ptr.0 + bytes;
+        let overlaps = st
+            .mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, m)| s + m.bytes > ptr.0);
+        if overlaps {
+            let e = self.refused(
+                op,
+                codes::PARA_ERROR,
+                "range is already mapped (a mapping leaked?)",
+            );
+            return Err(e.at(ptr.0).sized(bytes));
+        }
+        let len = usize::try_from(bytes).map_err(|_| {
+            self.refused(op, codes::INVALID_VALUE, "size exceeds the address space")
+                .at(ptr.0)
+                .sized(bytes)
+        })?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
+        // void **dstPtr)`: `ptr` is a device address inside a live allocation (checked above),
+        // which the HAL does not dereference on the host; `&mut host` is valid for the
+        // pointer-sized write of the out-parameter.
+        let status = DrvStatus(unsafe {
+            (self.hal.f.register)(
+                ptr.0 as *mut c_void,
+                bytes,
+                sys::DEV_SVM_MAP_HOST,
+                self.logical,
+                &mut host,
+            )
+        });
+        match status.result() {
+            Ok(()) => {}
+            Err(s) if s.code == codes::NOT_SUPPORT => {
+                st.ledger.on_map(false);
+                return Ok(MapGrant::Refused {
+                    code: s.code,
+                    reason: format!(
+                        "halHostRegister answered {} for {bytes} bytes at {ptr} on logical \
+                         device {} (this allocation's pages cannot be mapped on this host)",
+                        s.name, self.logical
+                    ),
+                });
+            }
+            Err(s) => {
+                let detail = format!(
+                    "mapping {bytes} bytes for the host on logical device {} (not a capability \
+                     answer: an unaligned pointer, a bad range or a bad device)",
+                    self.logical
+                );
+                return Err(s.error(op, self.call(op), detail).at(ptr.0).sized(bytes));
+            }
+        }
+        let Some(host) = NonNull::new(host.cast::<u8>()) else {
+            st.ledger.on_map(false);
+            return Ok(MapGrant::Refused {
+                code: 0,
+                reason: format!(
+                    "halHostRegister reported success but returned no host pointer (a stub HAL? \
+                     loaded from {}); treated as a refusal",
+                    self.hal.lib.path
+                ),
+            });
+        };
+        // SAFETY: the HAL keeps the mapping valid for `len` bytes until `halHostUnregister`,
+        // and this driver revokes the `HostMem` (in `unmap_host` / `close`) when that call
+        // succeeds, blocking accesses while it runs.
+        let mem = Arc::new(unsafe { HostMem::foreign(host, len) });
+        st.mappings.insert(
+            ptr.0,
+            MapEntry {
+                bytes,
+                mem: mem.clone(),
+            },
+        );
+        st.ledger.on_map(true);
+        Ok(MapGrant::Mapped { mem, offset: 0 })
+    }
+
+    /// Unregisters the mapping at `start` and revokes its host side; on success forgets it.
+    pub(super) fn do_unmap(&self, st: &mut State, start: u64) -> Result<u64, DeviceError> {
+        let op = Op::Unmap;
+        let Some(entry) = st.mappings.get(&start) else {
+            return Err(self
+                .refused(
+                    op,
+                    codes::NOT_EXIST,
+                    "no host mapping starts at this address",
+                )
+                .at(start));
+        };
+        let bytes = entry.bytes;
+        // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
+        // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
+        // usable, and its allocation stays live until a retry unregisters it.
+        let (unregister, logical) = (self.hal.f.unregister, self.logical);
+        let r = entry.mem.revoke_with(|| {
+            // SAFETY: `halHostUnregister(void *srcPtr, UINT32 devid)` with the device address a
+            // successful `halHostRegister` was given; no access runs while it does.
+            DrvStatus(unsafe { unregister(start as *mut c_void, logical) }).result()
+        });
+        r.map_err(|s| {
+            s.error(
+                op,
+                self.call(op),
+                "mapping kept (still usable); its allocation stays live until it is unregistered",
+            )
+            .at(start)
+            .sized(bytes)
+        })?;
+        st.mappings.remove(&start);
+        st.ledger.on_unmap();
+        Ok(bytes)
+    }
+}
