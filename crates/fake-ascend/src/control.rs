@@ -71,8 +71,8 @@ pub extern "C" fn fake_ascend_set_reuse(on: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn fake_ascend_set_visible(spec: *const c_char) {
     // SAFETY: forwarded caller guarantee.
-    let v = unsafe { text(spec) }.map(|s| parse_visible(&s));
-    with_state(|st| st.visible = v);
+    let v = unsafe { text(spec) };
+    with_state(|st| st.visible = v.map(|s| parse_visible(&s, st.devices)));
 }
 
 /// Sets the number of logical devices.
@@ -140,6 +140,12 @@ pub extern "C" fn fake_ascend_init_count() -> u64 {
 #[no_mangle]
 pub extern "C" fn fake_ascend_device_refs(dev: c_uint) -> u64 {
     with_state(|st| st.device_refs.get(&dev).copied().unwrap_or(0))
+}
+
+/// Allocations freed by a device reset (live when their device's last reference went).
+#[no_mangle]
+pub extern "C" fn fake_ascend_reset_freed() -> u64 {
+    with_state(|st| st.reset_freed)
 }
 
 /// The logical device of the live allocation containing device address `addr`; -1 if none.

@@ -71,10 +71,13 @@ const HUGE_PAGE: u64 = 2 << 20;
 const HUGE_THRESHOLD: u64 = 1 << 20;
 /// Byte written into fresh allocations (device memory is not zeroed).
 const FILL: u8 = 0xCD;
-/// Default context of logical device 0; device `d` gets `CTX_BASE + d * CTX_STRIDE`. Opaque
+/// Default context handles: device `d`'s context of generation `g` (the how-many-th time the
+/// device went from no reference to one) is `CTX_BASE + (g << CTX_GEN_SHIFT) + d * CTX_STRIDE`,
+/// so a context re-created after a reset is a different handle from the destroyed one. Opaque
 /// handles, never dereferenced.
 const CTX_BASE: usize = 0xC7A0_0000;
 const CTX_STRIDE: usize = 16;
+const CTX_GEN_SHIFT: u32 = 12;
 
 const ACL_SUCCESS: c_int = 0;
 const ACL_ERROR_INVALID_PARAM: c_int = 100_000;
@@ -123,12 +126,21 @@ fn parse_addresses(s: &str) -> Option<AddressMode> {
 }
 
 /// The user → logical renumbering of `ASCEND_RT_VISIBLE_DEVICES`, read the way the runtime does:
-/// entries up to the first one that is not a device id or not greater than the one before.
-fn parse_visible(list: &str) -> Vec<u32> {
+/// entries up to the first one that is not all digits or is past the device count; a descending
+/// or repeated entry makes the whole variable invalid (no device visible).
+fn parse_visible(list: &str, devices: u32) -> Vec<u32> {
     let mut ids: Vec<u32> = Vec::new();
     for item in list.split(',') {
-        match item.trim().parse::<u32>() {
-            Ok(id) if ids.last().is_none_or(|&l| id > l) => ids.push(id),
+        if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        match item.parse::<u32>() {
+            Ok(id) if id < devices => {
+                if ids.contains(&id) || ids.last().is_some_and(|&l| id < l) {
+                    return Vec::new();
+                }
+                ids.push(id);
+            }
             _ => break,
         }
     }
@@ -148,9 +160,9 @@ fn set_current_ctx(ctx: usize) {
     CURRENT.with(|c| c.set(ctx));
 }
 
-/// The default context handle of logical device `dev`.
-fn ctx_of(dev: u32) -> usize {
-    CTX_BASE + dev as usize * CTX_STRIDE
+/// The handle of logical device `dev`'s default context of generation `gen`.
+fn ctx_of(dev: u32, gen: u32) -> usize {
+    CTX_BASE + ((gen as usize) << CTX_GEN_SHIFT) + dev as usize * CTX_STRIDE
 }
 
 /// What the fake records about an allocation.
@@ -188,6 +200,11 @@ struct State {
     /// Device references (set minus reset) by logical device; a device's context is alive
     /// while its count is above zero.
     device_refs: BTreeMap<u32, u64>,
+    /// The generation of each device's current (or last) default context.
+    device_gens: BTreeMap<u32, u32>,
+    /// Allocations the runtime freed because their device's last reference was given back
+    /// while they were live (a driver that frees before it resets leaves this at 0).
+    reset_freed: u64,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -206,6 +223,8 @@ impl State {
             violations: 0,
             acl_refs: 0,
             device_refs: BTreeMap::new(),
+            device_gens: BTreeMap::new(),
+            reset_freed: 0,
         };
         st.apply_env();
         st
@@ -227,9 +246,10 @@ impl State {
                 Err(_) => self.config_error(&format!("FAKE_ASCEND_DEVICES={v:?}")),
             }
         }
+        let devices = self.devices;
         self.visible = std::env::var("ASCEND_RT_VISIBLE_DEVICES")
             .ok()
-            .map(|v| parse_visible(&v));
+            .map(|v| parse_visible(&v, devices));
         if let Ok(v) = std::env::var("FAKE_ASCEND_REUSE") {
             match env_flag("FAKE_ASCEND_REUSE") {
                 Some(on) => self.heap.reuse = on,
@@ -281,11 +301,14 @@ impl State {
     /// The logical device whose context `ctx` is, while that context is alive.
     fn live_context(&self, ctx: usize) -> Option<u32> {
         let off = ctx.checked_sub(CTX_BASE)?;
-        if !off.is_multiple_of(CTX_STRIDE) {
+        let gen = u32::try_from(off >> CTX_GEN_SHIFT).ok()?;
+        let slot = off & ((1 << CTX_GEN_SHIFT) - 1);
+        if !slot.is_multiple_of(CTX_STRIDE) {
             return None;
         }
-        let dev = u32::try_from(off / CTX_STRIDE).ok()?;
-        (self.device_refs.get(&dev).copied().unwrap_or(0) > 0).then_some(dev)
+        let dev = u32::try_from(slot / CTX_STRIDE).ok()?;
+        let alive = self.device_refs.get(&dev).copied().unwrap_or(0) > 0;
+        (alive && self.device_gens.get(&dev) == Some(&gen)).then_some(dev)
     }
 
     /// The device of the calling thread's current context, or CONTEXT_NULL.
@@ -318,9 +341,13 @@ impl State {
         let Some(dev) = self.logical(user) else {
             return self.ret(name, &args, ACL_ERROR_RT_INVALID_DEVICEID);
         };
-        *self.device_refs.entry(dev).or_insert(0) += 1;
-        set_current_ctx(ctx_of(dev));
-        let refs = self.device_refs[&dev];
+        let refs = self.device_refs.entry(dev).or_insert(0);
+        *refs += 1;
+        let refs = *refs;
+        if refs == 1 {
+            *self.device_gens.entry(dev).or_insert(0) += 1;
+        }
+        set_current_ctx(ctx_of(dev, self.device_gens[&dev]));
         self.ret(
             name,
             &format!("{args} logical={dev} refs={refs}"),
@@ -347,15 +374,48 @@ impl State {
         let left = *refs;
         if left == 0 {
             self.device_refs.remove(&dev);
-            if current_ctx() == ctx_of(dev) {
+            if current_ctx() == ctx_of(dev, self.device_gens[&dev]) {
                 set_current_ctx(0);
             }
+            self.release_device_memory(dev);
         }
         self.ret(
             name,
             &format!("{args} logical={dev} refs={left}"),
             ACL_SUCCESS,
         )
+    }
+
+    /// The last reference to `dev` was given back: the runtime destroys its context and frees
+    /// the memory still allocated on it. A mapping that outlives its memory is a violation (its
+    /// backing stays alive, so the stale host pointer stays harmless).
+    fn release_device_memory(&mut self, dev: u32) {
+        let live: Vec<(u64, u64, bool)> = self
+            .heap
+            .blocks()
+            .filter(|(_, b)| b.meta.device == dev)
+            .map(|(a, b)| (a, b.size, b.meta.huge))
+            .collect();
+        for (addr, size, huge) in live {
+            self.reset_freed += 1;
+            let align = if huge { HUGE_PAGE } else { PAGE };
+            let mapped: Vec<u64> = self
+                .mappings
+                .range(addr..addr + size)
+                .map(|(&a, _)| a)
+                .collect();
+            let block = self
+                .heap
+                .remove(addr, align, !mapped.is_empty())
+                .expect("live");
+            if !mapped.is_empty() {
+                self.violations += 1;
+                self.leaked.push(block.mem);
+                for a in mapped {
+                    self.mappings.remove(&a);
+                }
+            }
+        }
     }
 
     /// `aclrtGetCurrentContext` / `rtCtxGetCurrent`.
@@ -565,9 +625,11 @@ mod tests {
         assert_eq!(parse_map("pages"), Some(MapMode::Pages));
         assert_eq!(parse_map("min:x"), None);
         assert_eq!(parse_map("sometimes"), None);
-        assert_eq!(parse_visible("4,5,x,7"), [4, 5]);
-        assert_eq!(parse_visible("2,5,3"), [2, 5]);
-        assert!(parse_visible("").is_empty());
+        assert_eq!(parse_visible("4,5,x,7", 8), [4, 5]);
+        assert_eq!(parse_visible("4,5,9,7", 8), [4, 5]);
+        assert!(parse_visible("2,5,3", 8).is_empty());
+        assert!(parse_visible("4, 5", 8) == [4]);
+        assert!(parse_visible("", 8).is_empty());
         assert_eq!(parse_addresses("host"), Some(AddressMode::Host));
     }
 }

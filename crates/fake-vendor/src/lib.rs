@@ -171,6 +171,11 @@ impl<T> Heap<T> {
         Some((base, host, b))
     }
 
+    /// Live allocations by base address.
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, &Block<T>)> {
+        self.live.iter().map(|(&a, b)| (a, b))
+    }
+
     /// The allocation starting at `addr`.
     pub fn get(&self, addr: u64) -> Option<&Block<T>> {
         self.live.get(&addr)

@@ -72,6 +72,7 @@ pub mod codes {
     pub const OUT_OF_MEMORY: i64 = 6;
     pub const INNER_ERR: i64 = 7;
     pub const PARA_ERROR: i64 = 8;
+    pub const UNINIT: i64 = 9;
     pub const NOT_EXIST: i64 = 11;
     pub const BUSY: i64 = 13;
     pub const BAD_ADDRESS: i64 = 79;

@@ -137,6 +137,11 @@ fn references_balance_with_workers_on_several_threads_and_devices() {
     );
     drop(devs);
     assert_eq!(refs(&fake), (0, 0, 0), "everything given back once");
+    assert_eq!(
+        fake.count("reset_freed"),
+        0,
+        "everything freed before the reset"
+    );
     assert_eq!(fake.calls("aclrtResetDevice").len(), 2);
     assert_eq!(fake.calls("aclFinalizeReference").len(), 2);
     assert!(
@@ -414,4 +419,111 @@ fn the_fake_reuses_addresses_and_can_hand_out_host_addresses() {
     d.unmap_host(p).unwrap();
     d.free(p).unwrap();
     assert_eq!(fake.count("violations"), 0);
+}
+
+#[test]
+fn close_frees_before_it_resets_and_revokes_a_mapping_it_could_not_unregister() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let kept = d.alloc(4096).unwrap();
+    let MapGrant::Mapped { mem, .. } = d.map_host(kept, 4096).unwrap() else {
+        panic!("must map")
+    };
+    d.alloc(64).unwrap();
+    fake.inject("halHostUnregister", 1, 7);
+    let r = d.close();
+    let errs: Vec<(Op, &str, bool)> = r
+        .errors
+        .iter()
+        .map(|e| (e.op, e.call.as_str(), e.called))
+        .collect();
+    // The unregister failed; so the free of that allocation was refused (never a free while mapped).
+    assert_eq!(
+        errs,
+        [
+            (Op::Unmap, "halHostUnregister", true),
+            (Op::Free, "aclrtFree", false)
+        ]
+    );
+    // The host side is gone before the device is; the runtime then freed what we could not.
+    assert!(mem.write(0, &[1]).is_err());
+    assert_eq!(
+        fake.count("reset_freed"),
+        1,
+        "only the allocation still mapped"
+    );
+    // The HAL is not reached after close either.
+    let e = d.map_host(kept, 4096).unwrap_err();
+    assert!(
+        !e.called && e.to_string().contains("the device is closed"),
+        "{e}"
+    );
+    let e = d.unmap_host(kept).unwrap_err();
+    assert!(!e.called, "{e}");
+    assert_eq!(fake.calls("halHostRegister").len(), 1);
+
+    // Without failures, nothing is left for the reset to free.
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    assert!(matches!(
+        d.map_host(p, 4096).unwrap(),
+        MapGrant::Mapped { .. }
+    ));
+    d.alloc(64).unwrap();
+    assert!(d.close().errors.is_empty());
+    assert_eq!(
+        (fake.count("reset_freed"), fake.count("violations")),
+        (0, 0)
+    );
+}
+
+#[test]
+fn a_failed_open_leaves_the_callers_context_current() {
+    let fake = standard();
+    let other = OtherUser(&fake);
+    assert_eq!(other.init(), 0);
+    assert_eq!(other.set_device(1), 0);
+    let theirs = fake.query::<(), usize>("current_context", ());
+    // The context read after `aclrtSetDevice` fails: the open fails, and undoes what it did.
+    fake.inject("aclrtGetCurrentContext", 2, 507_000);
+    let e = AscendDevice::open(AscendConfig {
+        lib_dir: Some(fake.dir.clone()),
+        visible_devices: VisibleDevices::Unset,
+        ..AscendConfig::default()
+    })
+    .unwrap_err();
+    assert!(matches!(e, LoadError::Init { .. }), "{e:?}");
+    assert_eq!(fake.query::<(), usize>("current_context", ()), theirs);
+    assert_eq!(refs(&fake), (1, 0, 1), "only their references remain");
+    assert_eq!(other.reset_device(1), 0);
+    assert_eq!(other.finalize_reference(), 0);
+}
+
+#[test]
+fn a_thread_left_on_a_closed_devices_context_works_with_a_reopened_one() {
+    let fake = standard();
+    let d = Arc::new(open_id(&fake, 0));
+    let (go, wait) = std::sync::mpsc::channel::<Option<Arc<AscendDevice>>>();
+    let (done, finished) = std::sync::mpsc::channel();
+    // A thread that never bound a context keeps the worker's after a call (the runtime has no
+    // "unbind"); after the device closes and opens again, that thread holds a dead context.
+    let t = std::thread::spawn(move || {
+        while let Ok(Some(d)) = wait.recv() {
+            let p = d.alloc(64).unwrap();
+            d.free(p).unwrap();
+            done.send(()).unwrap();
+        }
+    });
+    go.send(Some(d.clone())).unwrap();
+    finished.recv().unwrap();
+    drop(d);
+    let d2 = Arc::new(open_id(&fake, 0));
+    go.send(Some(d2.clone())).unwrap();
+    finished.recv().unwrap();
+    go.send(None).unwrap();
+    t.join().unwrap();
+    assert_eq!(fake.count("violations"), 0);
+    drop(d2);
+    assert_eq!(refs(&fake), (0, 0, 0));
 }

@@ -234,6 +234,26 @@ fn mirrors_are_page_locked_until_freed_and_a_refusal_leaves_them_pageable() {
 }
 
 #[test]
+fn a_mirror_close_cannot_unregister_is_leaked_never_freed() {
+    let fake = fake();
+    let d = open_id(&fake, 0);
+    let m = d.alloc_mirror(8192).unwrap();
+    fake.inject("cuMemHostUnregister", 1, 999);
+    let r = d.close();
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert_eq!((r.errors[0].op, r.errors[0].code), (Op::Unpin, 999));
+    // Still registered with the driver: the memory stays alive (leaked), and is counted.
+    let s = d.stats();
+    assert_eq!((s.pins, s.unpins, s.pinned_bytes), (1, 0, 8192));
+    assert_eq!(
+        Arc::strong_count(&m),
+        2,
+        "the driver's reference was leaked, not dropped"
+    );
+    d.free_mirror(&m).unwrap();
+}
+
+#[test]
 fn close_releases_once_and_the_device_refuses_use_afterwards() {
     let fake = fake();
     let d = open_id(&fake, 0);

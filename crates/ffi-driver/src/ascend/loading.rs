@@ -256,7 +256,7 @@ impl Runtime {
 
     /// The runtime's logical id of user device `user`, where it exports the translation:
     /// `None` when it does not (or answers that it is not supported).
-    pub fn logic_id(&self, user: i32) -> Option<Result<u32, Status>> {
+    pub fn logic_id(&self, user: i32) -> Option<Result<i32, Status>> {
         let f = match self {
             Runtime::Acl(_, f) => f.logic_id,
             Runtime::Rt(_, f) => f.logic_id,
@@ -264,7 +264,7 @@ impl Runtime {
         let mut logic: i32 = -1;
         // SAFETY: `&mut logic` is valid for the `int32_t` the call writes.
         match AclStatus(unsafe { f(user, &mut logic) }).result() {
-            Ok(()) => Some(u32::try_from(logic).map_err(|_| acl_status(ACL_ERROR_INVALID_PARAM))),
+            Ok(()) => Some(Ok(logic)),
             Err(s)
                 if s.code == ACL_ERROR_API_NOT_SUPPORT
                     || s.code == ACL_ERROR_RT_FEATURE_NOT_SUPPORT =>
@@ -458,20 +458,35 @@ pub enum VisibleDevices {
 pub const ENV_VISIBLE_DEVICES: &str = "ASCEND_RT_VISIBLE_DEVICES";
 
 /// The logical device id of user device `user` under `ASCEND_RT_VISIBLE_DEVICES = visible`
-/// (`None`: unset), by the runtime's rules: entries are read up to the first one that is not a
-/// device id or not greater than the one before (the runtime stops there and keeps the ones
-/// before), the user id indexes what was kept, and a variable that is set but empty (or whose
-/// first entry is bad) leaves no device visible.
+/// (`None`: unset), read the way the runtime reads it: comma-separated entries, each all digits
+/// (no spaces), taken up to the first entry that is not; an entry smaller than the one before or
+/// repeating an earlier one makes the whole variable invalid; a variable with no valid entry
+/// (set but empty) makes no device visible. The user id indexes the entries taken. (The runtime
+/// also stops at an entry past its device count, which only it knows; `aclrtSetDevice` then
+/// fails for such an id.)
 pub fn logical_device_id(user: u32, visible: Option<&str>) -> Result<u32, String> {
     let Some(list) = visible else {
         return Ok(user);
     };
     let mut ids: Vec<u32> = Vec::new();
     for item in list.split(',') {
-        match item.trim().parse::<u32>() {
-            Ok(id) if ids.last().is_none_or(|&last| id > last) => ids.push(id),
-            _ => break,
+        if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+            break;
         }
+        let Ok(id) = item.parse::<u32>() else {
+            break;
+        };
+        if ids.contains(&id) {
+            return Err(format!(
+                "{ENV_VISIBLE_DEVICES}={list:?} lists device {id} twice"
+            ));
+        }
+        if ids.last().is_some_and(|&last| id < last) {
+            return Err(format!(
+                "{ENV_VISIBLE_DEVICES}={list:?} is not in ascending order (the runtime requires it)"
+            ));
+        }
+        ids.push(id);
     }
     if ids.is_empty() {
         return Err(format!(
@@ -510,19 +525,26 @@ mod tests {
     fn logical_ids_follow_the_runtimes_rules_for_visible_devices() {
         assert_eq!(logical_device_id(3, None), Ok(3));
         assert_eq!(logical_device_id(0, Some("4,5,6")), Ok(4));
-        assert_eq!(logical_device_id(2, Some(" 4, 5 ,6 ")), Ok(6));
-        // Reading stops at the first bad entry, keeping the ones before it.
+        assert_eq!(logical_device_id(2, Some("4,5,6")), Ok(6));
+        // Reading stops at the first entry that is not all digits, keeping the ones before it.
         assert_eq!(logical_device_id(1, Some("4,5,x,7")), Ok(5));
         let e = logical_device_id(2, Some("4,5,x,7")).unwrap_err();
         assert!(e.contains("makes 2 device(s) visible ([4, 5])"), "{e}");
-        // Not ascending: stops there.
-        assert_eq!(logical_device_id(1, Some("2,5,3")), Ok(5));
-        assert!(logical_device_id(2, Some("2,5,3")).is_err());
-        assert!(logical_device_id(1, Some("4,4")).is_err());
+        assert_eq!(
+            logical_device_id(0, Some("4, 5")),
+            Ok(4),
+            "a space ends the list"
+        );
+        assert!(logical_device_id(1, Some("4, 5")).is_err());
+        assert!(logical_device_id(0, Some(" 4")).is_err(), "nothing visible");
+        // Descending or repeated: the whole variable is invalid.
+        let e = logical_device_id(0, Some("2,5,3")).unwrap_err();
+        assert!(e.contains("ascending"), "{e}");
+        let e = logical_device_id(0, Some("4,4")).unwrap_err();
+        assert!(e.contains("twice"), "{e}");
         // Set but empty: nothing visible.
         let e = logical_device_id(0, Some("")).unwrap_err();
         assert!(e.contains("makes no device visible"), "{e}");
-        assert!(logical_device_id(0, Some("x,1")).is_err());
     }
 
     #[test]

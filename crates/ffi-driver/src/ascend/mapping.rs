@@ -19,6 +19,11 @@ impl AscendDevice {
         bytes: u64,
     ) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
+        if !st.session.is_open() {
+            return Err(self
+                .refused(op, codes::UNINIT, "the device is closed")
+                .at(ptr.0));
+        }
         if bytes == 0 {
             return Err(self
                 .refused(op, codes::INVALID_VALUE, "zero-byte mapping")
@@ -92,8 +97,8 @@ impl AscendDevice {
             });
         };
         // SAFETY: the HAL keeps the mapping valid for `len` bytes until `halHostUnregister`,
-        // and this driver revokes the `HostMem` (in `unmap_host` / `close`) when that call
-        // succeeds, blocking accesses while it runs.
+        // and this driver revokes the `HostMem` when that call succeeds (blocking accesses
+        // while it runs), or at `close` before the device is reset, whichever comes first.
         let mem = Arc::new(unsafe { HostMem::foreign(host, len) });
         st.mappings.insert(
             ptr.0,
@@ -109,6 +114,11 @@ impl AscendDevice {
     /// Unregisters the mapping at `start` and revokes its host side; on success forgets it.
     pub(super) fn do_unmap(&self, st: &mut State, start: u64) -> Result<u64, DeviceError> {
         let op = Op::Unmap;
+        if !st.session.is_open() {
+            return Err(self
+                .refused(op, codes::UNINIT, "the device is closed")
+                .at(start));
+        }
         let Some(entry) = st.mappings.get(&start) else {
             return Err(self
                 .refused(

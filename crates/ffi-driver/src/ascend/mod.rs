@@ -119,7 +119,13 @@ impl AscendDevice {
         let mut session = Session::init(runtime, user)?;
         let lib = runtime.lib();
         let logical = match runtime.logic_id(user) {
-            Some(Ok(id)) => id,
+            Some(Ok(id)) => u32::try_from(id).map_err(|_| LoadError::Config {
+                what: "logical device id".to_string(),
+                detail: format!(
+                    "{} returned success but a negative id ({id}) for device {user}",
+                    runtime.calls().logic_id
+                ),
+            })?,
             Some(Err(s)) => {
                 return Err(s.init_error(
                     lib.name,
@@ -508,7 +514,12 @@ impl Device for AscendDevice {
                 report.errors.push(e);
             }
         }
-        // 3. Give back what open took, once.
+        // 3. A mapping whose unregister failed above is still registered with the HAL, and its
+        // allocation stays live; the host side is revoked before the device goes away.
+        for entry in st.mappings.values() {
+            entry.mem.revoke();
+        }
+        // 4. Give back what open took, once.
         report.errors.extend(st.session.close());
         if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
             log::warn!(

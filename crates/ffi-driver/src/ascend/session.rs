@@ -11,6 +11,9 @@
 //! calling thread's current context and, when it is not this device's (a thread that never
 //! bound one, or one that user code or a framework switched to another device), makes it current
 //! with `aclrtSetCurrentContext`; when the call is done, a context the caller had is restored.
+//! A thread that had none keeps this device's context (the `acl*` runtime has no "unbind": it
+//! refuses a null context); if that device is closed and another opened, the next call binds the
+//! new context and the attempt to restore the dead one is refused and logged.
 
 use super::loading::{Calls, Runtime};
 use super::sys::Context;
@@ -93,6 +96,9 @@ impl Session {
             Ok(Some(ctx)) => ctx,
             other => {
                 let _ = self.runtime.reset_device(self.user);
+                if let Some(p) = prev {
+                    let _ = self.runtime.set_context(p);
+                }
                 let e = match other {
                     Err(s) => dev(s, c.get_context, "reading the context the device gave"),
                     _ => crate::DeviceError::new(

@@ -547,8 +547,12 @@ impl Device for CudaDevice {
             }
         }
         st.ctx = None;
-        // Mirrors whose unregister failed: the driver's registration dies with the context.
-        st.pinned.clear();
+        // Mirrors whose unregister failed are still registered with the driver (another holder
+        // of the primary context keeps the registration alive): their memory must never be
+        // freed or reused, so it is leaked, and `pinned_bytes` keeps counting it.
+        for (_, mem) in std::mem::take(&mut st.pinned) {
+            std::mem::forget(mem);
+        }
         // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
         // in `open`; the context is not used afterwards (`st.ctx` is `None`).
         let r = CuResult(unsafe { (self.f.primary_ctx_release)(self.dev) }).result();
