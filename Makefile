@@ -50,11 +50,11 @@ py-test: build
 	ln -sf ../debug/libfake_cuda.so $(FAKE_CUDA)/libcuda.so.1
 	$(PY) -m mypy.stubtest --ignore-disjoint-bases simpler._core
 	$(VENV)/bin/pytest -q -p no:cacheprovider
-	$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform sim --rounds 3 --svm never
+	$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform sim --simpler-rounds 3 --simpler-svm never
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \
-		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform ascend --rounds 3
+		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform ascend --simpler-rounds 3
 	SIMPLER_CUDA_LIB=$(CURDIR)/$(FAKE_CUDA)/libcuda.so.1 \
-		$(VENV)/bin/pytest -q -p no:cacheprovider examples --platform cuda --rounds 3
+		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform cuda --simpler-rounds 3
 
 test: lint rust-test py-test
 

@@ -1,18 +1,23 @@
 """The ``simpler`` command: ``bench`` on the small paged-attention case (three arms, ratios,
-JSON lines with the documented keys), ``report`` re-reading them, the workload registry and
-driver hook, and ``--plot``."""
+JSON lines with the documented keys and provenance), ``report`` re-reading them and comparing two
+runs, the workload registry and driver hook, ``--plot``, and the command-line conventions (usage
+errors exit 2 with one line and no traceback, ``--version``, ``python -m simpler``)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import io
 import json
+import subprocess
+import sys
 import textwrap
 from importlib.metadata import entry_points
 
 import pytest
 
+import simpler as sp
 from simpler import cli
 
 ARMS = ("Residency_staged", "Residency_bulk", "Residency_all")
@@ -32,6 +37,11 @@ RECORD_KEYS = {
     "counters",
     "dispatch_ns",
     "bytes_moved",
+    "version",
+    "commit",
+    "host",
+    "python",
+    "timestamp",
 }
 
 
@@ -49,7 +59,8 @@ def bench_run(tmp_path_factory):
 def test_bench_prints_three_arms_with_ratios(bench_run):
     status, text, _ = bench_run
     assert status == 0
-    assert "TestPagedAttention::Small1 (sim, 2 round(s), golden checked)" in text
+    assert "PagedAttention::Small1 (sim, 2 round(s), golden checked)" in text
+    assert " spread" in text
     for arm in ARMS:
         assert arm in text
     for row in ("bind", "orchestrate", "execute", "copy_back", "cleanup", "dispatch", "bytes/round"):
@@ -75,6 +86,7 @@ def test_bench_json_lines_have_the_documented_keys(bench_run):
         assert r["dispatch_ns"] == sum(v for k, v in r["phases"].items() if k != "execute")
         assert r["bytes_moved"] == sum(r["counters"][k] for k in cli.BYTES_KEYS)
         assert r["ok"] and r["golden"] and r["platform"] == "sim" and r["rounds"] == 2
+        assert r["version"] == sp.__version__ and r["timestamp"].endswith("+00:00") and r["host"]
     by_arm = {r["arm"]: r for r in recs if r["round"] == 2}
     # Staged moves the caches every round; resident arms move only what stays staged.
     assert by_arm["Residency_staged"]["bytes_moved"] > by_arm["Residency_bulk"]["bytes_moved"]
@@ -89,16 +101,101 @@ def test_report_reprints_the_tables(bench_run, capsys):
     assert cli.format_tables(cli.read_jsonl(out)) in text  # the bench printed the same tables
 
 
-def test_report_rejects_a_non_json_file(tmp_path):
-    bad = tmp_path / "x.jsonl"
-    bad.write_text("{not json}\n")
-    with pytest.raises(SystemExit, match="not JSON"):
-        cli.main(["report", str(bad)])
+def test_report_compares_two_runs_side_by_side(bench_run, tmp_path, capsys):
+    _, _, out = bench_run
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in recs:  # a second run, twice as slow to dispatch on the bulk arm
+        if r["arm"] == "Residency_bulk":
+            r["phases"] = {k: 2 * v for k, v in r["phases"].items()}
+            r["dispatch_ns"] *= 2
+    other = tmp_path / "b.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cli.main(["report", str(out), str(other)]) == 0
+    text = capsys.readouterr().out
+    assert f"a = {out} (simpler {sp.__version__}" in text and f"b = {other}" in text
+    assert "PagedAttention::Small1 (warm medians)" in text
+    lines = text.splitlines()
+    bulk = lines.index(next(line for line in lines if line.startswith("Residency_bulk")))
+    assert lines[bulk].split()[-1] == "2.00x"  # bind, b / a
+    staged = next(line for line in lines if line.startswith("Residency_staged"))
+    assert staged.split()[-1] == "1.00x"
 
 
-def test_unknown_workload_is_a_clear_error():
-    with pytest.raises(SystemExit, match="no such workload file: nope"):
-        cli.main(["bench", "nope", "--rounds", "1"])
+def _run(argv, tmp_path=None):
+    """The command in a subprocess: (exit status, stdout, stderr)."""
+    p = subprocess.run([sys.executable, "-m", "simpler", *argv], capture_output=True, text=True, cwd=tmp_path)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "missing.jsonl"], "cannot read missing.jsonl"),
+        (["report", "{bad}"], "not JSON"),
+        (["report", "foreign"], "not a bench record"),
+        (["bench", "nope", "--rounds", "1"], "no such workload: nope"),
+        (["bench", "paged_attention", "--platform", "tpu"], "invalid choice: 'tpu'"),
+        (["bench", "paged_attention", "--case", "Nope"], "no case matches --case Nope; the cases are: "),
+        (["bench", "paged_attention", "--json", "missing_dir/x.jsonl"], "missing_dir does not exist"),
+        (["bench", "paged_attention", "--rounds", "0"], "must be a positive int"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["report", "a", "b", "c"], "one file (tables) or two"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path, argv, message):
+    (tmp_path / "{bad}").write_text("{not json}\n")
+    (tmp_path / "foreign").write_text('{"some": "json"}\n')
+    status, _out, err = _run(argv, tmp_path)
+    assert status == 2, err
+    assert message in err, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_an_unknown_case_lists_the_cases(tmp_path):
+    _, _, err = _run(["bench", "paged_attention", "--case", "Nope"], tmp_path)
+    assert "PagedAttention::Small1_Residency_staged" in err
+
+
+def test_an_unavailable_platform_is_one_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMPLER_CUDA_LIB", "/nonexistent/libcuda.so.1")
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "simpler",
+            "bench",
+            "paged_attention",
+            "--platform",
+            "cuda",
+            "--case",
+            "Small1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 1
+    assert p.stderr.count("cannot open vendor library") == 1, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_version_and_python_m(tmp_path):
+    status, out, _ = _run(["--version"], tmp_path)
+    assert (status, out.strip()) == (0, f"simpler {sp.__version__}")
+    status, out, _ = _run(["--help"], tmp_path)
+    assert status == 0 and "bench" in out and "report" in out
+    assert sp.__version__ == importlib.metadata.version("simpler-residency")
+
+
+def test_the_json_file_is_written_after_the_tables(tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    assert (
+        cli.main(["bench", "paged_attention", "--rounds", "1", "--case", "Small1", "--json", str(out)]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert printed.index("== paged_attention ::") < printed.index("written to")
+    assert len(out.read_text().splitlines()) == 3
 
 
 def test_case_and_arm_from_names_and_params():
@@ -137,10 +234,9 @@ def test_plot_needs_matplotlib_or_draws(bench_run, tmp_path, capsys):
     _, _, out = bench_run
     png = tmp_path / "p.png"
     if importlib.util.find_spec("matplotlib") is None:
-        with pytest.raises(SystemExit, match="needs matplotlib"):
-            cli.main(["report", str(out), "--plot", str(png)])
+        assert cli.main(["report", str(out), "--plot", str(png)]) == 2
         assert cli.main(["bench", "paged_attention", "--case", "Small1", "--plot", str(png)]) == 2
-        assert "needs matplotlib" in capsys.readouterr().err
+        assert capsys.readouterr().err.count("needs matplotlib") == 2
     else:
         assert cli.main(["report", str(out), "--plot", str(png)]) == 0
         assert png.stat().st_size > 0

@@ -7,6 +7,7 @@ collect them as cases of this file.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 import simpler as sp
-from simpler import scene
+from simpler import runner
 from simpler.errors import ArgumentError, ArgumentTypeError, DeviceError
 
 pytest_plugins = ["pytester"]
@@ -426,20 +427,20 @@ def test_run_case_validates_its_inputs(w):
 
 
 def test_case_selectors_and_skip_reasons():
-    assert scene.case_selected("A", "foo", None)
-    assert scene.case_selected("A", "foo", ["foo"])
-    assert scene.case_selected("A", "foo", ["A::foo"])
-    assert scene.case_selected("A", "foo", ["A::"])
-    assert scene.case_selected("A", "foo", ["bar,A::foo"])
-    assert not scene.case_selected("A", "foo", ["B::foo"])
-    assert not scene.case_selected("A", "foo", ["B::"])
-    assert not scene.case_selected("A", "foo", ["foox"])
-    assert scene.case_skip_reason({"name": "c"}, "sim") is None
-    assert scene.case_skip_reason({"name": "c"}, "cuda") is None  # no platforms: every platform
-    assert "not sim" in scene.case_skip_reason({"name": "c", "platforms": ["ascend"]}, "sim")
-    assert "manual" in scene.case_skip_reason({"name": "c", "manual": True}, "sim")
-    assert scene.case_skip_reason({"name": "c", "manual": True}, "sim", "include") is None
-    assert scene.case_skip_reason({"name": "c"}, "sim", "only") is not None
+    assert runner.case_selected("A", "foo", None)
+    assert runner.case_selected("A", "foo", ["foo"])
+    assert runner.case_selected("A", "foo", ["A::foo"])
+    assert runner.case_selected("A", "foo", ["A::"])
+    assert runner.case_selected("A", "foo", ["bar,A::foo"])
+    assert not runner.case_selected("A", "foo", ["B::foo"])
+    assert not runner.case_selected("A", "foo", ["B::"])
+    assert not runner.case_selected("A", "foo", ["foox"])
+    assert runner.case_skip_reason({"name": "c"}, "sim") is None
+    assert runner.case_skip_reason({"name": "c"}, "cuda") is None  # no platforms: every platform
+    assert "not sim" in runner.case_skip_reason({"name": "c", "platforms": ["ascend"]}, "sim")
+    assert "manual" in runner.case_skip_reason({"name": "c", "manual": True}, "sim")
+    assert runner.case_skip_reason({"name": "c", "manual": True}, "sim", "include") is None
+    assert runner.case_skip_reason({"name": "c"}, "sim", "only") is not None
 
 
 # -- the pytest plugin and the standalone runner ---------------------------------------------
@@ -511,16 +512,16 @@ def test_plugin_collects_each_case_as_an_item(pytester, scene_file):
 
 
 def test_plugin_default_run_names_the_failing_case(pytester, scene_file):
-    r = pytester.runpytest("--platform", "sim", "-rfs")
+    r = pytester.runpytest("--simpler-platform", "sim", "-rfs")
     r.assert_outcomes(passed=3, failed=1, skipped=2)
     r.stdout.fnmatch_lines(["*FAILED test_scenes.py::TestBad::wrong_kernel*"])
     r.stdout.fnmatch_lines(["*manual case*", "*case runs on ascend, not sim*"])
 
 
 def test_plugin_rounds_and_skip_golden(pytester, scene_file):
-    r = pytester.runpytest("--rounds", "3", "-k", "TestGood or rounds_seen")
+    r = pytester.runpytest("--simpler-rounds", "3", "-k", "TestGood or rounds_seen")
     r.assert_outcomes(passed=3, skipped=2)
-    r = pytester.runpytest("--rounds", "3", "--skip-golden")
+    r = pytester.runpytest("--simpler-rounds", "3", "--simpler-skip-golden")
     r.assert_outcomes(passed=4, skipped=2)
 
 
@@ -540,7 +541,7 @@ def test_plugin_k_selects_cases(pytester, scene_file):
     ],
 )
 def test_plugin_case_option(pytester, scene_file, selector, outcomes):
-    r = pytester.runpytest("--case", selector, "--deselect", "test_scenes.py::test_rounds_seen")
+    r = pytester.runpytest("--simpler-case", selector, "--deselect", "test_scenes.py::test_rounds_seen")
     r.assert_outcomes(**outcomes)
 
 
@@ -549,21 +550,21 @@ def test_plugin_case_option(pytester, scene_file, selector, outcomes):
     [("include", {"passed": 3, "failed": 1, "skipped": 1}), ("only", {"passed": 1, "skipped": 4})],
 )
 def test_plugin_manual_option(pytester, scene_file, manual, outcomes):
-    r = pytester.runpytest("--manual", manual, "--deselect", "test_scenes.py::test_rounds_seen")
+    r = pytester.runpytest("--simpler-manual", manual, "--deselect", "test_scenes.py::test_rounds_seen")
     r.assert_outcomes(**outcomes)
 
 
 def test_plugin_sim_options_reach_the_worker(pytester, scene_file):
-    r = pytester.runpytest("--svm", "never", "--staging", "fresh", "-k", "TestGood")
+    r = pytester.runpytest("--simpler-svm", "never", "--simpler-staging", "fresh", "-k", "TestGood")
     r.assert_outcomes(passed=2, skipped=2)
-    r = pytester.runpytest("--svm", "sometimes")
+    r = pytester.runpytest("--simpler-svm", "sometimes")
     assert r.ret != 0
-    r.stderr.fnmatch_lines(["*--svm*"])
+    r.stderr.fnmatch_lines(["*--simpler-svm*"])
 
 
 def test_plugin_loaded_twice_is_harmless(pytester, scene_file):
     pytester.makeconftest('pytest_plugins = ["simpler.pytest_plugin"]')
-    r = pytester.runpytest("-k", "TestGood", "--rounds", "2")
+    r = pytester.runpytest("-k", "TestGood", "--simpler-rounds", "2")
     r.assert_outcomes(passed=2, skipped=2)
     r = pytester.runpytest("-p", "simpler.pytest_plugin", "-k", "TestGood")
     r.assert_outcomes(passed=2, skipped=2)
@@ -590,7 +591,11 @@ def test_standalone_runner(pytester, scene_file):
     r = _standalone(scene_file, "--case", "big_manual", "--manual", "only")
     assert r.returncode == 0 and "PASS TestGood::big_manual" in r.stdout
     r = _standalone(scene_file, "--case", "NoSuch::")
-    assert r.returncode == 2 and "no case matched" in r.stderr
+    assert r.returncode == 2 and "no case matches --case NoSuch::" in r.stderr
+    assert "TestGood::staged" in r.stderr  # the cases there are
+    # Naming a manual case runs it, as in the plugin and the bench.
+    r = _standalone(scene_file, "--case", "big_manual")
+    assert r.returncode == 0 and "PASS TestGood::big_manual" in r.stdout
 
 
 def test_vector_example_standalone_and_under_pytest(pytester):
@@ -598,5 +603,51 @@ def test_vector_example_standalone_and_under_pytest(pytester):
     r = _standalone(example, "-p", "sim", "--rounds", "3")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
-    r = pytester.runpytest(str(example), "--platform", "sim", "--rounds", "3", "-p", "no:cacheprovider")
+    r = pytester.runpytest(
+        str(example), "--simpler-platform", "sim", "--simpler-rounds", "3", "-p", "no:cacheprovider"
+    )
     r.assert_outcomes(passed=6, skipped=2)
+
+
+def test_the_plugin_coexists_with_a_conftest_that_declares_its_own_platform(pytester, scene_file):
+    pytester.makeconftest(
+        """
+        def pytest_addoption(parser):
+            parser.addoption("--platform", default="x86", help="this project's own option")
+            parser.addoption("--rounds", default="1")
+            parser.addoption("--case", default=None)
+
+        def pytest_report_header(config):
+            return f"own platform: {config.getoption('--platform')}"
+        """
+    )
+    r = pytester.runpytest("--platform", "arm", "--simpler-platform", "sim", "-k", "TestGood")
+    r.assert_outcomes(passed=2, skipped=2)
+    r.stdout.fnmatch_lines(["own platform: arm"])
+
+
+def test_the_plugin_is_disabled_by_its_short_name(pytester, scene_file):
+    r = pytester.runpytest("-p", "no:simpler", "--collect-only", "-q")
+    out = r.stdout.str()
+    assert "TestGood::staged" not in out and "test_scenes.py::test_rounds_seen" in out
+    r = pytester.runpytest("-p", "no:simpler", "--simpler-platform", "sim")
+    assert r.ret == 4  # pytest's usage error: the option does not exist without the plugin
+
+
+def test_an_unknown_platform_is_one_usage_error(pytester, scene_file):
+    r = pytester.runpytest("--simpler-platform", "bogus")
+    assert r.ret == 4  # a usage error, not a failure per case
+    r.stderr.fnmatch_lines(["*--simpler-platform*invalid choice*bogus*"])
+    assert "FAILED" not in r.stdout.str()
+
+
+def test_run_reports_reach_junit_user_properties(pytester, scene_file, tmp_path):
+    xml = tmp_path / "junit.xml"
+    pytester.runpytest("--simpler-rounds", "2", "-k", "TestGood and staged", f"--junitxml={xml}")
+    import xml.etree.ElementTree as ET
+
+    (case,) = [t for t in ET.parse(xml).iter("testcase") if t.get("name") == "staged"]
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    rounds = json.loads(props["simpler_reports"])
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["ok"] and "bind" in r["phases"] and "staged_bytes" in r["counters"] for r in rounds)

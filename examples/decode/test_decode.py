@@ -1,7 +1,7 @@
 """Tests of the decode driver (``decode.py``): golden, exact counters, streaming host memory.
 
-They run on the platform the simpler pytest plugin was given (``pytest examples --platform sim``
-or ``--platform ascend`` against the fake vendor library), with its ``--svm`` option on sim.
+They run on the platform the simpler pytest plugin was given (``pytest examples --simpler-platform sim``
+or ``--simpler-platform ascend`` against the fake vendor library), with its ``--svm`` option on sim.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from decode import DecodeConfig, fixtures, golden_decode, main, run_decode
 
 import simpler as sp
-from simpler import scene
+from simpler import runner
 
 SMALL = DecodeConfig(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64)
 
@@ -25,7 +25,7 @@ def platform(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def worker_options(request: pytest.FixtureRequest) -> dict:
-    return scene.worker_options(
+    return runner.worker_options(
         request.config.getoption("simpler_svm", None), request.config.getoption("simpler_staging", None)
     )
 

@@ -1,6 +1,6 @@
 """Vector example: ``out = a + b`` and an accumulator ``acc += x``, host-staged and resident.
 
-Run it under pytest (``pytest examples --platform sim --rounds 3``) or standalone
+Run it under pytest (``pytest examples --simpler-platform sim --simpler-rounds 3``) or standalone
 (``python examples/vector_example/test_vector_example.py -p sim --rounds 3``).
 
 * ``TestVectorAdd`` — ``out = a + b`` (IN, IN, OUT). ``staged`` stages everything on every round;

@@ -13,6 +13,15 @@ See ``docs/`` and the README for a tour.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
+try:
+    #: The installed version (of the ``simpler-residency`` distribution).
+    __version__ = _dist_version("simpler-residency")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 from .args import ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
 from .errors import (
     ArgumentError,
@@ -25,7 +34,8 @@ from .errors import (
     SimplerError,
     StateError,
 )
-from .scene import CaseRun, SceneTestCase, main, run_case, scene_test
+from .runner import main
+from .scene import CaseRun, SceneTestCase, run_case, scene_test
 from .worker import (
     ArgDirection,
     Buffer,
@@ -70,6 +80,7 @@ __all__ = [
     "TaskArgsBuilder",
     "TensorArg",
     "Worker",
+    "__version__",
     "main",
     "run_case",
     "scene_test",

@@ -1,35 +1,33 @@
-"""The pytest plugin of simpler (registered through the ``pytest11`` entry point).
+"""The pytest plugin of simpler (registered as ``simpler`` through the ``pytest11`` entry point).
 
-Once simpler is installed, ``pytest --platform sim --rounds 3`` collects the scene tests
-(:func:`simpler.scene_test` classes) of any test module: each case is its own item
+Once simpler is installed, ``pytest --simpler-platform sim --simpler-rounds 3`` collects the scene
+tests (:func:`simpler.scene_test` classes) of any test module: each case is its own item
 (``test_x.py::TestX::case``), so ``-k`` selects cases and a failure names its case.
+``pytest -p no:simpler`` turns the plugin off.
 
-Options: ``--platform`` (default sim), ``--rounds`` (default 1), ``--case`` (``Foo``,
-``Class::Foo``, ``Class::``; unselected cases are deselected), ``--skip-golden``,
-``--manual {exclude,include,only}`` (default exclude), ``--svm``, ``--staging``. A case whose
-``platforms`` exclude the current platform, and a manual case under ``--manual exclude``, is
-skipped with the reason. Loading the plugin twice (entry point and ``-p``/conftest) is harmless.
+Options (every one prefixed, so they never collide with another plugin's or a conftest's):
+``--simpler-platform`` (sim, ascend or cuda; default sim), ``--simpler-rounds`` (default 1),
+``--simpler-case`` (``Foo``, ``Class::Foo``, ``Class::``; unselected cases are deselected),
+``--simpler-skip-golden``, ``--simpler-manual {exclude,include,only}`` (default exclude),
+``--simpler-svm``, ``--simpler-staging``. Selection and skipping follow :mod:`simpler.runner`,
+the rules every front end shares. Each case records its run reports in the item's
+``user_properties`` (``simpler_reports``: one JSON object per round), which junit XML
+(``--junitxml``) carries. Loading the plugin twice (entry point and ``-p``/conftest) is harmless.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import scene
+from . import runner, scene
 
-_DESTS = {
-    "--platform": "simpler_platform",
-    "--rounds": "simpler_rounds",
-    "--case": "simpler_case",
-    "--skip-golden": "simpler_skip_golden",
-    "--manual": "simpler_manual",
-    "--svm": "simpler_svm",
-    "--staging": "simpler_staging",
-}
+#: The prefix of every option the plugin declares.
+PREFIX = "simpler-"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,29 +35,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("simpler", "simpler scene tests")
 
     def add(*flags: str, **kw: Any) -> None:
-        long = next(f for f in flags if f.startswith("--"))
-        kw["dest"] = _DESTS[long]
-        flags = tuple(f for f in flags if f.startswith("--"))  # no short flags: -p is pytest's own
         try:
             group.addoption(*flags, **kw)
         except ValueError as e:  # already added by another registration of this plugin
             if "already added" not in str(e):
                 raise
 
-    scene.add_runner_arguments(add)
+    runner.add_runner_arguments(add, prefix=PREFIX)
 
 
-def _opts(config: pytest.Config) -> dict[str, Any]:
-    return {
-        "platform": config.getoption("simpler_platform"),
-        "rounds": config.getoption("simpler_rounds"),
-        "case": config.getoption("simpler_case"),
-        "skip_golden": config.getoption("simpler_skip_golden"),
-        "manual": config.getoption("simpler_manual"),
-        "worker_options": scene.worker_options(
-            config.getoption("simpler_svm"), config.getoption("simpler_staging")
-        ),
-    }
+def _opts(config: pytest.Config) -> runner.RunnerOptions:
+    return runner.RunnerOptions.from_getter(config.getoption)
 
 
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
@@ -73,10 +59,10 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
 
 
 class SceneClass(pytest.Class):
-    """A scene-test class: one :class:`SceneCase` item per entry of ``CASES``."""
+    """A scene-test class: one :class:`SceneCase` item per selected entry of ``CASES``."""
 
     def collect(self) -> list[pytest.Item]:
-        """One item per case."""
+        """One item per case (``--simpler-case`` deselects the others, see below)."""
         return [SceneCase.from_parent(self, name=case["name"], case=case) for case in self.obj.CASES]
 
 
@@ -86,8 +72,10 @@ class SceneCase(pytest.Item):
     def __init__(self, *, case: dict[str, Any], **kw: Any):
         super().__init__(**kw)
         self.case = case
-        opts = _opts(self.config)
-        reason = scene.case_skip_reason(case, opts["platform"], opts["manual"])
+        o = _opts(self.config)
+        cls_name = self.scene_class.__name__
+        named = runner.named_explicitly(cls_name, case["name"], o.cases)
+        reason = runner.case_skip_reason(case, o.platform, o.manual, named, prefix=PREFIX)
         if reason is not None:
             self.add_marker(pytest.mark.skip(reason=reason))
 
@@ -97,16 +85,18 @@ class SceneCase(pytest.Item):
         return self.parent.obj
 
     def runtest(self) -> None:
-        """Runs the case on the configured platform and rounds."""
+        """Runs the case on the configured platform and rounds; records the reports."""
         o = _opts(self.config)
         self.reports = scene.run_case(
             self.scene_class,
             self.case,
-            platform=o["platform"],
-            rounds=o["rounds"],
-            skip_golden=o["skip_golden"],
-            worker_options=o["worker_options"],
+            platform=o.platform,
+            rounds=o.rounds,
+            skip_golden=o.skip_golden,
+            worker_options=o.worker_options,
         )
+        rounds = [{"round": i + 1, **r.to_dict()} for i, r in enumerate(self.reports)]
+        self.user_properties.append(("simpler_reports", json.dumps(rounds, sort_keys=True)))
 
     def reportinfo(self) -> tuple[Any, int, str]:
         """Location (the class's line) and name shown in reports."""
@@ -123,13 +113,13 @@ class SceneCase(pytest.Item):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects scene cases that ``--case`` does not select."""
+    """Deselects scene cases that ``--simpler-case`` does not select."""
     selectors = config.getoption("simpler_case", None)
     if not selectors:
         return
     keep, drop = [], []
     for item in items:
-        if isinstance(item, SceneCase) and not scene.case_selected(
+        if isinstance(item, SceneCase) and not runner.case_selected(
             item.scene_class.__name__, item.name, selectors
         ):
             drop.append(item)

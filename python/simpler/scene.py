@@ -16,7 +16,7 @@
             args.out[...] = args.a + args.b
 
     if __name__ == "__main__":
-        sp.main()
+        sp.main()  # the standalone runner (simpler.runner)
 
 Memory policy is declared per argument (``TensorArg(..., child_memory=True)``) and never depends
 on ``rounds`` (see ``docs/scene_tests.md``):
@@ -40,28 +40,20 @@ staged outputs. With golden skipped there is nothing to validate, so there is no
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
-import time
-import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import _core
 from .args import ResidentTaskArgs, TaskArgsBuilder
 from .errors import ArgumentError, ArgumentTypeError
 from .worker import ArgDirection, Callable, RunReport, Worker
 
-__all__ = ["PLATFORMS", "CaseRun", "SceneTestCase", "main", "run_case", "scene_test"]
+__all__ = ["CaseRun", "SceneTestCase", "run_case", "scene_test"]
 
 log = logging.getLogger("simpler")
-
-#: The platforms a worker can be opened on.
-PLATFORMS = ("sim", "ascend", "cuda")
 
 _CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden"}
 _LEVEL_ATTR = "_scene_test_level"
@@ -173,34 +165,6 @@ def is_scene_test(obj: object) -> bool:
 def scene_level(cls: type) -> int:
     """The level a scene test was declared with."""
     return int(cls.__dict__[_LEVEL_ATTR])
-
-
-def case_skip_reason(case: Mapping[str, Any], platform: str, manual: str = "exclude") -> str | None:
-    """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs)."""
-    is_manual = bool(case.get("manual", False))
-    if manual == "exclude" and is_manual:
-        return "manual case (run with --manual include or --manual only)"
-    if manual == "only" and not is_manual:
-        return "not a manual case (--manual only)"
-    plats = case.get("platforms")
-    if plats is not None and platform not in plats:
-        return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
-    return None
-
-
-def case_selected(cls_name: str, case_name: str, selectors: Iterable[str] | None) -> bool:
-    """Whether ``--case`` selectors (``Foo``, ``Class::Foo``, ``Class::``) select a case."""
-    sels = [s.strip() for sel in (selectors or ()) for s in sel.split(",") if s.strip()]
-    if not sels:
-        return True
-    for s in sels:
-        if "::" in s:
-            c, _, n = s.partition("::")
-            if c == cls_name and (n == "" or n == case_name):
-                return True
-        elif s == case_name:
-            return True
-    return False
 
 
 def _find_case(cls: type[SceneTestCase], case: Mapping[str, Any] | str) -> Mapping[str, Any]:
@@ -428,116 +392,3 @@ def _compare(
     except AssertionError as e:
         e.add_note(f"scene case {where}")
         raise
-
-
-# ---------------------------------------------------------------------------------------------
-# runner options shared by the pytest plugin and the standalone runner
-
-
-def parse_svm(v: str | None) -> str | int | None:
-    """``--svm``: ``always``, ``never`` or a minimum number of bytes (parsed by the native core,
-    the one parser of the option)."""
-    if v is None:
-        return None
-    try:
-        return _core.parse_svm(v)
-    except ArgumentError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def parse_rounds(v: str) -> int:
-    """``--rounds``: a positive int."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--rounds must be a positive int, not {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--rounds must be a positive int, not {v!r}")
-    return n
-
-
-def worker_options(svm: str | int | None = None, staging: str | None = None) -> dict[str, Any]:
-    """The ``Worker`` keyword options from runner flags (only those given)."""
-    opts: dict[str, Any] = {}
-    if svm is not None:
-        opts["svm"] = svm
-    if staging is not None:
-        opts["staging"] = staging
-    return opts
-
-
-def add_runner_arguments(add: Any) -> None:
-    """Declares the runner options through ``add(*flags, **argparse_kwargs)``."""
-    add("-p", "--platform", default="sim", help="platform to run on: sim, ascend or cuda (default sim)")
-    add("--rounds", type=parse_rounds, default=1, help="rounds per case (default 1); never changes residency")
-    add(
-        "--case",
-        action="append",
-        default=None,
-        help="select cases: 'Foo', 'Class::Foo' or 'Class::' (repeatable, comma-separated)",
-    )
-    add("--skip-golden", action="store_true", default=False, help="run without golden validation")
-    add(
-        "--manual",
-        choices=("exclude", "include", "only"),
-        default="exclude",
-        help="manual cases: exclude (default), include, or run only them",
-    )
-    add("--svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
-    add("--staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
-
-
-def scene_classes(module: Any) -> list[type[SceneTestCase]]:
-    """The scene-test classes defined in ``module`` (in definition order)."""
-    name = getattr(module, "__name__", None)
-    return [
-        obj
-        for obj in vars(module).values()
-        if is_scene_test(obj) and getattr(obj, "__module__", None) == name
-    ]
-
-
-def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
-    """Standalone runner: ``python test_x.py -p sim --rounds 3 --case Foo --skip-golden ...``.
-
-    Runs every selected case of the scene tests defined in ``module`` (default ``__main__``),
-    prints one line per case, and exits (``SystemExit``) non-zero when a case fails or when
-    ``--case`` selects nothing. Returns the exit status when ``SystemExit`` is caught.
-    """
-    parser = argparse.ArgumentParser(description="Run the scene tests of this file.")
-    add_runner_arguments(parser.add_argument)
-    parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
-    ns = parser.parse_args(argv)
-    if module is None:
-        module = sys.modules["__main__"]
-    opts = worker_options(ns.svm, ns.staging)
-    n_pass = n_fail = n_skip = 0
-    for cls in scene_classes(module):
-        for case in cls.CASES:
-            label = f"{cls.__name__}::{case['name']}"
-            if not case_selected(cls.__name__, case["name"], ns.case):
-                continue
-            reason = case_skip_reason(case, ns.platform, ns.manual)
-            if reason is not None:
-                n_skip += 1
-                print(f"SKIP {label}: {reason}")
-                continue
-            t0 = time.perf_counter()
-            try:
-                reports = run_case(cls, case, ns.platform, ns.rounds, ns.skip_golden, opts)
-            except Exception as e:
-                n_fail += 1
-                print(f"FAIL {label}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
-                if ns.verbose:
-                    traceback.print_exc()
-                continue
-            n_pass += 1
-            dt = time.perf_counter() - t0
-            print(f"PASS {label} ({len(reports)} round(s), {dt * 1e3:.1f} ms)")
-    print(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped (platform {ns.platform}, rounds {ns.rounds})")
-    if ns.case and n_pass + n_fail + n_skip == 0:
-        print(f"no case matched --case {' '.join(ns.case)}", file=sys.stderr)
-        status = 2
-    else:
-        status = 1 if n_fail else 0
-    raise SystemExit(status)

@@ -1,0 +1,285 @@
+"""Bench records as tables: the round tables of one run, two runs side by side, and a plot.
+
+**Tables** (:func:`format_tables`). Per case and arm: the first round apart (cold), then min /
+median / max and the spread (``(max - min) / median`` over the warm rounds) of each phase
+(``bind``, ``orchestrate``, ``execute``, ``copy_back``, ``cleanup``), of the dispatch path (every
+phase but execute) and of the bytes moved per round (``staged_bytes + copied_back_bytes +
+mirror_refresh_bytes``). A summary gives each arm's warm median dispatch time and its ratio to
+``Residency_staged`` (and ``Residency_all / Residency_bulk``), also on each arm's best warm
+round. With one round the only round is the cold one and the ratios use it.
+
+**Comparison** (:func:`format_compare`): two runs of the same workload, per case, arm and row,
+the warm medians side by side and the ratio ``b / a`` (the way pytest-benchmark's
+``--benchmark-compare`` reads), with each run's provenance (version, commit, host, time).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .bench import BYTES_KEYS, PHASES
+
+__all__ = ["ReportError", "format_compare", "format_tables", "plot_records", "read_jsonl"]
+
+#: The arm every other arm is compared with.
+BASELINE = "Residency_staged"
+
+#: The record keys every bench record has (a file without them is not a bench file).
+_REQUIRED = ("phases", "counters", "arm", "case")
+
+
+class ReportError(Exception):
+    """A records file that cannot be read (missing, not JSON lines, not bench records)."""
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file written by ``simpler bench --json``.
+
+    Raises :class:`ReportError` naming the file (and line) when it is missing, unreadable, not
+    JSON lines, or holds something other than bench records.
+    """
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ReportError(f"{path}:{i}: not JSON ({e.msg})") from None
+                missing = [k for k in _REQUIRED if not isinstance(rec, dict) or k not in rec]
+                if missing:
+                    raise ReportError(
+                        f"{path}:{i}: not a bench record (no {', '.join(missing)}); "
+                        "expected the output of 'simpler bench --json'"
+                    )
+                out.append(rec)
+    except OSError as e:
+        raise ReportError(f"cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a text file") from None
+    if not out:
+        raise ReportError(f"{path} holds no records")
+    return out
+
+
+def _group(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], dict[str, list[Mapping]]]:
+    groups: dict[tuple[str, str, str], dict[str, list[Mapping]]] = {}
+    for r in records:
+        key = (str(r.get("workload", "")), str(r.get("test", "")), str(r.get("case", "")))
+        groups.setdefault(key, {}).setdefault(str(r.get("arm", "")), []).append(r)
+    for arms in groups.values():
+        for rs in arms.values():
+            rs.sort(key=lambda r: r.get("round", 0))
+    return groups
+
+
+def _dispatch(r: Mapping[str, Any]) -> float:
+    return float(r.get("dispatch_ns", sum(v for k, v in r["phases"].items() if k != "execute")))
+
+
+def _bytes(r: Mapping[str, Any]) -> float:
+    return float(r.get("bytes_moved", sum(int(r["counters"].get(k, 0)) for k in BYTES_KEYS)))
+
+
+def _series(rs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    rows: dict[str, list[float]] = {p: [float(r["phases"].get(p, 0)) for r in rs] for p in PHASES}
+    rows["args"] = [rows["bind"][i] + rows["copy_back"][i] + rows["cleanup"][i] for i in range(len(rs))]
+    rows["dispatch"] = [_dispatch(r) for r in rs]
+    rows["bytes/round"] = [_bytes(r) for r in rs]
+    return rows
+
+
+def _table_rows(rs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    rows = _series(rs)
+    del rows["args"]
+    return rows
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= div:
+            return f"{b / div:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _spread(warm: Sequence[float]) -> str:
+    """``(max - min) / median`` of the warm rounds, in percent (``-`` without two of them)."""
+    if len(warm) < 2:
+        return "-"
+    med = statistics.median(warm)
+    return f"{(max(warm) - min(warm)) / med * 100:.0f}%" if med else "-"
+
+
+def _warm_median(xs: list[float]) -> float:
+    return statistics.median(xs[1:]) if len(xs) > 1 else xs[0]
+
+
+def _warm_min(xs: list[float]) -> float:
+    return min(xs[1:]) if len(xs) > 1 else xs[0]
+
+
+def _ratios(d: Mapping[str, float]) -> list[str]:
+    """``Residency_bulk / Residency_staged`` and ``Residency_all / Residency_bulk`` of ``d``."""
+    out = []
+    if d.get(BASELINE) and "Residency_bulk" in d:
+        out.append(f"Residency_bulk / Residency_staged = {d['Residency_bulk'] / d[BASELINE]:.3f}")
+    if d.get("Residency_bulk") and "Residency_all" in d:
+        out.append(f"Residency_all / Residency_bulk = {d['Residency_all'] / d['Residency_bulk']:.3f}")
+    return out
+
+
+def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
+    """The round tables and the ratio summary of bench records (what ``bench``/``report`` print)."""
+    lines: list[str] = []
+    for (workload, test, case), arms in _group(records).items():
+        any_r = next(iter(arms.values()))[0]
+        n = max(len(rs) for rs in arms.values())
+        golden = "golden checked" if any_r.get("golden", True) else "golden skipped"
+        head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
+        lines.append(f"== {head} ({any_r.get('platform', '?')}, {n} round(s), {golden}) ==")
+        peak = max(max(_series(rs)["dispatch"] + _series(rs)["execute"]) for rs in arms.values())
+        unit, div = ("ms", 1e6) if peak >= 1e7 else ("us", 1e3)
+        lines.append(
+            f"{'arm':<18} {'':<12} {'cold':>11} {'min':>11} {'median':>11} {'max':>11} {'spread':>8}"
+            + (f"   ({unit}; warm rounds 2..{n})" if n > 1 else f"   ({unit}; one round)")
+        )
+        for arm, rs in arms.items():
+            for i, (row, xs) in enumerate(_table_rows(rs).items()):
+                label = arm if i == 0 else ""
+                if row == "bytes/round":
+                    cells = [_fmt_bytes(xs[0])]
+                    warm = xs[1:]
+                    cells += (
+                        [_fmt_bytes(f(warm)) for f in (min, statistics.median, max)] if warm else ["-"] * 3
+                    )
+                else:
+                    cells = [f"{xs[0] / div:.3f}"]
+                    warm = xs[1:]
+                    cells += (
+                        [f"{f(warm) / div:.3f}" for f in (min, statistics.median, max)] if warm else ["-"] * 3
+                    )
+                spread = _spread(warm)
+                lines.append(
+                    f"{label:<18} {row:<12} " + " ".join(f"{c:>11}" for c in cells) + f" {spread:>8}"
+                )
+        basis = "warm median" if n > 1 else "the single (cold) round"
+        lines.append(f"summary ({basis}): dispatch = every phase but execute;")
+        lines.append("  args = bind + copy_back + cleanup (the dispatch path without orchestrate)")
+        d_head, e_head = f"dispatch {unit}", f"execute {unit}"
+        a_head = f"args {unit}"
+        lines.append(
+            f"  {'arm':<18} {d_head:>13} {'vs staged':>10} {a_head:>11} {'vs staged':>10} {e_head:>13} "
+            f"{'bytes/round':>12}"
+        )
+        disp = {arm: _warm_median(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+        args = {arm: _warm_median(_series(rs)["args"]) for arm, rs in arms.items()}
+        base, args_base = disp.get(BASELINE), args.get(BASELINE)
+        for arm, rs in arms.items():
+            s = _series(rs)
+            ratio = f"{disp[arm] / base:.2f}x" if base else "-"
+            a_ratio = f"{args[arm] / args_base:.3f}x" if args_base else "-"
+            lines.append(
+                f"  {arm:<18} {disp[arm] / div:>13.3f} {ratio:>10} {args[arm] / div:>11.3f} {a_ratio:>10} "
+                f"{_warm_median(s['execute']) / div:>13.3f} {_fmt_bytes(_warm_median(s['bytes/round'])):>12}"
+            )
+        best = {arm: _warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+        for label, d in (("dispatch ratios", disp), ("on the best warm round", best)):
+            ratios = _ratios(d)
+            if ratios:
+                lines.append(f"  {label}: " + "; ".join(ratios))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_records(records: Sequence[Mapping[str, Any]], path: str | Path) -> None:
+    """Draws per-round dispatch time per arm (one panel per case) into ``path``.
+
+    Needs matplotlib (``pip install 'simpler-residency[plot]'``); raises ``ReportError`` naming
+    it when missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator, ScalarFormatter
+    except ImportError:
+        raise ReportError(
+            "--plot needs matplotlib, which is not installed (pip install 'simpler-residency[plot]')"
+        ) from None
+    groups = _group(records)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(7, 3.2 * len(groups)), squeeze=False)
+    for ax, ((workload, _test, case), arms) in zip(axes[:, 0], groups.items()):
+        peak = max(_dispatch(r) for rs in arms.values() for r in rs)
+        unit, div = ("ms", 1e6) if peak >= 1e6 else ("us", 1e3)
+        for arm, rs in arms.items():
+            ax.plot(
+                [r.get("round", i + 1) for i, r in enumerate(rs)],
+                [_dispatch(r) / div for r in rs],
+                "o-",
+                label=arm,
+            )
+        ax.set_title(f"{workload} :: {case}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"dispatch path ({unit})")
+        ax.set_yscale("log")
+        # Plain numbers on the log axis (not 6x10^-1), at minor ticks too.
+        for axis in (ax.yaxis,):
+            fmt = ScalarFormatter()
+            fmt.set_scientific(False)
+            axis.set_major_formatter(fmt)
+            axis.set_minor_formatter(ScalarFormatter())
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _provenance(records: Sequence[Mapping[str, Any]]) -> str:
+    r = records[0]
+    parts = [f"simpler {r.get('version', '?')}"]
+    if r.get("commit"):
+        parts.append(f"commit {r['commit']}")
+    parts += [f"host {r.get('host', '?')}", str(r.get("timestamp", "?")), str(r.get("platform", "?"))]
+    return ", ".join(parts)
+
+
+def format_compare(
+    a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], names: Sequence[str]
+) -> str:
+    """Two runs side by side: per case, arm and row, the warm medians of run ``a`` and run ``b``
+    and the ratio ``b / a`` (below 1: ``b`` is faster / moves less)."""
+    ga, gb = _group(a), _group(b)
+    lines = [f"a = {names[0]} ({_provenance(a)})", f"b = {names[1]} ({_provenance(b)})", ""]
+    for key in [k for k in ga if k in gb] + [k for k in gb if k not in ga]:
+        workload, test, case = key
+        head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
+        if key not in ga or key not in gb:
+            lines.append(f"== {head}: only in {'b' if key not in ga else 'a'} ==")
+            lines.append("")
+            continue
+        lines.append(f"== {head} (warm medians) ==")
+        lines.append(f"{'arm':<18} {'':<12} {'a':>12} {'b':>12} {'b / a':>8}")
+        arms_a, arms_b = ga[key], gb[key]
+        for arm in [x for x in arms_a if x in arms_b]:
+            sa, sb = _table_rows(arms_a[arm]), _table_rows(arms_b[arm])
+            for i, row in enumerate(sa):
+                ma, mb = _warm_median(sa[row]), _warm_median(sb[row])
+                ratio = f"{mb / ma:.2f}x" if ma else "-"
+                if row == "bytes/round":
+                    ca, cb = _fmt_bytes(ma), _fmt_bytes(mb)
+                else:
+                    ca, cb = f"{ma / 1e3:.1f} us", f"{mb / 1e3:.1f} us"
+                lines.append(f"{arm if i == 0 else '':<18} {row:<12} {ca:>12} {cb:>12} {ratio:>8}")
+        for arm in [x for x in arms_a if x not in arms_b] + [x for x in arms_b if x not in arms_a]:
+            lines.append(f"{arm:<18} only in {'a' if arm in arms_a else 'b'}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,282 @@
+"""The one case runner: options, case selection and the standalone ``main``.
+
+Three front ends run scene-test cases — the standalone runner (``python test_x.py ...``,
+:func:`main`), the pytest plugin (:mod:`simpler.pytest_plugin`) and the bench (``simpler bench``)
+— and all three declare their options with :func:`add_runner_arguments` and choose cases with
+:func:`plan_cases`, so an option or a rule means the same thing everywhere:
+
+* ``--case`` selects cases by ``Foo``, ``Class::Foo`` or ``Class::`` (repeatable,
+  comma-separated); without it every case is selected.
+* A **manual** case runs under ``--manual include`` or ``--manual only``, or when ``--case``
+  names it (by name or ``Class::name``; ``Class::`` alone does not name a case).
+* A case whose ``platforms`` exclude ``--platform`` is skipped, with the reason.
+
+The pytest plugin declares the same options with a ``simpler-`` prefix (``--simpler-platform``,
+``--simpler-rounds``, ...), so they never collide with another plugin's or a conftest's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable as Fn
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _core
+from .errors import ArgumentError
+from .scene import SceneTestCase, is_scene_test, run_case
+
+__all__ = [
+    "PLATFORMS",
+    "PlannedCase",
+    "RunnerOptions",
+    "add_runner_arguments",
+    "case_selected",
+    "case_skip_reason",
+    "main",
+    "plan_cases",
+    "scene_classes",
+]
+
+#: The platforms a worker can be opened on.
+PLATFORMS = ("sim", "ascend", "cuda")
+
+
+def parse_svm(v: str | None) -> str | int | None:
+    """``--svm``: ``always``, ``never`` or a minimum number of bytes (parsed by the native core,
+    the one parser of the option)."""
+    if v is None:
+        return None
+    try:
+        return _core.parse_svm(v)
+    except ArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_rounds(v: str) -> int:
+    """``--rounds``: a positive int."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}")
+    return n
+
+
+def worker_options(svm: str | int | None = None, staging: str | None = None) -> dict[str, Any]:
+    """The ``Worker`` keyword options from runner flags (only those given)."""
+    opts: dict[str, Any] = {}
+    if svm is not None:
+        opts["svm"] = svm
+    if staging is not None:
+        opts["staging"] = staging
+    return opts
+
+
+@dataclass
+class RunnerOptions:
+    """What a run of cases was asked for (the parsed runner options)."""
+
+    platform: str = "sim"
+    rounds: int = 1
+    cases: list[str] | None = None
+    skip_golden: bool = False
+    manual: str = "exclude"
+    worker_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_getter(cls, get: Fn[[str], Any]) -> RunnerOptions:
+        """From ``get(dest)`` over the destinations :func:`add_runner_arguments` declares."""
+        return cls(
+            platform=get("simpler_platform"),
+            rounds=get("simpler_rounds"),
+            cases=get("simpler_case"),
+            skip_golden=get("simpler_skip_golden"),
+            manual=get("simpler_manual"),
+            worker_options=worker_options(get("simpler_svm"), get("simpler_staging")),
+        )
+
+
+def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -> None:
+    """Declares the runner options through ``add(*flags, dest=..., **argparse_kwargs)``.
+
+    ``prefix`` goes in front of every long flag (the pytest plugin uses ``"simpler-"``); the
+    short ``-p`` exists only without one. Every option's ``dest`` is ``simpler_<name>``, so
+    :meth:`RunnerOptions.from_getter` reads them back the same way everywhere. ``rounds`` is the
+    default round count.
+    """
+
+    def flag(name: str, *short: str, **kw: Any) -> None:
+        flags = ((*short,) if not prefix else ()) + (f"--{prefix}{name}",)
+        add(*flags, dest="simpler_" + name.replace("-", "_"), **kw)
+
+    flag(
+        "platform",
+        "-p",
+        default="sim",
+        choices=PLATFORMS,
+        help="platform to run on: sim, ascend or cuda (default sim)",
+    )
+    flag("rounds", type=parse_rounds, default=rounds, help=f"rounds per case (default {rounds})")
+    flag(
+        "case",
+        action="append",
+        default=None,
+        help="select cases: 'Foo', 'Class::Foo' or 'Class::' (repeatable, comma-separated)",
+    )
+    flag("skip-golden", action="store_true", default=False, help="run without golden validation")
+    flag(
+        "manual",
+        choices=("exclude", "include", "only"),
+        default="exclude",
+        help="manual cases: exclude (default; run when --case names them), include, or only them",
+    )
+    flag("svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
+    flag("staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
+
+
+def _selectors(selectors: Iterable[str] | None) -> list[str]:
+    return [s.strip() for sel in (selectors or ()) for s in sel.split(",") if s.strip()]
+
+
+def case_selected(
+    cls_name: str, case_name: str, selectors: Iterable[str] | None, aliases: Sequence[str] = ()
+) -> bool:
+    """Whether ``--case`` selectors (``Foo``, ``Class::Foo``, ``Class::``) select a case (by its
+    name or one of its ``aliases``, e.g. the bench's case name without the arm)."""
+    sels = _selectors(selectors)
+    if not sels:
+        return True
+    names = (case_name, *aliases)
+    for s in sels:
+        c, sep, n = s.partition("::")
+        if sep and c == cls_name and (n == "" or n in names):
+            return True
+        if not sep and s in names:
+            return True
+    return False
+
+
+def named_explicitly(
+    cls_name: str, case_name: str, selectors: Iterable[str] | None, aliases: Sequence[str] = ()
+) -> bool:
+    """Whether a selector names the case itself (``Foo`` or ``Class::Foo``, not ``Class::``)."""
+    names = (case_name, *aliases)
+    for s in _selectors(selectors):
+        c, sep, n = s.partition("::")
+        if (sep and c == cls_name and n in names) or (not sep and s in names):
+            return True
+    return False
+
+
+def case_skip_reason(
+    case: Mapping[str, Any], platform: str, manual: str = "exclude", named: bool = False, prefix: str = ""
+) -> str | None:
+    """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs).
+    ``named``: ``--case`` names this case, which runs a manual case under ``exclude``. ``prefix``:
+    the front end's option prefix, for the message."""
+    is_manual = bool(case.get("manual", False))
+    if manual == "exclude" and is_manual and not named:
+        return f"manual case (run with --{prefix}manual include, or name it with --{prefix}case)"
+    if manual == "only" and not is_manual:
+        return f"not a manual case (--{prefix}manual only)"
+    plats = case.get("platforms")
+    if plats is not None and platform not in plats:
+        return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
+    return None
+
+
+@dataclass
+class PlannedCase:
+    """A selected case and why it is skipped (``None``: it runs)."""
+
+    cls: type[SceneTestCase]
+    case: Mapping[str, Any]
+    skip: str | None
+
+    @property
+    def label(self) -> str:
+        """``Class::case``."""
+        return f"{self.cls.__name__}::{self.case['name']}"
+
+
+def plan_cases(
+    classes: Iterable[type[SceneTestCase]],
+    opts: RunnerOptions,
+    aliases: Fn[[Mapping[str, Any]], Sequence[str]] = lambda case: (),
+) -> list[PlannedCase]:
+    """The cases ``opts`` selects, in order, each with its skip reason (see the module doc)."""
+    out = []
+    for cls in classes:
+        for case in cls.CASES:
+            al = aliases(case)
+            if not case_selected(cls.__name__, case["name"], opts.cases, al):
+                continue
+            named = named_explicitly(cls.__name__, case["name"], opts.cases, al)
+            out.append(PlannedCase(cls, case, case_skip_reason(case, opts.platform, opts.manual, named)))
+    return out
+
+
+def unknown_case_message(classes: Iterable[type[SceneTestCase]], selectors: Sequence[str]) -> str:
+    """The error for ``--case`` selectors that match nothing, listing the cases there are."""
+    known = [f"{c.__name__}::{case['name']}" for c in classes for case in c.CASES]
+    shown = ", ".join(known[:40]) + (f", ... ({len(known)} in all)" if len(known) > 40 else "")
+    return f"no case matches --case {' '.join(selectors)}; the cases are: {shown or 'none'}"
+
+
+def scene_classes(module: Any) -> list[type[SceneTestCase]]:
+    """The scene-test classes defined in ``module`` (in definition order)."""
+    name = getattr(module, "__name__", None)
+    return [
+        obj
+        for obj in vars(module).values()
+        if is_scene_test(obj) and getattr(obj, "__module__", None) == name
+    ]
+
+
+def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
+    """Standalone runner: ``python test_x.py -p sim --rounds 3 --case Foo --skip-golden ...``.
+
+    Runs every selected case of the scene tests defined in ``module`` (default ``__main__``),
+    prints one line per case, and exits (``SystemExit``): 0 when every case passed, 1 when one
+    failed, 2 on a usage error (including ``--case`` matching nothing, which lists the cases).
+    """
+    parser = argparse.ArgumentParser(description="Run the scene tests of this file.")
+    add_runner_arguments(parser.add_argument)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
+    ns = parser.parse_args(argv)
+    opts = RunnerOptions.from_getter(lambda dest: getattr(ns, dest))
+    if module is None:
+        module = sys.modules["__main__"]
+    classes = scene_classes(module)
+    planned = plan_cases(classes, opts)
+    if opts.cases and not planned:
+        parser.error(unknown_case_message(classes, opts.cases))
+    n_pass = n_fail = n_skip = 0
+    for p in planned:
+        if p.skip is not None:
+            n_skip += 1
+            print(f"SKIP {p.label}: {p.skip}")
+            continue
+        t0 = time.perf_counter()
+        try:
+            reports = run_case(
+                p.cls, p.case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options
+            )
+        except Exception as e:
+            n_fail += 1
+            print(f"FAIL {p.label}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}")
+            if ns.verbose:
+                traceback.print_exc()
+            continue
+        n_pass += 1
+        dt = time.perf_counter() - t0
+        print(f"PASS {p.label} ({len(reports)} round(s), {dt * 1e3:.1f} ms)")
+    where = f"platform {opts.platform}, rounds {opts.rounds}"
+    print(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped ({where})")
+    raise SystemExit(1 if n_fail else 0)
