@@ -170,7 +170,8 @@ def test_unknown_platform_and_options():
     with pytest.raises(sp.ArgumentError, match="staging"):
         sp.Worker("sim", staging="pool")
     with pytest.raises(sp.ArgumentError):
-        sp.Worker("sim").inject_fault("launch")
+        with sp.Worker("sim") as w:
+            w.inject_fault("launch")
 
 
 def test_bfloat16_and_fp8_are_real_dtypes(w):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from . import _arrays, _core
-from .errors import ArgumentError, ArgumentTypeError
+from .errors import ArgumentError, ArgumentTypeError, StateError
+from .tensor import DeviceTensor
 
 __all__ = [
     "ArgDirection",
@@ -44,7 +46,6 @@ class ArgDirection(enum.Enum):
 
 Kernel = _core.Kernel
 Callable = _core.Callable
-DeviceTensor = _core.DeviceTensor
 Orchestrator = _core.Orchestrator
 RunTensor = _core.RunTensor
 
@@ -77,6 +78,21 @@ class Buffer:
         not fit the buffer.
         """
         return DeviceTensor(self, shape, dtype, strides, offset)
+
+    def __enter__(self) -> Buffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Frees the buffer, unless it was freed already (or its worker closed)."""
+        if self._worker.closed:
+            return
+        try:
+            self._worker.free(self)
+        except StateError:
+            pass  # freed already: by hand, or with its resident set
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Buffer names device memory of one worker and cannot be pickled")
 
     def __repr__(self) -> str:
         return f"Buffer({self.ptr:#x}, {self.nbytes} bytes)"
@@ -162,6 +178,22 @@ class Worker:
             reuse_addresses=reuse_addresses,
         )
         self.platform = platform
+        #: The device id the worker was opened on.
+        self.device_id = 0 if device_id is None else int(device_id)
+
+    def __del__(self) -> None:
+        native = getattr(self, "_native", None)
+        if native is not None and not native.closed:
+            warnings.warn(
+                f"unclosed {self!r}: close it (or use it as a context manager); closing it now",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
+            self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Worker owns a device and cannot be pickled")
 
     # -- lifetime --
     def close(self) -> None:

@@ -1,0 +1,134 @@
+"""Device tensors among the array libraries: no silent numpy conversion, the CUDA Array Interface
+and DLPack on cuda (checked field by field through ctypes, without CuPy or PyTorch), buffers as
+context managers, pickling refused, unclosed workers warned about."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import simpler as sp
+from simpler import _dlpack
+
+CUDA_LIB = Path(__file__).resolve().parents[1] / "target" / "fake-cuda-libs" / "libcuda.so.1"
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    if not CUDA_LIB.exists():
+        pytest.skip(f"fake libcuda not linked at {CUDA_LIB} (run `make test`)")
+    monkeypatch.setenv("SIMPLER_CUDA_LIB", str(CUDA_LIB))
+    with sp.Worker("cuda") as w:
+        yield w
+
+
+def test_numpy_conversion_of_a_device_tensor_is_a_type_error():
+    with sp.Worker("sim") as w:
+        t = w.malloc(64).tensor((16,), "float32")
+        for convert in (np.asarray, np.array):
+            with pytest.raises(TypeError, match="lives in device memory"):
+                convert(t)
+        assert not hasattr(t, "__cuda_array_interface__")
+        with pytest.raises(BufferError, match="on sim, not cuda"):
+            t.__dlpack__()
+
+
+def test_device_handles_refuse_pickling_clearly():
+    with sp.Worker("sim") as w:
+        buf = w.malloc(64)
+        for obj, what in ((w, "Worker"), (buf, "Buffer"), (buf.tensor((16,), "float32"), "DeviceTensor")):
+            with pytest.raises(TypeError, match=f"a {what} .* cannot be pickled"):
+                pickle.dumps(obj)
+
+
+def test_a_buffer_is_a_context_manager():
+    with sp.Worker("sim") as w:
+        with w.malloc(64) as buf:
+            w.copy_to(buf, np.zeros(16, np.float32))
+            assert w.stats()["live_allocations"] == 1
+        assert w.stats()["live_allocations"] == 0
+        with w.malloc(64) as buf:
+            w.free(buf)  # freed by hand first: leaving the block is fine
+        assert w.stats()["frees"] == 2
+
+
+def test_a_worker_dropped_unclosed_warns_and_closes():
+    w = sp.Worker("sim")
+    w.malloc(64)
+    with pytest.warns(ResourceWarning, match="unclosed Worker"):
+        del w
+        gc.collect()
+
+
+def test_cuda_array_interface_fields(cuda):
+    buf = cuda.malloc(4096)
+    t = buf.tensor((8, 16), "float32")
+    cai = t.__cuda_array_interface__
+    assert cai == {
+        "shape": (8, 16),
+        "typestr": "<f4",
+        "data": (buf.ptr, False),
+        "strides": None,
+        "version": 3,
+        "stream": None,
+    }
+    col = buf.tensor((8, 4), "int16", strides=(32, 2), offset=3)
+    cai = col.__cuda_array_interface__
+    assert (cai["shape"], cai["typestr"], cai["strides"]) == ((8, 4), "<i2", (64, 4))
+    assert cai["data"] == (buf.ptr + 3 * 2, False)
+
+
+_API = ctypes.PyDLL(None)  # the C API, as a consumer's extension module would call it
+
+
+def _managed(capsule):
+    get = _API.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return _dlpack.DLManagedTensor.from_address(get(capsule, b"dltensor"))
+
+
+def test_dlpack_fields_and_both_ways_the_export_ends(cuda):
+    buf = cuda.malloc(4096)
+    t = buf.tensor((4, 8), "float32", strides=(16, 2), offset=5)
+    assert t.__dlpack_device__() == (2, 0)
+    before = len(_dlpack._LIVE)
+    capsule = t.__dlpack__(stream=None)
+    m = _managed(capsule)
+    d = m.dl_tensor
+    assert (d.data, d.byte_offset) == (buf.ptr, 5 * 4)
+    assert (d.device.device_type, d.device.device_id, d.ndim) == (2, 0, 2)
+    assert (d.dtype.code, d.dtype.bits, d.dtype.lanes) == (2, 32, 1)
+    assert (d.shape[0], d.shape[1], d.strides[0], d.strides[1]) == (4, 8, 16, 2)
+    assert len(_dlpack._LIVE) == before + 1
+    # A consumer renames the capsule and calls the deleter when it is done.
+    rename = _API.PyCapsule_SetName
+    rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    assert rename(capsule, b"used_dltensor") == 0
+    m.deleter(ctypes.pointer(m))
+    assert len(_dlpack._LIVE) == before
+    del capsule, m, d
+    gc.collect()
+    assert len(_dlpack._LIVE) == before, "a consumed capsule does not delete twice"
+    # A capsule nobody consumed is deleted with it.
+    capsule = buf.tensor((16,), "bfloat16").__dlpack__()
+    m = _managed(capsule)
+    assert (m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits) == (4, 16)
+    assert len(_dlpack._LIVE) == before + 1
+    del capsule, m
+    gc.collect()
+    assert len(_dlpack._LIVE) == before
+
+
+def test_dlpack_refusals(cuda):
+    t = cuda.malloc(64).tensor((16,), "float32")
+    with pytest.raises(BufferError, match="cannot copy"):
+        t.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="not \\(1, 0\\)"):
+        t.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(BufferError, match="float8_e4m3fn has no DLPack type"):
+        cuda.malloc(64).tensor((16,), "float8_e4m3fn").__dlpack__()
