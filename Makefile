@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test memcheck bench device-check clean
+.PHONY: demo test build lint rust-test py-test memcheck bench device-check wheel wheel-check test-min clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -62,6 +62,26 @@ test: lint rust-test py-test
 # (.ci/memcheck; suppressed false positives, with reasons, in .ci/valgrind.supp).
 memcheck:
 	.ci/memcheck
+
+# A portable wheel: manylinux2014 (linked against glibc 2.17 symbols through zig), abi3, stripped.
+WHEEL_DIR := target/wheels
+wheel: $(STAMP)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/wheel.txt
+	rm -f $(WHEEL_DIR)/*.whl
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --strip -o $(WHEEL_DIR)
+
+# The wheel installed into a fresh venv outside the repository: tour, plugin, bench, command.
+wheel-check: wheel
+	.ci/wheel-check
+
+# The Python suite against the oldest supported numpy / ml-dtypes (requirements/min.txt), with
+# the wheel installed; needs the fake vendor libraries `make test` builds.
+test-min: wheel
+	rm -rf target/venv-min
+	python3 -m venv target/venv-min
+	target/venv-min/bin/pip install -q --disable-pip-version-check -r requirements/min.txt
+	target/venv-min/bin/pip install -q --disable-pip-version-check --no-deps $(WHEEL_DIR)/*.whl
+	target/venv-min/bin/python -m pytest -q -p no:cacheprovider tests
 
 # On a machine with a GPU or an Ascend card: the vendor platforms against the real driver
 # (tests, scene tests, benchmarks); skips cleanly without one.
