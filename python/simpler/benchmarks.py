@@ -438,13 +438,29 @@ def bench_mirrors(quick: bool, platform: str = "sim") -> None:
             w.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m simpler.benchmarks``."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", nargs="*", help="staging, views, bind, mirrors, orchestration (default: all)")
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simpler.benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("which", nargs="*", help=f"{', '.join(BENCHES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
     p.add_argument("--platform", default="sim", help="platform of the mirrors benchmark (default sim)")
+    return p
+
+
+#: The benchmarks, by name.
+BENCHES = ("staging", "views", "bind", "mirrors", "orchestration")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m simpler.benchmarks``."""
+    p = _parser()
     a = p.parse_args(argv)
+    unknown = sorted(set(a.which) - set(BENCHES))
+    if unknown:
+        p.error(f"unknown benchmark(s): {', '.join(unknown)} (known: {', '.join(BENCHES)})")
     benches = {
         "staging": bench_staging,
         "views": bench_views,
@@ -452,11 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         "mirrors": lambda quick: bench_mirrors(quick, a.platform),
         "orchestration": bench_orchestration,
     }
-    which = a.which or list(benches)
-    unknown = set(which) - set(benches)
-    if unknown:
-        p.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
-    for name in which:
+    for name in a.which or BENCHES:
         benches[name](a.quick)
 
 
