@@ -51,7 +51,9 @@ def test_one_view_per_allocation_whatever_the_number_of_reads(svm):
             assert w.host_view_info(buf) == "mirror"
             assert (s["d2h_calls"] - d2h0, s["d2h_bytes"]) == (1, table.nbytes)
         else:
-            assert w.host_view_info(buf) == "mapping"
+            # 16,384 reads of a 64 KiB table: reading through a host cache of the mapping paid
+            # off after 128 of them (one per 512 bytes), under the default "auto" policy.
+            assert w.host_view_info(buf) == "cached"
             assert s["d2h_calls"] - d2h0 == 0
         # Never accessed: never mapped, never mirrored.
         assert w.host_view_info(other_buf) is None

@@ -82,7 +82,7 @@ def test_a_handle_kept_past_free_is_refused_everywhere_after_its_address_is_reus
 
 
 def test_reuse_addresses_is_a_sim_option():
-    with pytest.raises(sp.ArgumentError, match="reuse_addresses are sim options"):
+    with pytest.raises(sp.ArgumentError, match="reuse_addresses / model are sim options"):
         sp.Worker("cuda", reuse_addresses=True)
 
 

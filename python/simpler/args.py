@@ -401,12 +401,16 @@ class ResidentTaskArgs:
         host: np.ndarray,
         direction: ArgDirection | str = ArgDirection.IN,
         host_view: str = "lazy",
+        eager: bool = False,
     ) -> Any:
         """Makes ``host`` resident under ``name``; returns its :class:`~simpler.DeviceTensor`.
 
-        ``host_view="eager"`` establishes the tensor's host view (mapping or mirror) now, so the
-        first run that reads it from the orchestrator pays nothing for it; ``"lazy"`` (the
-        default) establishes it at the first access.
+        ``host_view`` declares how the orchestrator reaches the tensor (``docs/host-views.md``):
+        ``"mapping"``, ``"cached"`` (a mapping read through a host cache), ``"mirror"``, or
+        ``"auto"`` / ``"lazy"`` (the worker's policy; the default). ``eager=True`` (or
+        ``host_view="eager"``: the worker's policy, now) establishes the view when the tensor is
+        added, so the first run that reads it pays nothing for it; otherwise it is established at
+        the first access.
 
         Allocates ``host.nbytes``, uploads unless ``direction`` is OUT, keeps no reference to
         ``host``. A zero-byte fixture allocates nothing and stays host-staged: it is recorded and
@@ -428,8 +432,12 @@ class ResidentTaskArgs:
                         f"{what}: its host storage overlaps resident fixture '{other}' "
                         "(an aliased layout cannot be made resident faithfully)"
                     )
-        if host_view not in ("lazy", "eager"):
-            raise ArgumentError(f"{what}: host_view must be 'lazy' or 'eager', not {host_view!r}")
+        policies = ("lazy", "eager", "auto", "mapping", "cached", "mirror")
+        if host_view not in policies:
+            raise ArgumentError(
+                f"{what}: host_view must be one of {', '.join(policies)}, not {host_view!r}"
+            )
+        eager = bool(eager) or host_view == "eager"
         added = self._worker._native._resident_add(self._set, name, host, direction)
         d = direction if isinstance(direction, ArgDirection) else ArgDirection[str(direction).upper()]
         if added is None:  # no bytes: it stays host-staged
@@ -439,7 +447,9 @@ class ResidentTaskArgs:
         tensor = Buffer(self._worker, ptr, host.nbytes, owner=self, gen=gen).tensor(host.shape, host.dtype)
         self._entries[name] = _Entry(name, d, tensor)
         self._extents.append((name, weakref.ref(_root(host)), start, end))
-        if host_view == "eager":
+        if host_view in ("mapping", "cached", "mirror"):
+            self._worker._native._hint_view(ptr, gen, host_view)
+        if eager:
             self._worker._native._establish_view(ptr, gen, name)
         return tensor
 

@@ -108,11 +108,21 @@ class RunReport:
     ok: bool = True
     callable: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Modeled nanoseconds per phase, on a sim worker with a cost model (``Worker(model=...)``);
+    #: ``None`` otherwise. See ``docs/cost-model.md``.
+    modeled: dict[str, int] | None = None
 
     @property
     def dispatch_ns(self) -> int:
         """Every phase but execute: the cost of getting arguments to and from the device."""
         return sum(v for k, v in self.phases.items() if k != "execute")
+
+    @property
+    def modeled_dispatch_ns(self) -> int | None:
+        """The modeled dispatch path (every modeled phase but execute), or ``None``."""
+        if self.modeled is None:
+            return None
+        return sum(v for k, v in self.modeled.items() if k != "execute")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable dict."""
@@ -121,6 +131,7 @@ class RunReport:
             "ok": self.ok,
             "phases": dict(self.phases),
             "counters": dict(self.counters),
+            **({"modeled": dict(self.modeled)} if self.modeled is not None else {}),
             **self.extra,
         }
 
@@ -141,6 +152,14 @@ class Worker:
         capacity: sim only: simulated device memory in bytes.
         device_id: ascend / cuda: the device id.
         malloc_policy: ascend only: ``"huge_first"`` (default), ``"huge_only"``, ``"normal_only"``.
+        model: sim only: price every driver operation and every access through a mapping with a
+            cost model of real hardware, ``"ascend-a3"`` or ``"h200"`` (default ``None``):
+            reports then carry modeled time per phase beside the measured time (nothing
+            sleeps; see docs/cost-model.md).
+        view_policy: how resident tensors are reached from the host (docs/host-views.md):
+            ``"auto"`` (default: a mapping where the driver grants one, read through a host
+            cache once reads dominate; else a mirror), ``"mapping"``, ``"cached"`` or
+            ``"mirror"``; ``ResidentTaskArgs.add(..., host_view=...)`` overrides it per tensor.
         reuse_addresses: sim only: hand a freed device address out again to the next allocation
             of the same size, as real drivers do (default False: every address is new, so a use
             after free is an error). Handles (``Buffer``, ``DeviceTensor``) carry a generation,
@@ -164,6 +183,8 @@ class Worker:
         device_id: int | None = None,
         malloc_policy: str | None = None,
         reuse_addresses: bool | None = None,
+        model: str | None = None,
+        view_policy: str | None = None,
     ):
         if not isinstance(platform, str):
             raise ArgumentTypeError(f"platform must be a string, not {type(platform).__name__}")
@@ -176,6 +197,8 @@ class Worker:
             device_id=device_id,
             malloc_policy=malloc_policy,
             reuse_addresses=reuse_addresses,
+            model=model,
+            view_policy=view_policy,
         )
         self.platform = platform
         #: The device id the worker was opened on.
@@ -297,5 +320,5 @@ class Worker:
         """
         if not isinstance(callable, Callable):
             raise ArgumentTypeError(f"run: expected a Callable, got {type(callable).__name__}")
-        phases, counters, ok = self._native.run(callable, args)
-        return RunReport(phases, counters, ok, callable.name)
+        phases, counters, ok, modeled = self._native.run(callable, args)
+        return RunReport(phases, counters, ok, callable.name, modeled=modeled)

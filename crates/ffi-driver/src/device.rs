@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::{DeviceError, HostMem, HostMemError, Op};
+use crate::{CostModel, DeviceError, HostMem, HostMemError, Op};
 
 /// A device address. Never a host pointer: nothing outside a driver dereferences it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,11 +48,13 @@ pub struct Stats {
     pub unpins: u64,
     /// Bytes of mirrors page-locked now.
     pub pinned_bytes: u64,
+    /// Modeled nanoseconds of every operation so far (sim with a cost model; else 0).
+    pub modeled_ns: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 18] {
+    pub fn entries(&self) -> [(&'static str, u64); 19] {
         [
             ("live_allocations", self.live_allocations),
             ("live_bytes", self.live_bytes),
@@ -72,6 +74,7 @@ impl Stats {
             ("pins", self.pins),
             ("unpins", self.unpins),
             ("pinned_bytes", self.pinned_bytes),
+            ("modeled_ns", self.modeled_ns),
         ]
     }
 }
@@ -140,6 +143,18 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// drops it. On failure the driver keeps the memory alive (and retries at `close`).
     fn free_mirror(&self, _mem: &Arc<HostMem>) -> Result<(), DeviceError> {
         Ok(())
+    }
+
+    /// The cost model the device prices its operations with (sim with `model=`); `None` on
+    /// real hardware, which is measured instead.
+    fn cost_model(&self) -> Option<&CostModel> {
+        None
+    }
+
+    /// Modeled nanoseconds accrued so far, by phase label (see [`Device::set_phase`]); empty
+    /// without a cost model.
+    fn modeled(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
     }
 
     /// The memory a kernel running "on the device" sees at `ptr` (`bytes` long), when the device

@@ -103,6 +103,8 @@ pub struct Ledger {
     log: VecDeque<CallRecord>,
     faults: Vec<Fault>,
     phase: &'static str,
+    /// Modeled nanoseconds by phase label (a device with a cost model charges them).
+    modeled: Vec<(&'static str, u64)>,
 }
 
 impl Ledger {
@@ -281,6 +283,21 @@ impl Ledger {
     pub fn on_unmap(&mut self) {
         self.stats.unmaps += 1;
         self.stats.live_mappings = self.stats.live_mappings.saturating_sub(1);
+    }
+
+    /// Adds `ns` modeled nanoseconds to the current phase.
+    pub fn charge(&mut self, ns: u64) {
+        let phase = self.phase;
+        match self.modeled.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, t)) => *t += ns,
+            None => self.modeled.push((phase, ns)),
+        }
+        self.stats.modeled_ns += ns;
+    }
+
+    /// Modeled nanoseconds so far, by phase label.
+    pub fn modeled(&self) -> Vec<(&'static str, u64)> {
+        self.modeled.clone()
     }
 
     /// The counters.

@@ -16,6 +16,7 @@ mod error;
 mod hostmem;
 mod ledger;
 mod loader;
+pub mod model;
 mod open;
 pub mod sim;
 
@@ -24,4 +25,5 @@ pub use error::{codes, DeviceError, Op, Status};
 pub use hostmem::{HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
+pub use model::CostModel;
 pub use open::{open_device, DeviceSpec, OpenError};

@@ -21,6 +21,8 @@ pub struct DeviceSpec {
     pub capacity: Option<u64>,
     /// sim: hand freed device addresses out again, as real drivers do.
     pub reuse_addresses: Option<bool>,
+    /// sim: price every operation with a named cost model (`"ascend-a3"`, `"h200"`).
+    pub model: Option<String>,
     /// ascend / cuda: the (logical) device id.
     pub device_id: Option<u32>,
     /// ascend: `"huge_first"` (default), `"huge_only"` or `"normal_only"`.
@@ -66,13 +68,26 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
             if let Some(r) = spec.reuse_addresses {
                 cfg.reuse_addresses = r;
             }
+            if let Some(name) = &spec.model {
+                cfg.model = Some(crate::CostModel::named(name).ok_or_else(|| {
+                    OpenError::Invalid(format!(
+                        "model must be one of {}, not '{name}'",
+                        crate::model::MODELS.join(", ")
+                    ))
+                })?);
+            }
             Ok(Arc::new(SimDevice::new(cfg)))
         }
         other => {
-            if spec.svm.is_some() || spec.capacity.is_some() || spec.reuse_addresses.is_some() {
+            if spec.svm.is_some()
+                || spec.capacity.is_some()
+                || spec.reuse_addresses.is_some()
+                || spec.model.is_some()
+            {
                 return Err(OpenError::Invalid(format!(
-                    "svm / capacity / reuse_addresses are sim options; platform '{other}' does \
-                     not take them (its driver reuses addresses by itself)"
+                    "svm / capacity / reuse_addresses / model are sim options; platform '{other}' \
+                     does not take them (its driver reuses addresses by itself, and it is \
+                     measured, not modeled)"
                 )));
             }
             open_vendor(other, spec)

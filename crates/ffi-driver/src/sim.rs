@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
-use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, Op};
+use crate::{traced, CostModel, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 
 /// First sim device address. Non-canonical on x86-64 (4- and 5-level paging) and outside any
 /// aarch64 user range, so a dereference faults.
@@ -77,6 +77,8 @@ pub struct SimConfig {
     pub capacity: u64,
     /// Hand freed addresses out again (to the next allocation of the same aligned size).
     pub reuse_addresses: bool,
+    /// Price every operation with this cost model (modeled time beside measured time).
+    pub model: Option<CostModel>,
 }
 
 impl Default for SimConfig {
@@ -86,6 +88,7 @@ impl Default for SimConfig {
             poison: Some(POISON),
             capacity: DEFAULT_CAPACITY,
             reuse_addresses: false,
+            model: None,
         }
     }
 }
@@ -103,6 +106,8 @@ struct State {
     next: u64,
     /// Freed addresses by aligned size, most recent last (with `reuse_addresses`).
     free: BTreeMap<u64, Vec<u64>>,
+    /// Mirrors the cost model counts as page-locked: host address -> length.
+    pinned: BTreeMap<usize, usize>,
     blocks: BTreeMap<u64, Block>,
     ledger: Ledger,
 }
@@ -181,6 +186,7 @@ impl SimDevice {
             state: Mutex::new(State {
                 next: SIM_BASE,
                 free: BTreeMap::new(),
+                pinned: BTreeMap::new(),
                 blocks: BTreeMap::new(),
                 ledger: Ledger::new(),
             }),
@@ -194,6 +200,21 @@ impl SimDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Charges a successful `op` of `bytes` to the cost model (if any); `host` is the host side
+    /// of a copy, which counts as page-locked when it lies in a pinned mirror.
+    fn charge(&self, st: &mut State, op: Op, bytes: u64, host: Option<(usize, usize)>) {
+        let Some(model) = &self.config.model else {
+            return;
+        };
+        let pinned = host.is_some_and(|(addr, len)| {
+            st.pinned
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(&a, &l)| addr + len <= a + l)
+        });
+        st.ledger.charge(model.op_ns(op, bytes, pinned));
     }
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
@@ -271,6 +292,7 @@ impl SimDevice {
             },
         );
         st.ledger.on_alloc(DevPtr(addr), bytes);
+        self.charge(st, Op::Alloc, bytes, None);
         Ok(DevPtr(addr))
     }
 
@@ -393,7 +415,9 @@ impl Device for SimDevice {
         let size = st.blocks.get(&ptr.0).map_or(0, |b| b.size);
         let op = Op::Free;
         traced(&mut *st, op, ptr.0, size, injected(op), |st| {
-            Self::do_free(st, ptr)
+            Self::do_free(st, ptr)?;
+            self.charge(st, op, size, None);
+            Ok(())
         })
     }
 
@@ -403,17 +427,22 @@ impl Device for SimDevice {
             let (off, b) = st.find(op, dst.0, bytes)?;
             b.mem
                 .write(off as usize, src)
-                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))?;
+            self.charge(st, op, bytes, Some((src.as_ptr() as usize, src.len())));
+            Ok(())
         })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
+        let host = (dst.as_ptr() as usize, dst.len());
         traced(&mut *self.lock(), op, src.0, bytes, injected(op), |st| {
             let (off, b) = st.find(op, src.0, bytes)?;
             b.mem
                 .read(off as usize, dst)
-                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(src.0))
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(src.0))?;
+            self.charge(st, op, bytes, Some(host));
+            Ok(())
         })
     }
 
@@ -423,14 +452,20 @@ impl Device for SimDevice {
             let (off, b) = st.find(op, dst.0, bytes)?;
             b.mem
                 .fill(off as usize, bytes as usize, value)
-                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))
+                .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))?;
+            self.charge(st, op, bytes, None);
+            Ok(())
         })
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
         traced(&mut *self.lock(), op, ptr.0, bytes, injected(op), |st| {
-            self.do_map(st, ptr, bytes)
+            let grant = self.do_map(st, ptr, bytes)?;
+            if matches!(grant, MapGrant::Mapped { .. }) {
+                self.charge(st, op, bytes, None);
+            }
+            Ok(grant)
         })
     }
 
@@ -444,12 +479,47 @@ impl Device for SimDevice {
             .map_or(0, |&(_, l)| l);
         let op = Op::Unmap;
         traced(&mut *st, op, ptr.0, bytes, injected(op), |st| {
-            Self::do_unmap(st, ptr).map_err(|e| e.sized(bytes))
+            Self::do_unmap(st, ptr).map_err(|e| e.sized(bytes))?;
+            self.charge(st, op, bytes, None);
+            Ok(())
         })
     }
 
     fn has_kernel_memory(&self) -> bool {
         true
+    }
+
+    fn cost_model(&self) -> Option<&CostModel> {
+        self.config.model.as_ref()
+    }
+
+    fn modeled(&self) -> Vec<(&'static str, u64)> {
+        self.lock().ledger.modeled()
+    }
+
+    /// A plain mirror; under a model whose platform page-locks mirrors, it counts as pinned
+    /// (its copies run at pinned bandwidth and its locking is charged).
+    fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
+        let mem = Arc::new(HostMem::new(len, 0)?);
+        if self.config.model.is_some_and(|m| m.pins_mirrors) {
+            if let Some(addr) = mem.owned_addr() {
+                let mut st = self.lock();
+                st.pinned.insert(addr, len);
+                st.ledger.on_pin(len as u64);
+                self.charge(&mut st, Op::Pin, len as u64, None);
+            }
+        }
+        Ok(mem)
+    }
+
+    fn free_mirror(&self, mem: &Arc<HostMem>) -> Result<(), DeviceError> {
+        if let Some(addr) = mem.owned_addr() {
+            let mut st = self.lock();
+            if let Some(len) = st.pinned.remove(&addr) {
+                st.ledger.on_unpin(len as u64);
+            }
+        }
+        Ok(())
     }
 
     fn kernel_memory(&self, ptr: DevPtr, bytes: u64) -> Option<(Arc<HostMem>, usize)> {

@@ -62,6 +62,25 @@ impl<'a, 'py> FromPyObject<'a, 'py> for StagingMode {
     }
 }
 
+/// A host-view policy: `"auto"`, `"mapping"`, `"cached"` or `"mirror"`.
+pub struct ViewPolicyArg(pub simpler_runtime::views::ViewPolicy);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let s: String = obj
+            .extract()
+            .map_err(|_| type_err(format!("view_policy must be a string, not {obj:?}")))?;
+        simpler_runtime::views::ViewPolicy::parse(&s)
+            .map(ViewPolicyArg)
+            .ok_or_else(|| {
+                value_err(format!(
+                    "view_policy must be 'auto', 'mapping', 'cached' or 'mirror', not '{s}'"
+                ))
+            })
+    }
+}
+
 /// A sim mapping policy: `"always"`, `"never"` or a minimum byte count (int or numeric string).
 pub struct Svm(pub SvmPolicy);
 

@@ -14,7 +14,7 @@ use simpler_driver::{open_device, DevPtr, Device, DeviceSpec, Op, OpenError};
 use simpler_runtime::{BufferRef, Error, Geometry, RunReport, Worker, WorkerCell};
 
 use crate::cell::Shared;
-use crate::convert::{self, u64_arg, Dir, StagingMode, Svm};
+use crate::convert::{self, u64_arg, Dir, StagingMode, Svm, ViewPolicyArg};
 use crate::errors::{to_py, value_err, PlatformUnavailableError, PyResultExt};
 use crate::logging;
 use crate::runhost;
@@ -77,14 +77,18 @@ fn report_py<'py>(py: Python<'py>, r: &RunReport) -> PyResult<Bound<'py, PyTuple
     static COUNTERS: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
     let phases = dict_of(py, &PHASES, &r.phases.entries())?;
     let counters = dict_of(py, &COUNTERS, &r.counters.entries())?;
-    (phases, counters, r.ok).into_pyobject(py)
+    let modeled = r
+        .modeled
+        .map(|m| dict_of(py, &PHASES, &m.entries()))
+        .transpose()?;
+    (phases, counters, r.ok, modeled).into_pyobject(py)
 }
 
 #[pymethods]
 impl PyWorker {
     #[new]
     #[allow(clippy::too_many_arguments)] // the keyword options of `simpler.Worker`
-    #[pyo3(signature = (platform, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None, reuse_addresses=None))]
+    #[pyo3(signature = (platform, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None, reuse_addresses=None, model=None, view_policy=None))]
     fn new(
         py: Python<'_>,
         platform: &str,
@@ -95,6 +99,8 @@ impl PyWorker {
         device_id: Option<&Bound<'_, PyAny>>,
         malloc_policy: Option<String>,
         reuse_addresses: Option<bool>,
+        model: Option<String>,
+        view_policy: Option<ViewPolicyArg>,
     ) -> PyResult<Self> {
         let capacity = capacity
             .map(|c| u64_arg(c, "Worker", "capacity"))
@@ -115,6 +121,7 @@ impl PyWorker {
             device_id,
             malloc_policy,
             reuse_addresses,
+            model,
         };
         let dev = py.detach(|| open_device(&spec));
         logging::flush(py);
@@ -123,7 +130,10 @@ impl PyWorker {
             other => PlatformUnavailableError::new_err(other.to_string()),
         })?;
         let staging = staging.map_or(simpler_runtime::Staging::Arena, |s| s.0);
-        let worker = Worker::new(dev.clone(), staging, poison.unwrap_or(true));
+        let mut worker = Worker::new(dev.clone(), staging, poison.unwrap_or(true));
+        if let Some(p) = view_policy {
+            worker.set_view_policy(p.0);
+        }
         Ok(PyWorker {
             id: worker.id(),
             cell: Arc::new(Shared::new(worker)),
@@ -329,6 +339,24 @@ impl PyWorker {
     }
 
     /// Establishes the host view of a buffer now; returns ``"mapping"`` or ``"mirror"``.
+    /// The host-view policy of allocations without a hint.
+    #[getter]
+    fn view_policy(&self) -> &'static str {
+        self.cell.with(false, |w| w.view_policy().name())
+    }
+
+    /// The cost model the device prices its operations with (sim), or ``None``.
+    #[getter]
+    fn model(&self) -> Option<&'static str> {
+        self.dev.cost_model().map(|m| m.name)
+    }
+
+    fn _hint_view(&self, py: Python<'_>, ptr: u64, gen: u64, policy: ViewPolicyArg) -> PyResult<()> {
+        let b = self.buf(ptr, gen);
+        let r = self.cell.with(true, |w| w.hint_view(b, policy.0));
+        done(py, r)
+    }
+
     fn _establish_view(
         &self,
         py: Python<'_>,
@@ -352,7 +380,7 @@ impl PyWorker {
     }
 
     /// Runs ``callable`` once over ``args`` (values in signature order, or built args carrying
-    /// names); returns ``(phases, counters, ok)``.
+    /// names); returns ``(phases, counters, ok, modeled)`` (``modeled``: ``None`` without a cost model).
     fn run<'py>(
         &self,
         py: Python<'py>,

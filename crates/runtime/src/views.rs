@@ -8,9 +8,19 @@
 //! * `Mirror` — the driver refused; one bulk D2H fills a host copy, reads hit it, writes update it
 //!   and are pushed to the device at once. It goes stale when a run may have written the
 //!   allocation, or the host copied into it; the next read refreshes it with one D2H.
+//! * `Cached` — a mapping, read through a host cache of the allocation: one bulk copy out of the
+//!   mapping fills it (no driver call), reads hit it, writes go through the mapping and update
+//!   it; it goes stale by the mirror's rule and the next read refreshes it. A mapping is a poor
+//!   place to read from (write-combined device memory behind the bus: every read is an uncached
+//!   round trip), so read-heavy allocations are better served from host memory.
 //! * `Refused` — a staging allocation the driver refused to map. Staged tensors are small and
 //!   live one run, so they get a per-run copy of their own span instead of a mirror of the whole
 //!   arena; the refusal is cached so the driver is asked once per allocation.
+//!
+//! Which of mapping, cached and mirror an allocation gets is its [`ViewPolicy`]: the worker's
+//! default or a per-allocation hint. Under `Auto` a granted mapping starts as `Mapped` and is
+//! turned into `Cached` once the reads through it would have paid for a bulk copy (see
+//! [`ViewCache::note_mapped_reads`]).
 
 use std::sync::Arc;
 
@@ -22,21 +32,83 @@ use crate::error::{Error, Phase, Result};
 /// How an allocation is reached from the host.
 #[derive(Debug, Clone)]
 pub enum Means {
-    Mapped { mem: Arc<HostMem>, offset: usize },
-    Mirror { mem: Arc<HostMem>, stale: bool },
+    Mapped {
+        mem: Arc<HostMem>,
+        offset: usize,
+    },
+    Mirror {
+        mem: Arc<HostMem>,
+        stale: bool,
+    },
+    /// A mapping (`map`, at `offset`) read through a host cache of the whole allocation.
+    Cached {
+        map: Arc<HostMem>,
+        offset: usize,
+        cache: Arc<HostMem>,
+        stale: bool,
+    },
     Refused,
 }
 
 impl Means {
-    /// `"mapping"`, `"mirror"` or `"refused"`.
+    /// `"mapping"`, `"mirror"`, `"cached"` or `"refused"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Means::Mapped { .. } => "mapping",
             Means::Mirror { .. } => "mirror",
+            Means::Cached { .. } => "cached",
             Means::Refused => "refused",
         }
     }
 }
+
+/// How a resident allocation is reached from the host (`docs/host-views.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ViewPolicy {
+    /// A mapping where the driver grants one, turned into a cached view once reads dominate;
+    /// a mirror otherwise.
+    #[default]
+    Auto,
+    /// A mapping where the driver grants one (reads and writes through it); a mirror otherwise.
+    Mapping,
+    /// A mapping read through a host cache; a mirror where the driver refuses to map.
+    Cached,
+    /// A mirror (one bulk D2H per stale read), even where the driver would map.
+    Mirror,
+}
+
+impl ViewPolicy {
+    /// Parses `"auto"`, `"mapping"`, `"cached"` or `"mirror"`.
+    pub fn parse(s: &str) -> Option<ViewPolicy> {
+        match s {
+            "auto" => Some(ViewPolicy::Auto),
+            "mapping" => Some(ViewPolicy::Mapping),
+            "cached" => Some(ViewPolicy::Cached),
+            "mirror" => Some(ViewPolicy::Mirror),
+            _ => None,
+        }
+    }
+
+    /// The name [`ViewPolicy::parse`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ViewPolicy::Auto => "auto",
+            ViewPolicy::Mapping => "mapping",
+            ViewPolicy::Cached => "cached",
+            ViewPolicy::Mirror => "mirror",
+        }
+    }
+}
+
+/// Under [`ViewPolicy::Auto`], a mapping becomes a cached view once this many element reads
+/// through it, per byte of the allocation, have been made: one read per 512 bytes is where the
+/// reads' uncached round trips (~1.7 us each) pass a bulk copy of the allocation out of the
+/// mapping (~0.3 GB/s with streaming loads; `docs/cost-model.md`).
+pub const AUTO_CACHE_BYTES_PER_READ: u64 = 512;
+/// ... but never before this many reads.
+pub const AUTO_CACHE_MIN_READS: u64 = 16;
+/// Allocations larger than this stay mappings under `Auto` (a cache doubles their host memory).
+pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
 
 /// What establishing or refreshing a view did, for the run report.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +117,10 @@ pub struct ViewEvents {
     pub mirrored: u64,
     pub refreshes: u64,
     pub refresh_bytes: u64,
+    /// Cached views established (or turned from a mapping), and their fills / refreshes.
+    pub cached: u64,
+    pub cache_fills: u64,
+    pub cache_fill_bytes: u64,
 }
 
 impl ViewEvents {
@@ -54,6 +130,9 @@ impl ViewEvents {
         self.mirrored += other.mirrored;
         self.refreshes += other.refreshes;
         self.refresh_bytes += other.refresh_bytes;
+        self.cached += other.cached;
+        self.cache_fills += other.cache_fills;
+        self.cache_fill_bytes += other.cache_fill_bytes;
     }
 }
 
@@ -61,6 +140,8 @@ impl ViewEvents {
 struct Entry {
     bytes: u64,
     means: Means,
+    /// Element reads made through the mapping (`Mapped` under `Auto`).
+    mapped_reads: u64,
 }
 
 /// Views at or above this size log a warning when established (`docs/concepts.md`).
@@ -70,6 +151,10 @@ pub const LARGE_VIEW_BYTES: u64 = 1 << 20;
 #[derive(Debug, Default)]
 pub struct ViewCache {
     entries: AddrMap<Entry>,
+    /// The policy of allocations without a hint.
+    pub policy: ViewPolicy,
+    /// Per-allocation policies (`ResidentTaskArgs.add(..., host_view=...)`).
+    hints: AddrMap<ViewPolicy>,
     /// Bumped whenever an established means may stop being what an earlier lookup returned (a
     /// mirror goes stale, an entry is released), so callers may keep a lookup while it is equal.
     epoch: u64,
@@ -90,12 +175,22 @@ impl ViewCache {
         self.entries.get(&base.0).map(|e| e.means.kind())
     }
 
-    /// Number of live entries by kind: (mapped, mirrored, refused).
+    /// Sets the policy of the allocation at `base` (before its view is established).
+    pub fn hint(&mut self, base: DevPtr, policy: ViewPolicy) {
+        self.hints.insert(base.0, policy);
+    }
+
+    fn policy_of(&self, base: DevPtr) -> ViewPolicy {
+        self.hints.get(&base.0).copied().unwrap_or(self.policy)
+    }
+
+    /// Number of live entries by kind: (mapped, mirrored, refused); a cached view counts as
+    /// mapped (it holds a mapping).
     pub fn counts(&self) -> (u64, u64, u64) {
         let mut c = (0, 0, 0);
         for e in self.entries.values() {
             match e.means {
-                Means::Mapped { .. } => c.0 += 1,
+                Means::Mapped { .. } | Means::Cached { .. } => c.0 += 1,
                 Means::Mirror { .. } => c.1 += 1,
                 Means::Refused => c.2 += 1,
             }
@@ -116,20 +211,56 @@ impl ViewCache {
         ev: &mut ViewEvents,
     ) -> Result<Means> {
         if let Some(e) = self.entries.get_mut(&base.0) {
-            if let Means::Mirror { mem, stale } = &mut e.means {
-                if *stale {
+            match &mut e.means {
+                Means::Mirror { mem, stale } if *stale => {
                     fill_mirror(dev, mem, base, tensor)?;
                     *stale = false;
                     ev.refreshes += 1;
                     ev.refresh_bytes += e.bytes;
                 }
+                Means::Cached {
+                    map,
+                    offset,
+                    cache,
+                    stale,
+                } if *stale => {
+                    fill_cache(map, *offset, cache, tensor)?;
+                    *stale = false;
+                    ev.cache_fills += 1;
+                    ev.cache_fill_bytes += e.bytes;
+                }
+                _ => {}
             }
             return Ok(e.means.clone());
         }
-        let grant = dev
-            .map_host(base, bytes)
-            .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?;
+        let policy = if mirror_on_refusal {
+            self.policy_of(base)
+        } else {
+            ViewPolicy::Mapping // staging allocations: mapped or refused, never cached
+        };
+        let grant = if policy == ViewPolicy::Mirror {
+            MapGrant::Refused {
+                code: 0,
+                reason: "the mirror policy".to_string(),
+            }
+        } else {
+            dev.map_host(base, bytes)
+                .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?
+        };
         let means = match grant {
+            MapGrant::Mapped { mem, offset } if policy == ViewPolicy::Cached => {
+                ev.mapped += 1;
+                ev.cached += 1;
+                let cache = new_cache(&mem, offset, bytes, tensor)?;
+                ev.cache_fills += 1;
+                ev.cache_fill_bytes += bytes;
+                Means::Cached {
+                    map: mem,
+                    offset,
+                    cache,
+                    stale: false,
+                }
+            }
             MapGrant::Mapped { mem, offset } => {
                 ev.mapped += 1;
                 Means::Mapped { mem, offset }
@@ -184,15 +315,59 @@ impl ViewCache {
             Entry {
                 bytes,
                 means: means.clone(),
+                mapped_reads: 0,
             },
         );
         Ok(means)
     }
 
-    /// Marks the mirror of `base` stale (a run may have written it, or the host copied into it).
+    /// Records `reads` element reads made through the mapping of `base`; under
+    /// [`ViewPolicy::Auto`], turns the mapping into a cached view once the reads would have paid
+    /// for a bulk copy of the allocation (returns whether it did: earlier lookups are stale).
+    pub fn note_mapped_reads(
+        &mut self,
+        base: DevPtr,
+        reads: u64,
+        tensor: &str,
+        ev: &mut ViewEvents,
+    ) -> Result<bool> {
+        let policy = self.policy_of(base);
+        let Some(e) = self.entries.get_mut(&base.0) else {
+            return Ok(false);
+        };
+        e.mapped_reads += reads;
+        let threshold = (e.bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS);
+        if policy != ViewPolicy::Auto || e.bytes > AUTO_CACHE_MAX_BYTES || e.mapped_reads < threshold
+        {
+            return Ok(false);
+        }
+        let Means::Mapped { mem, offset } = &e.means else {
+            return Ok(false);
+        };
+        let cache = new_cache(mem, *offset, e.bytes, tensor)?;
+        log::debug!(
+            "allocation {base} ({} bytes): {} reads through its mapping; reading through a host cache from now on",
+            e.bytes,
+            e.mapped_reads
+        );
+        e.means = Means::Cached {
+            map: mem.clone(),
+            offset: *offset,
+            cache,
+            stale: false,
+        };
+        ev.cached += 1;
+        ev.cache_fills += 1;
+        ev.cache_fill_bytes += e.bytes;
+        self.epoch += 1;
+        Ok(true)
+    }
+
+    /// Marks the mirror or cache of `base` stale (a run may have written it, or the host copied
+    /// into it).
     pub fn mark_stale(&mut self, base: DevPtr) {
         if let Some(Entry {
-            means: Means::Mirror { stale, .. },
+            means: Means::Mirror { stale, .. } | Means::Cached { stale, .. },
             ..
         }) = self.entries.get_mut(&base.0)
         {
@@ -211,11 +386,13 @@ impl ViewCache {
     ) -> std::result::Result<(), simpler_driver::DeviceError> {
         self.epoch += 1;
         match self.entries.get(&base.0).map(|e| &e.means) {
-            Some(Means::Mapped { .. }) => dev.unmap_host(base)?,
+            Some(Means::Mapped { .. } | Means::Cached { .. }) => dev.unmap_host(base)?,
             Some(Means::Mirror { mem, .. }) => give_back_mirror(dev, mem, base),
             _ => {}
         }
+        // The cache (host memory) goes with the entry.
         self.entries.remove(&base.0);
+        self.hints.remove(&base.0);
         Ok(())
     }
 }
@@ -226,6 +403,25 @@ fn give_back_mirror(dev: &dyn Device, mem: &Arc<HostMem>, base: DevPtr) {
     if let Err(e) = dev.free_mirror(mem) {
         log::warn!("mirror of allocation {base}: {e}");
     }
+}
+
+/// A host cache of `bytes` of the mapping `map` (from `offset`), filled from it.
+fn new_cache(map: &HostMem, offset: usize, bytes: u64, tensor: &str) -> Result<Arc<HostMem>> {
+    let len = usize::try_from(bytes)
+        .map_err(|_| Error::geometry(format!("tensor {tensor}"), "allocation too large to cache"))?;
+    let cache = Arc::new(
+        HostMem::new(len, 0)
+            .map_err(|e| Error::Value(format!("tensor {tensor}: cannot allocate a host cache: {e}")))?,
+    );
+    fill_cache(map, offset, &cache, tensor)?;
+    Ok(cache)
+}
+
+/// Copies the mapped allocation into its cache: one bulk read out of the mapping, no driver call.
+fn fill_cache(map: &HostMem, offset: usize, cache: &HostMem, tensor: &str) -> Result<()> {
+    map.with_slice(offset, cache.len(), |src| cache.write(0, src))
+        .map_err(|e| Error::Value(format!("tensor {tensor}: cache fill: {e}")))?
+        .map_err(|e| Error::Value(format!("tensor {tensor}: cache fill: {e}")))
 }
 
 fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, tensor: &str) -> Result<()> {

@@ -283,6 +283,24 @@ impl Worker {
     /// Establishes the host view of a buffer now instead of at its first orchestrator access
     /// (`ResidentTaskArgs.add(..., host_view="eager")`), so the first run pays nothing for it.
     /// Returns the means: `"mapping"` or `"mirror"`.
+    /// Sets the host-view policy of allocations without a hint of their own.
+    pub fn set_view_policy(&mut self, policy: crate::views::ViewPolicy) {
+        self.mem.views.policy = policy;
+    }
+
+    /// The host-view policy of allocations without a hint.
+    pub fn view_policy(&self) -> crate::views::ViewPolicy {
+        self.mem.views.policy
+    }
+
+    /// Sets the host-view policy of `buf`'s allocation (before its view is established).
+    pub fn hint_view(&mut self, buf: BufferRef, policy: crate::views::ViewPolicy) -> Result<()> {
+        self.check_open()?;
+        self.mem.lookup(buf, &"view hint")?;
+        self.mem.views.hint(buf.ptr, policy);
+        Ok(())
+    }
+
     pub fn establish_view(&mut self, buf: BufferRef, tensor: &str) -> Result<&'static str> {
         self.check_open()?;
         self.enter(Phase::ResidentAdd);
@@ -347,6 +365,9 @@ impl Worker {
         self.next_run += 1;
         let records = std::mem::take(&mut self.spare);
         let mut run = RunState::new(id, started, self.mem.dev.stats(), records);
+        if self.mem.dev.cost_model().is_some() {
+            run.modeled_before = self.mem.dev.modeled();
+        }
         run.poison = self.poison.then_some(POISON);
         match run.bind(&mut self.mem, &mut self.arena, self.staging, call, hosts) {
             Ok(()) => {

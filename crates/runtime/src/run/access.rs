@@ -19,6 +19,9 @@ use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage};
 use crate::views::{Means, ViewEvents};
 
+/// Reads through a mapping are reported to the view cache in batches of this many.
+const NOTE_READS_EVERY: u64 = 16;
+
 impl RunState {
     /// Checks an access of `access` (a geometry relative to the allocation of argument `arg`)
     /// and resolves where it lands, establishing the allocation's view on first use. Returns the
@@ -106,6 +109,10 @@ impl RunState {
                 mirror_of: None,
                 staged_copy: false,
                 epoch,
+                mapped: true,
+                through: None,
+                base,
+                pending_reads: 0,
             },
             Means::Mirror { mem: m, .. } => Resolved {
                 mem: m,
@@ -116,6 +123,26 @@ impl RunState {
                 staged_copy: false,
                 zero_copy: true,
                 epoch,
+                mapped: false,
+                through: None,
+                base,
+                pending_reads: 0,
+            },
+            Means::Cached {
+                map, offset, cache, ..
+            } => Resolved {
+                mem: cache,
+                dev_start: base.0,
+                host_start: 0,
+                push: false,
+                mirror_of: None,
+                staged_copy: false,
+                zero_copy: true,
+                epoch,
+                mapped: false,
+                through: Some((map, offset)),
+                base,
+                pending_reads: 0,
             },
             Means::Refused => {
                 // A staged tensor on a driver that refuses to map the staging allocation: a
@@ -147,11 +174,38 @@ impl RunState {
                     staged_copy: true,
                     zero_copy: true,
                     epoch,
+                    mapped: false,
+                    through: None,
+                    base,
+                    pending_reads: 0,
                 }
             }
         };
         self.args[arg as usize].resolved = Some(resolved);
         Ok(addr)
+    }
+
+    /// Counts `n` element reads through the mapping of `arg`'s allocation, and every so often
+    /// tells the view cache (which may turn the mapping into a cached view: the next access
+    /// resolves again).
+    fn mapped_reads(&mut self, mem: &mut Memory, arg: u32, n: u64) -> Result<()> {
+        self.report.counters.mapped_reads += n;
+        let Some(r) = self.args[arg as usize].resolved.as_mut() else {
+            return Ok(());
+        };
+        r.pending_reads += n;
+        if r.pending_reads < NOTE_READS_EVERY {
+            return Ok(());
+        }
+        let (base, pending) = (r.base, std::mem::take(&mut r.pending_reads));
+        let name = self.args[arg as usize].name.clone();
+        let mut ev = ViewEvents::default();
+        let switched = mem.views.note_mapped_reads(base, pending, &name, &mut ev)?;
+        self.events.add(ev);
+        if switched {
+            self.args[arg as usize].resolved = None;
+        }
+        Ok(())
     }
 
     /// The resolution `locate` just made for `arg`.
@@ -178,7 +232,11 @@ impl RunState {
         r.mem
             .read(r.host_offset(addr), &mut buf[..es])
             .map_err(|e| Error::host_view(&self.args[arg as usize].name, addr, es as u64, e))?;
+        let mapped = r.mapped;
         self.report.counters.orch_reads += 1;
+        if mapped {
+            self.mapped_reads(mem, arg, 1)?;
+        }
         Ok(view.dtype().decode(&buf[..es]))
     }
 
@@ -208,6 +266,12 @@ impl RunState {
         r.mem
             .write(r.host_offset(addr), &buf[..es])
             .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
+        if let Some((map, offset)) = &r.through {
+            // A cached view: the write goes to the device through the mapping, too.
+            map.write(offset + (addr - r.dev_start) as usize, &buf[..es])
+                .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
+        }
+        let crosses_bus = r.mapped || r.through.is_some();
         if r.push {
             let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);
             if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
@@ -225,6 +289,9 @@ impl RunState {
                 }
                 return Err(Error::device(Phase::Orchestrate, Some(&name), e));
             }
+        }
+        if crosses_bus {
+            self.report.counters.mapped_writes += 1;
         }
         self.report.counters.orch_writes += 1;
         Ok(())
@@ -260,29 +327,35 @@ impl RunState {
         let addr = self.locate(mem, arg, view, false)?;
         self.report.counters.orch_reads += 1;
         let r = self.resolved(arg);
-        let offset = r.host_offset(addr);
-        if r.zero_copy {
-            return Ok(HostWindow {
+        let (offset, mapped) = (r.host_offset(addr), r.mapped);
+        let window = if r.zero_copy {
+            HostWindow {
                 mem: r.mem.clone(),
                 offset,
                 len: extent as usize,
                 geometry: rebased,
                 zero_copy: true,
                 writable: false,
-            });
+            }
+        } else {
+            let copy = HostMem::new(extent as usize, 0).map_err(|e| Error::host(&name, e))?;
+            r.mem
+                .with_slice(offset, extent as usize, |s| copy.write(0, s))
+                .map_err(|e| Error::host_view(&name, addr, extent, e))?
+                .map_err(|e| Error::host(&name, e))?;
+            HostWindow {
+                mem: Arc::new(copy),
+                offset: 0,
+                len: extent as usize,
+                geometry: rebased,
+                zero_copy: false,
+                writable: false,
+            }
+        };
+        if mapped {
+            // numpy reads every element of the window through the mapping.
+            self.mapped_reads(mem, arg, view.shape().iter().product())?;
         }
-        let copy = HostMem::new(extent as usize, 0).map_err(|e| Error::host(&name, e))?;
-        r.mem
-            .with_slice(offset, extent as usize, |s| copy.write(0, s))
-            .map_err(|e| Error::host_view(&name, addr, extent, e))?
-            .map_err(|e| Error::host(&name, e))?;
-        Ok(HostWindow {
-            mem: Arc::new(copy),
-            offset: 0,
-            len: extent as usize,
-            geometry: rebased,
-            zero_copy: false,
-            writable: false,
-        })
+        Ok(window)
     }
 }

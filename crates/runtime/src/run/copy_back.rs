@@ -10,7 +10,7 @@ use simpler_driver::DevPtr;
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::Memory;
-use crate::run::report::RunReport;
+use crate::run::report::{Phases, RunReport};
 use crate::run::state::{ArgKind, Records, RunState, Stage};
 
 impl RunState {
@@ -104,6 +104,26 @@ impl RunState {
         c.views_mirrored = self.events.mirrored;
         c.mirror_refreshes = self.events.refreshes;
         c.mirror_refresh_bytes = self.events.refresh_bytes;
+        c.views_cached = self.events.cached;
+        c.cache_fills = self.events.cache_fills;
+        c.cache_fill_bytes = self.events.cache_fill_bytes;
+        if let Some(model) = mem.dev.cost_model() {
+            let after = mem.dev.modeled();
+            let delta = |phase: &str| {
+                let at = |v: &[(&str, u64)]| v.iter().find(|(p, _)| *p == phase).map_or(0, |x| x.1);
+                at(&after) - at(&self.modeled_before).min(at(&after))
+            };
+            let c = &self.report.counters;
+            let host_side = model.mapped_access_ns(c.mapped_reads, c.mapped_writes)
+                + model.mapped_bulk_read_ns(c.cache_fill_bytes);
+            self.report.modeled = Some(Phases {
+                bind: delta("bind"),
+                orchestrate: delta("orchestrate") + host_side,
+                execute: delta("execute"),
+                copy_back: delta("copy_back"),
+                cleanup: delta("cleanup"),
+            });
+        }
         self.report.ok = !self.failed && first_err.is_none();
         (self.report, first_err, records)
     }

@@ -51,11 +51,16 @@ pub struct Counters {
     pub scratch_tensors: u64,
     pub scratch_bytes: u64,
     pub poisoned_bytes: u64,
+    pub views_cached: u64,
+    pub cache_fills: u64,
+    pub cache_fill_bytes: u64,
+    pub mapped_reads: u64,
+    pub mapped_writes: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 18] {
+    pub fn entries(&self) -> [(&'static str, u64); 23] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -75,6 +80,11 @@ impl Counters {
             ("scratch_tensors", self.scratch_tensors),
             ("scratch_bytes", self.scratch_bytes),
             ("poisoned_bytes", self.poisoned_bytes),
+            ("views_cached", self.views_cached),
+            ("cache_fills", self.cache_fills),
+            ("cache_fill_bytes", self.cache_fill_bytes),
+            ("mapped_reads", self.mapped_reads),
+            ("mapped_writes", self.mapped_writes),
         ]
     }
 }
@@ -86,4 +96,8 @@ pub struct RunReport {
     pub counters: Counters,
     /// Whether every phase succeeded.
     pub ok: bool,
+    /// Modeled nanoseconds per phase, when the device prices its operations with a cost model
+    /// (sim with `model=`): its driver calls, plus element accesses through mappings and cache
+    /// fills out of them during orchestration.
+    pub modeled: Option<Phases>,
 }

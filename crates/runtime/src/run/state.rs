@@ -83,6 +83,15 @@ pub(crate) struct Resolved {
     /// `mem` is host-owned: a window over it needs no copy.
     pub zero_copy: bool,
     pub epoch: u64,
+    /// `mem` is a mapping: every element read and write crosses the bus (counted, and priced
+    /// by a cost model).
+    pub mapped: bool,
+    /// A cached view: writes also go through this mapping (at this offset of the allocation).
+    pub through: Option<(Arc<HostMem>, usize)>,
+    /// The allocation, for noting reads through its mapping (`ViewCache::note_mapped_reads`).
+    pub base: DevPtr,
+    /// Reads through the mapping not yet noted.
+    pub pending_reads: u64,
 }
 
 impl Resolved {
@@ -163,6 +172,8 @@ pub struct RunState {
     mark: Instant,
     pub(crate) report: RunReport,
     pub(crate) stats_before: Stats,
+    /// The device's modeled time by phase when the run started (a cost model on sim).
+    pub(crate) modeled_before: Vec<(&'static str, u64)>,
     pub(crate) events: ViewEvents,
     /// Fresh staging allocations of this run, with the tensor each holds.
     pub(crate) fresh: Vec<(Arc<str>, DevPtr)>,
@@ -193,6 +204,7 @@ impl RunState {
             mark: started,
             report: RunReport::default(),
             stats_before,
+            modeled_before: Vec::new(),
             events: ViewEvents::default(),
             fresh: Vec::new(),
             scratch_at: ScratchCursor::default(),
