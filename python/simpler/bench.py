@@ -17,7 +17,8 @@ matches a case by its name without the arm, and naming a manual case (``--case B
 
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
 ``counters``) plus ``workload``, ``test``, ``case``, ``case_name``, ``arm``, ``round`` (1-based),
-``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved`` and the
+``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved``, on a sim
+worker with a cost model ``modeled`` (per phase) and ``modeled_dispatch_ns``, and the
 run's provenance: ``version`` (of simpler), ``commit`` (of the checkout simpler was built from,
 when there is one), ``host``, ``python`` and ``timestamp`` (UTC, ISO 8601, when the bench started).
 """
@@ -301,6 +302,14 @@ def bench_records(
                 platform=opts.platform,
                 golden=not opts.skip_golden,
                 dispatch_ns=rep.dispatch_ns,
+                **(
+                    {
+                        "modeled_dispatch_ns": rep.modeled_dispatch_ns,
+                        "modeled_by": opts.worker_options["model"],
+                    }
+                    if rep.modeled is not None
+                    else {}
+                ),
                 bytes_moved=sum(int(rep.counters.get(k, 0)) for k in BYTES_KEYS),
                 **meta,
             )

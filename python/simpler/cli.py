@@ -133,7 +133,9 @@ def _bench(ns: argparse.Namespace) -> int:
         platform=ns.simpler_platform,
         cases=ns.simpler_case,
         skip_golden=ns.simpler_skip_golden,
-        worker_options=runner.worker_options(ns.simpler_svm, ns.simpler_staging),
+        worker_options=runner.worker_options(
+            ns.simpler_svm, ns.simpler_staging, ns.simpler_model, ns.simpler_view_policy
+        ),
         manual=ns.simpler_manual,
     )
     # One probe of the platform, so an unavailable one is one message, not one per arm.

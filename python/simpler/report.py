@@ -194,6 +194,23 @@ def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
             ratios = _ratios(d)
             if ratios:
                 lines.append(f"  {label}: " + "; ".join(ratios))
+        modeled = {
+            arm: _warm_median([float(r["modeled_dispatch_ns"]) for r in rs])
+            for arm, rs in arms.items()
+            if all("modeled_dispatch_ns" in r for r in rs)
+        }
+        if modeled:
+            model = next(iter(arms.values()))[0].get("modeled_by", "the cost model")
+            lines.append(f"  modeled dispatch path ({model}; warm median, us; measured beside it):")
+            m_base = modeled.get(BASELINE)
+            for arm, m in modeled.items():
+                ratio = f"{m / m_base:.3f}x" if m_base else "-"
+                lines.append(
+                    f"  {arm:<18} modeled {m / 1e3:>11.1f} {ratio:>9}   measured {disp[arm] / 1e3:>11.1f}"
+                )
+            ratios = _ratios(modeled)
+            if ratios:
+                lines.append("  modeled ratios: " + "; ".join(ratios))
         lines.append("")
     return "\n".join(lines)
 

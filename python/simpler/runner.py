@@ -68,14 +68,15 @@ def parse_rounds(v: str) -> int:
     return n
 
 
-def worker_options(svm: str | int | None = None, staging: str | None = None) -> dict[str, Any]:
+def worker_options(
+    svm: str | int | None = None,
+    staging: str | None = None,
+    model: str | None = None,
+    view_policy: str | None = None,
+) -> dict[str, Any]:
     """The ``Worker`` keyword options from runner flags (only those given)."""
-    opts: dict[str, Any] = {}
-    if svm is not None:
-        opts["svm"] = svm
-    if staging is not None:
-        opts["staging"] = staging
-    return opts
+    given = {"svm": svm, "staging": staging, "model": model, "view_policy": view_policy}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 @dataclass
@@ -98,7 +99,9 @@ class RunnerOptions:
             cases=get("simpler_case"),
             skip_golden=get("simpler_skip_golden"),
             manual=get("simpler_manual"),
-            worker_options=worker_options(get("simpler_svm"), get("simpler_staging")),
+            worker_options=worker_options(
+                get("simpler_svm"), get("simpler_staging"), get("simpler_model"), get("simpler_view_policy")
+            ),
         )
 
 
@@ -138,6 +141,18 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
     )
     flag("svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
     flag("staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
+    flag(
+        "model",
+        choices=("ascend-a3", "h200"),
+        default=None,
+        help="sim: price every driver call and mapped access with a hardware cost model",
+    )
+    flag(
+        "view-policy",
+        choices=("auto", "mapping", "cached", "mirror"),
+        default=None,
+        help="how resident tensors are reached from the host (default auto)",
+    )
 
 
 def _selectors(selectors: Iterable[str] | None) -> list[str]:

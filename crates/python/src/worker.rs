@@ -351,7 +351,13 @@ impl PyWorker {
         self.dev.cost_model().map(|m| m.name)
     }
 
-    fn _hint_view(&self, py: Python<'_>, ptr: u64, gen: u64, policy: ViewPolicyArg) -> PyResult<()> {
+    fn _hint_view(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        gen: u64,
+        policy: ViewPolicyArg,
+    ) -> PyResult<()> {
         let b = self.buf(ptr, gen);
         let r = self.cell.with(true, |w| w.hint_view(b, policy.0));
         done(py, r)

@@ -142,6 +142,8 @@ struct Entry {
     means: Means,
     /// Element reads made through the mapping (`Mapped` under `Auto`).
     mapped_reads: u64,
+    /// A resident allocation (staging allocations are never cached: they change every run).
+    resident: bool,
 }
 
 /// Views at or above this size log a warning when established (`docs/concepts.md`).
@@ -316,6 +318,7 @@ impl ViewCache {
                 bytes,
                 means: means.clone(),
                 mapped_reads: 0,
+                resident: mirror_on_refusal,
             },
         );
         Ok(means)
@@ -337,7 +340,10 @@ impl ViewCache {
         };
         e.mapped_reads += reads;
         let threshold = (e.bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS);
-        if policy != ViewPolicy::Auto || e.bytes > AUTO_CACHE_MAX_BYTES || e.mapped_reads < threshold
+        if !e.resident
+            || policy != ViewPolicy::Auto
+            || e.bytes > AUTO_CACHE_MAX_BYTES
+            || e.mapped_reads < threshold
         {
             return Ok(false);
         }
@@ -407,12 +413,14 @@ fn give_back_mirror(dev: &dyn Device, mem: &Arc<HostMem>, base: DevPtr) {
 
 /// A host cache of `bytes` of the mapping `map` (from `offset`), filled from it.
 fn new_cache(map: &HostMem, offset: usize, bytes: u64, tensor: &str) -> Result<Arc<HostMem>> {
-    let len = usize::try_from(bytes)
-        .map_err(|_| Error::geometry(format!("tensor {tensor}"), "allocation too large to cache"))?;
-    let cache = Arc::new(
-        HostMem::new(len, 0)
-            .map_err(|e| Error::Value(format!("tensor {tensor}: cannot allocate a host cache: {e}")))?,
-    );
+    let len = usize::try_from(bytes).map_err(|_| {
+        Error::geometry(format!("tensor {tensor}"), "allocation too large to cache")
+    })?;
+    let cache = Arc::new(HostMem::new(len, 0).map_err(|e| {
+        Error::Value(format!(
+            "tensor {tensor}: cannot allocate a host cache: {e}"
+        ))
+    })?);
     fill_cache(map, offset, &cache, tensor)?;
     Ok(cache)
 }

@@ -36,6 +36,10 @@ use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 use loading::CudaFns;
 use sys::{status, CuContext, CuDevice, CuDevicePtr, CuResult, CUDA_ERROR_INVALID_VALUE};
 
+/// Mirrors that a closed device could not unregister: kept alive (never freed) for the life of
+/// the process, because the driver may still treat their pages as page-locked.
+static STILL_REGISTERED: Mutex<Vec<Arc<HostMem>>> = Mutex::new(Vec::new());
+
 /// Options of a CUDA device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CudaConfig {
@@ -549,9 +553,12 @@ impl Device for CudaDevice {
         st.ctx = None;
         // Mirrors whose unregister failed are still registered with the driver (another holder
         // of the primary context keeps the registration alive): their memory must never be
-        // freed or reused, so it is leaked, and `pinned_bytes` keeps counting it.
-        for (_, mem) in std::mem::take(&mut st.pinned) {
-            std::mem::forget(mem);
+        // freed or reused, so it is kept for the life of the process, and `pinned_bytes` keeps
+        // counting it.
+        let kept = std::mem::take(&mut st.pinned);
+        if !kept.is_empty() {
+            let mut q = STILL_REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+            q.extend(kept.into_values());
         }
         // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
         // in `open`; the context is not used afterwards (`st.ctx` is `None`).
