@@ -350,7 +350,9 @@ def test_an_eager_host_view_is_established_at_add_and_the_first_run_pays_nothing
         )
         lazy = res.add("lazy", np.arange(4, dtype=np.int32))
         assert w.host_view_info(lazy) is None
-        with pytest.raises(sp.ArgumentError, match="host_view must be one of lazy, eager, auto, mapping, cached, mirror"):
+        with pytest.raises(
+            sp.ArgumentError, match="host_view must be one of lazy, eager, auto, mapping, cached, mirror"
+        ):
             res.add("bad", np.arange(4, dtype=np.int32), host_view="sometimes")
 
 

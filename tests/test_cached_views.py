@@ -1,0 +1,113 @@
+"""Cached host views: a mapping read through a host cache of the allocation. Filled by one bulk
+copy out of the mapping (no driver call), refreshed once per stale run by the mirror's rule,
+written through to the device; chosen by declaration or, under ``auto``, once reads dominate;
+released (cache and mapping) before the allocation is freed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simpler as sp
+
+IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
+BUMP = sp.Kernel(lambda t: t.__iadd__(1), [INOUT], name="bump")
+
+
+def _reads(n):
+    def orch(o, t):
+        total = 0
+        for i in range(n):
+            total += int(o.get_tensor_data(t, i % 64))
+        o.submit(BUMP, t)
+        return total
+
+    return sp.Callable(orch, [INOUT])
+
+
+def test_a_cache_refreshes_exactly_once_per_stale_run():
+    with sp.Worker("sim", view_policy="cached") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(64, np.int32), INOUT)
+        d2h = w.stats()["d2h_calls"]
+        fills = []
+        for _ in range(4):
+            r = w.run(_reads(500), [t])  # the kernel writes t every run: stale each time
+            fills.append((r.counters["views_cached"], r.counters["cache_fills"]))
+            assert r.counters["cache_fill_bytes"] == 256 * r.counters["cache_fills"]
+            assert r.counters["mapped_reads"] == 0  # every read hit the cache
+        assert fills == [(1, 1), (0, 1), (0, 1), (0, 1)]
+        assert w.stats()["d2h_calls"] == d2h, "a cache is filled from the mapping, not by a copy call"
+        assert w.host_view_info(t) == "cached"
+
+
+def test_writes_go_through_to_the_device_and_to_later_reads():
+    seen = []
+
+    def orch(o, t):
+        o.set_tensor_data(t, 5, 42)
+        seen.append(int(o.get_tensor_data(t, 5)))
+        seen.append(int(o.read_tensor(t)[5]))
+        o.submit(BUMP, t)
+
+    with sp.Worker("sim", view_policy="cached") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(64, np.int32), INOUT)
+        r = w.run(sp.Callable(orch, [INOUT]), [t])
+        assert seen == [42, 42] and r.counters["mapped_writes"] == 1
+        out = np.zeros(64, np.int32)
+        w.copy_from(out, t.buffer)
+        assert out[5] == 43 and out[4] == 1  # the device saw the write before the kernel ran
+
+
+def test_auto_turns_a_read_heavy_mapping_into_a_cache_and_counts_every_read():
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(64 * 1024, np.int32), IN)  # 256 KiB: caches after 512 reads
+        call = sp.Callable(lambda o, t: [o.get_tensor_data(t, i) for i in range(600)], [IN])
+        r = w.run(call, [t])
+        assert r.counters["views_mapped"] == 1 and r.counters["views_cached"] == 1
+        assert r.counters["mapped_reads"] == 512  # the reads before the switch crossed the bus
+        assert w.host_view_info(t) == "cached"
+        r = w.run(call, [t])  # IN: never stale, never refilled
+        assert (r.counters["mapped_reads"], r.counters["cache_fills"]) == (0, 0)
+
+
+def test_auto_keeps_a_lightly_read_mapping():
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(64 * 1024, np.int32), IN)
+        r = w.run(sp.Callable(lambda o, t: [o.get_tensor_data(t, i) for i in range(100)], [IN]), [t])
+        assert r.counters["mapped_reads"] == 100 and r.counters["views_cached"] == 0
+        assert w.host_view_info(t) == "mapping"
+
+
+@pytest.mark.parametrize(
+    ("hint", "kind"), [("mapping", "mapping"), ("mirror", "mirror"), ("cached", "cached")]
+)
+def test_a_declared_policy_wins_over_the_workers(hint, kind):
+    with sp.Worker("sim", view_policy="auto") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(64 * 1024, np.int32), IN, host_view=hint, eager=True)
+        assert w.host_view_info(t) == kind
+        w.run(sp.Callable(lambda o, t: [o.get_tensor_data(t, i) for i in range(2000)], [IN]), [t])
+        assert w.host_view_info(t) == kind
+
+
+def test_a_cached_view_is_released_before_its_allocation_is_freed():
+    with sp.Worker("sim", view_policy="cached") as w:
+        buf = w.malloc(4096)
+        w.run(sp.Callable(lambda o, t: o.get_tensor_data(t, 0), [IN]), [buf.tensor((1024,), "int32")])
+        assert w.host_view_info(buf) == "cached" and w._native._view_counts() == (1, 0, 0)
+        w.free(buf)
+        assert w._native._view_counts() == (0, 0, 0)
+        log = [(op, addr) for op, addr, _n, code, _p in w.call_log() if code == 0 and addr == buf.ptr]
+        assert [op for op, _ in log][-2:] == ["unmap", "free"]
+        assert w.stats()["live_mappings"] == 0
+
+
+def test_a_mirror_policy_never_maps():
+    with sp.Worker("sim", view_policy="mirror") as w:
+        buf = w.malloc(4096)
+        w.run(sp.Callable(lambda o, t: o.get_tensor_data(t, 0), [IN]), [buf.tensor((1024,), "int32")])
+        assert w.host_view_info(buf) == "mirror" and w.stats()["maps"] == 0
+
+
+def test_a_bad_policy_is_an_argument_error():
+    with pytest.raises(sp.ArgumentError, match="view_policy must be 'auto', 'mapping', 'cached' or 'mirror'"):
+        sp.Worker("sim", view_policy="sometimes")
