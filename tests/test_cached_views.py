@@ -111,3 +111,16 @@ def test_a_mirror_policy_never_maps():
 def test_a_bad_policy_is_an_argument_error():
     with pytest.raises(sp.ArgumentError, match="view_policy must be 'auto', 'mapping', 'cached' or 'mirror'"):
         sp.Worker("sim", view_policy="sometimes")
+
+
+def test_a_large_bulk_read_under_auto_is_served_from_the_cache_it_triggers():
+    seen = []
+    with sp.Worker("sim", model="ascend-a3") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.arange(64 * 1024, dtype=np.int32), IN, eager=True)  # mapped at add
+        call = sp.Callable(lambda o, t: seen.append(int(o.read_tensor(t)[1000])), [IN])
+        r = w.run(call, [t])
+        # 65,536 element reads through the mapping would cost ~111 ms; the cache costs one fill.
+        assert (r.counters["views_cached"], r.counters["mapped_reads"]) == (1, 0)
+        assert r.counters["cache_fill_bytes"] == 256 << 10
+        assert r.modeled["orchestrate"] == round((256 << 10) / 0.3)
+        assert seen == [1000]

@@ -208,6 +208,26 @@ impl RunState {
         Ok(())
     }
 
+    /// Tells the view cache about `n` reads through the mapping of `arg`'s allocation *before*
+    /// they are made; returns whether it turned the mapping into a cached view (the reads are
+    /// then served from the cache, and `arg` must be resolved again).
+    fn note_reads_first(&mut self, mem: &mut Memory, arg: u32, n: u64) -> Result<bool> {
+        let Some(r) = self.args[arg as usize].resolved.as_mut() else {
+            return Ok(false);
+        };
+        let (base, pending) = (r.base, std::mem::take(&mut r.pending_reads));
+        let name = self.args[arg as usize].name.clone();
+        let mut ev = ViewEvents::default();
+        let switched = mem
+            .views
+            .note_mapped_reads(base, pending + n, &name, &mut ev)?;
+        self.events.add(ev);
+        if switched {
+            self.args[arg as usize].resolved = None;
+        }
+        Ok(switched)
+    }
+
     /// The resolution `locate` just made for `arg`.
     fn resolved(&self, arg: u32) -> &Resolved {
         match &self.args[arg as usize].resolved {
@@ -324,10 +344,20 @@ impl RunState {
                 writable: false,
             });
         }
-        let addr = self.locate(mem, arg, view, false)?;
+        let mut addr = self.locate(mem, arg, view, false)?;
         self.report.counters.orch_reads += 1;
+        if self.resolved(arg).mapped {
+            // numpy reads every element of the window through the mapping: a window this large
+            // may turn the mapping into a cached view first, and then it is served from the cache.
+            let n: u64 = view.shape().iter().product();
+            if self.note_reads_first(mem, arg, n)? {
+                addr = self.locate(mem, arg, view, false)?;
+            } else {
+                self.report.counters.mapped_reads += n;
+            }
+        }
         let r = self.resolved(arg);
-        let (offset, mapped) = (r.host_offset(addr), r.mapped);
+        let offset = r.host_offset(addr);
         let window = if r.zero_copy {
             HostWindow {
                 mem: r.mem.clone(),
@@ -352,10 +382,6 @@ impl RunState {
                 writable: false,
             }
         };
-        if mapped {
-            // numpy reads every element of the window through the mapping.
-            self.mapped_reads(mem, arg, view.shape().iter().product())?;
-        }
         Ok(window)
     }
 }
