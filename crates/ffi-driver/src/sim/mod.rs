@@ -296,7 +296,7 @@ impl SimDevice {
         Ok(DevPtr(addr))
     }
 
-    fn do_free(st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
+    fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let Some(block) = st.blocks.get(&ptr.0) else {
             return Err(err(
                 Op::Free,
@@ -321,10 +321,12 @@ impl SimDevice {
         }
         let size = block.size;
         st.blocks.remove(&ptr.0);
-        st.free
-            .entry(size.div_ceil(SIM_ALIGN) * SIM_ALIGN)
-            .or_default()
-            .push(ptr.0);
+        if self.config.reuse_addresses {
+            st.free
+                .entry(size.div_ceil(SIM_ALIGN) * SIM_ALIGN)
+                .or_default()
+                .push(ptr.0);
+        }
         st.ledger.on_free(ptr);
         Ok(())
     }
@@ -415,7 +417,7 @@ impl Device for SimDevice {
         let size = st.blocks.get(&ptr.0).map_or(0, |b| b.size);
         let op = Op::Free;
         traced(&mut *st, op, ptr.0, size, injected(op), |st| {
-            Self::do_free(st, ptr)?;
+            self.do_free(st, ptr)?;
             self.charge(st, op, size, None);
             Ok(())
         })
@@ -565,7 +567,7 @@ impl Device for SimDevice {
             let size = st.blocks[&base].size;
             report.leaked_allocations += 1;
             report.leaked_bytes += size;
-            let r = Self::do_free(&mut st, DevPtr(base));
+            let r = self.do_free(&mut st, DevPtr(base));
             if let Err(e) = st.ledger.logged(Op::Free, base, size, r) {
                 report.errors.push(e);
             }
