@@ -24,7 +24,7 @@
 
 use std::sync::Arc;
 
-use simpler_driver::{DevPtr, Device, HostMem, MapGrant};
+use simpler_driver::{DevPtr, Device, HostMem, HostMemError, MapGrant};
 
 use crate::addr::AddrMap;
 use crate::error::{Error, Phase, Result};
@@ -201,14 +201,16 @@ impl ViewCache {
     }
 
     /// Returns the means for the allocation at `base` (`bytes` long), establishing it on first
-    /// use. `mirror_on_refusal` chooses a whole-allocation mirror (resident) or a cached refusal
-    /// (staging). A stale mirror is refreshed here, once. `tensor` names the accessing tensor.
+    /// use. `resident`: a resident allocation (its policy applies; a refused mapping becomes a
+    /// whole-allocation mirror), else a staging allocation (a mapping or a cached refusal,
+    /// never a cache: it changes every run). A stale mirror or cache is refreshed here, once.
+    /// `tensor` names the accessing tensor.
     pub fn ensure(
         &mut self,
         dev: &dyn Device,
         base: DevPtr,
         bytes: u64,
-        mirror_on_refusal: bool,
+        resident: bool,
         tensor: &str,
         ev: &mut ViewEvents,
     ) -> Result<Means> {
@@ -226,7 +228,7 @@ impl ViewCache {
                     cache,
                     stale,
                 } if *stale => {
-                    fill_cache(map, *offset, cache, tensor)?;
+                    fill_cache(map, *offset, cache, base, tensor)?;
                     *stale = false;
                     ev.cache_fills += 1;
                     ev.cache_fill_bytes += e.bytes;
@@ -235,10 +237,10 @@ impl ViewCache {
             }
             return Ok(e.means.clone());
         }
-        let policy = if mirror_on_refusal {
+        let policy = if resident {
             self.policy_of(base)
         } else {
-            ViewPolicy::Mapping // staging allocations: mapped or refused, never cached
+            ViewPolicy::Mapping
         };
         let grant = if policy == ViewPolicy::Mirror {
             MapGrant::Refused {
@@ -250,24 +252,31 @@ impl ViewCache {
                 .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?
         };
         let means = match grant {
-            MapGrant::Mapped { mem, offset } if policy == ViewPolicy::Cached => {
-                ev.mapped += 1;
-                ev.cached += 1;
-                let cache = new_cache(&mem, offset, bytes, tensor)?;
-                ev.cache_fills += 1;
-                ev.cache_fill_bytes += bytes;
-                Means::Cached {
-                    map: mem,
-                    offset,
-                    cache,
-                    stale: false,
-                }
-            }
             MapGrant::Mapped { mem, offset } => {
                 ev.mapped += 1;
-                Means::Mapped { mem, offset }
+                // The cache is an optimization: without host memory for it, the mapping serves.
+                match (policy == ViewPolicy::Cached)
+                    .then(|| new_cache(&mem, offset, bytes, base, tensor))
+                {
+                    Some(Ok(cache)) => {
+                        ev.cached += 1;
+                        ev.cache_fills += 1;
+                        ev.cache_fill_bytes += bytes;
+                        Means::Cached {
+                            map: mem,
+                            offset,
+                            cache,
+                            stale: false,
+                        }
+                    }
+                    Some(Err(e)) => {
+                        log::warn!("{e}; reading through the mapping instead");
+                        Means::Mapped { mem, offset }
+                    }
+                    None => Means::Mapped { mem, offset },
+                }
             }
-            MapGrant::Refused { code, reason } if mirror_on_refusal => {
+            MapGrant::Refused { code, reason } if resident => {
                 log::debug!(
                     "map_host refused for allocation {base} ({bytes} bytes, code {code}: {reason}); mirroring"
                 );
@@ -276,7 +285,8 @@ impl ViewCache {
                 })?;
                 let mem = dev.alloc_mirror(len).map_err(|e| {
                     Error::Value(format!(
-                        "tensor {tensor}: cannot allocate a host mirror: {e}"
+                        "tensor {tensor}: cannot allocate a host mirror of allocation {base} \
+                         ({bytes} bytes): {e}"
                     ))
                 })?;
                 if let Err(e) = fill_mirror(dev, &mem, base, tensor) {
@@ -292,15 +302,15 @@ impl ViewCache {
             }
         };
         if bytes >= LARGE_VIEW_BYTES {
-            if mirror_on_refusal {
+            if resident {
                 log::warn!(
                     "established a host {} of {bytes} bytes for tensor {tensor} (allocation {base}); \
                      host views of large tensors cost {}",
                     means.kind(),
-                    if matches!(means, Means::Mirror { .. }) {
-                        "a bulk copy per refresh"
-                    } else {
-                        "a mapping for the allocation's life"
+                    match means {
+                        Means::Mirror { .. } => "a bulk copy per refresh",
+                        Means::Cached { .. } => "a host copy and a bulk read per refresh",
+                        _ => "a mapping for the allocation's life",
                     }
                 );
             } else if matches!(means, Means::Mapped { .. }) {
@@ -318,7 +328,7 @@ impl ViewCache {
                 bytes,
                 means: means.clone(),
                 mapped_reads: 0,
-                resident: mirror_on_refusal,
+                resident,
             },
         );
         Ok(means)
@@ -350,7 +360,15 @@ impl ViewCache {
         let Means::Mapped { mem, offset } = &e.means else {
             return Ok(false);
         };
-        let cache = new_cache(mem, *offset, e.bytes, tensor)?;
+        let cache = match new_cache(mem, *offset, e.bytes, base, tensor) {
+            Ok(c) => c,
+            Err(err) => {
+                // The cache is an optimization: the mapping keeps serving; try again later.
+                log::warn!("{err}; reading through the mapping instead");
+                e.mapped_reads = 0;
+                return Ok(false);
+            }
+        };
         log::debug!(
             "allocation {base} ({} bytes): {} reads through its mapping; reading through a host cache from now on",
             e.bytes,
@@ -411,25 +429,46 @@ fn give_back_mirror(dev: &dyn Device, mem: &Arc<HostMem>, base: DevPtr) {
     }
 }
 
-/// A host cache of `bytes` of the mapping `map` (from `offset`), filled from it.
-fn new_cache(map: &HostMem, offset: usize, bytes: u64, tensor: &str) -> Result<Arc<HostMem>> {
-    let len = usize::try_from(bytes).map_err(|_| {
-        Error::geometry(format!("tensor {tensor}"), "allocation too large to cache")
-    })?;
-    let cache = Arc::new(HostMem::new(len, 0).map_err(|e| {
-        Error::Value(format!(
-            "tensor {tensor}: cannot allocate a host cache: {e}"
-        ))
-    })?);
-    fill_cache(map, offset, &cache, tensor)?;
+/// A host cache of the `bytes` of allocation `base` mapped at `offset` of `map`, filled from it.
+fn new_cache(
+    map: &HostMem,
+    offset: usize,
+    bytes: u64,
+    base: DevPtr,
+    tensor: &str,
+) -> Result<Arc<HostMem>> {
+    let cache = usize::try_from(bytes)
+        .map_err(|_| HostMemError::Alloc(usize::MAX))
+        .and_then(|len| HostMem::new(len, 0))
+        .map_err(|e| {
+            Error::Value(format!(
+                "tensor {tensor}: cannot allocate a host cache of allocation {base} ({bytes} \
+                 bytes): {e}"
+            ))
+        })?;
+    let cache = Arc::new(cache);
+    fill_cache(map, offset, &cache, base, tensor)?;
     Ok(cache)
 }
 
 /// Copies the mapped allocation into its cache: one bulk read out of the mapping, no driver call.
-fn fill_cache(map: &HostMem, offset: usize, cache: &HostMem, tensor: &str) -> Result<()> {
+fn fill_cache(
+    map: &HostMem,
+    offset: usize,
+    cache: &HostMem,
+    base: DevPtr,
+    tensor: &str,
+) -> Result<()> {
+    let fail = |e: HostMemError| {
+        Error::Value(format!(
+            "tensor {tensor}: filling the host cache of allocation {base} ({} bytes) from its \
+             mapping: {e}",
+            cache.len()
+        ))
+    };
     map.with_slice(offset, cache.len(), |src| cache.write(0, src))
-        .map_err(|e| Error::Value(format!("tensor {tensor}: cache fill: {e}")))?
-        .map_err(|e| Error::Value(format!("tensor {tensor}: cache fill: {e}")))
+        .map_err(fail)?
+        .map_err(fail)
 }
 
 fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, tensor: &str) -> Result<()> {
