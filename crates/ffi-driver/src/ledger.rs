@@ -229,6 +229,39 @@ impl Ledger {
         (addr < end && range_end <= end).then_some((DevPtr(base), size))
     }
 
+    /// The live allocation `(base, size)` containing `[addr, addr + bytes)`, else the error
+    /// `refuse` makes of the reason (the address and size attached): the check every vendor
+    /// driver makes before a copy, memset or mapping reaches the vendor.
+    pub fn require(
+        &self,
+        addr: u64,
+        bytes: u64,
+        refuse: impl FnOnce(&'static str) -> DeviceError,
+    ) -> Result<(u64, u64), DeviceError> {
+        self.containing(addr, bytes)
+            .map(|(b, s)| (b.0, s))
+            .ok_or_else(|| {
+                refuse(
+                    "no live allocation contains this range (unknown address, freed, or the \
+                     range runs past its allocation)",
+                )
+                .at(addr)
+                .sized(bytes)
+            })
+    }
+
+    /// The size of the live allocation starting at `ptr`, else the error `refuse` makes of the
+    /// reason (the address attached): the check before a free reaches the vendor.
+    pub fn require_live(
+        &self,
+        ptr: DevPtr,
+        refuse: impl FnOnce(&'static str) -> DeviceError,
+    ) -> Result<u64, DeviceError> {
+        self.live_size(ptr).ok_or_else(|| {
+            refuse("not a live allocation (unknown address or already freed)").at(ptr.0)
+        })
+    }
+
     /// Live allocations (base, size), largest address first (the reverse of a bump order).
     pub fn live_allocations(&self) -> Vec<(DevPtr, u64)> {
         self.live

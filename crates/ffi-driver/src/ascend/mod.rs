@@ -237,23 +237,12 @@ impl AscendDevice {
         addr: u64,
         bytes: u64,
     ) -> Result<(u64, u64), DeviceError> {
+        let code = match op {
+            Op::Map | Op::Unmap => codes::BAD_ADDRESS,
+            _ => ACL_ERROR_INVALID_PARAM,
+        };
         st.ledger
-            .containing(addr, bytes)
-            .map(|(b, s)| (b.0, s))
-            .ok_or_else(|| {
-                let code = match op {
-                    Op::Map | Op::Unmap => codes::BAD_ADDRESS,
-                    _ => ACL_ERROR_INVALID_PARAM,
-                };
-                self.refused(
-                    op,
-                    code,
-                    "no live allocation contains this range (unknown address, freed, or the \
-                     range runs past its allocation)",
-                )
-                .at(addr)
-                .sized(bytes)
-            })
+            .require(addr, bytes, |why| self.refused(op, code, why))
     }
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
@@ -289,14 +278,9 @@ impl AscendDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
-        let Some(size) = st.ledger.live_size(ptr) else {
-            let e = self.refused(
-                op,
-                ACL_ERROR_INVALID_PARAM,
-                "not a live allocation (unknown address or already freed)",
-            );
-            return Err(e.at(ptr.0));
-        };
+        let size = st
+            .ledger
+            .require_live(ptr, |why| self.refused(op, ACL_ERROR_INVALID_PARAM, why))?;
         let mapped = st.mappings.range(ptr.0..ptr.0.saturating_add(size)).count();
         if mapped > 0 {
             let e = Self::own_status(Op::Unmap, codes::BUSY)

@@ -259,19 +259,9 @@ impl CudaDevice {
     }
 
     fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
-        st.ledger
-            .containing(addr, bytes)
-            .map(|(b, s)| (b.0, s))
-            .ok_or_else(|| {
-                Self::refused(
-                    op,
-                    CUDA_ERROR_INVALID_VALUE,
-                    "no live allocation contains this range (unknown address, freed, or the \
-                     range runs past its allocation)",
-                )
-                .at(addr)
-                .sized(bytes)
-            })
+        st.ledger.require(addr, bytes, |why| {
+            Self::refused(op, CUDA_ERROR_INVALID_VALUE, why)
+        })
     }
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
@@ -304,14 +294,9 @@ impl CudaDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
-        let Some(size) = st.ledger.live_size(ptr) else {
-            let e = Self::refused(
-                op,
-                CUDA_ERROR_INVALID_VALUE,
-                "not a live allocation (unknown address or already freed)",
-            );
-            return Err(e.at(ptr.0));
-        };
+        let size = st
+            .ledger
+            .require_live(ptr, |why| Self::refused(op, CUDA_ERROR_INVALID_VALUE, why))?;
         let _bound = self.enter(st, op)?;
         // SAFETY: `ptr` is a live cuMemAlloc allocation (ledger); the host never dereferences it.
         CuResult(unsafe { (self.f.mem_free)(ptr.0) })
