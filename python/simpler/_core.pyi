@@ -11,6 +11,9 @@ import numpy as np
 
 __all__ = [
     "DTYPES",
+    "MODELS",
+    "PLATFORMS",
+    "VIEW_POLICIES",
     "Callable",
     "DeviceTensor",
     "HostWindow",
@@ -24,6 +27,9 @@ __all__ = [
 ]
 
 DTYPES: list[str]
+PLATFORMS: list[str]
+MODELS: list[str]
+VIEW_POLICIES: list[str]
 
 _Scalar = int | float | bool
 _Index = int | tuple[int, ...] | list[int]

@@ -432,7 +432,7 @@ class ResidentTaskArgs:
                         f"{what}: its host storage overlaps resident fixture '{other}' "
                         "(an aliased layout cannot be made resident faithfully)"
                     )
-        policies = ("lazy", "eager", "auto", "mapping", "cached", "mirror")
+        policies = ("lazy", "eager", *_core.VIEW_POLICIES)
         if host_view not in policies:
             raise ArgumentError(f"{what}: host_view must be one of {', '.join(policies)}, not {host_view!r}")
         eager = bool(eager) or host_view == "eager"
@@ -445,7 +445,7 @@ class ResidentTaskArgs:
         tensor = Buffer(self._worker, ptr, host.nbytes, owner=self, gen=gen).tensor(host.shape, host.dtype)
         self._entries[name] = _Entry(name, d, tensor)
         self._extents.append((name, weakref.ref(_root(host)), start, end))
-        if host_view in ("mapping", "cached", "mirror"):
+        if host_view not in ("lazy", "eager", "auto"):
             self._worker._native._hint_view(ptr, gen, host_view)
         if eager:
             self._worker._native._establish_view(ptr, gen, name)

@@ -42,8 +42,8 @@ __all__ = [
     "scene_classes",
 ]
 
-#: The platforms a worker can be opened on.
-PLATFORMS = ("sim", "ascend", "cuda")
+#: The platforms a worker can be opened on (the native core's list).
+PLATFORMS = tuple(_core.PLATFORMS)
 
 
 def parse_svm(v: str | None) -> str | int | None:
@@ -143,13 +143,13 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
     flag("staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
     flag(
         "model",
-        choices=("ascend-a3", "h200"),
+        choices=_core.MODELS,
         default=None,
         help="sim: price every driver call and mapped access with a hardware cost model",
     )
     flag(
         "view-policy",
-        choices=("auto", "mapping", "cached", "mirror"),
+        choices=_core.VIEW_POLICIES,
         default=None,
         help="how resident tensors are reached from the host (default auto)",
     )

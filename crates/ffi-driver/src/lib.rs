@@ -26,4 +26,4 @@ pub use hostmem::{HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
 pub use model::CostModel;
-pub use open::{open_device, DeviceSpec, OpenError};
+pub use open::{open_device, DeviceSpec, OpenError, PLATFORMS};

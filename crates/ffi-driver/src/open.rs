@@ -7,6 +7,9 @@ use crate::cuda::{CudaConfig, CudaDevice};
 use crate::sim::{SimConfig, SimDevice, SvmPolicy, POISON};
 use crate::Device;
 
+/// The platforms [`open_device`] knows.
+pub const PLATFORMS: [&str; 3] = ["sim", "ascend", "cuda"];
+
 /// Options for [`open_device`]. Options that do not apply to a platform are rejected there.
 #[derive(Debug, Clone, Default)]
 pub struct DeviceSpec {
@@ -126,7 +129,8 @@ fn open_vendor(platform: &str, spec: &DeviceSpec) -> Result<Arc<dyn Device>, Ope
             Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
         }
         _ => Err(OpenError::Invalid(format!(
-            "unknown platform '{platform}' (known: sim, ascend, cuda)"
+            "unknown platform '{platform}' (known: {})",
+            PLATFORMS.join(", ")
         ))),
     }
 }

@@ -71,13 +71,18 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
         let s: String = obj
             .extract()
             .map_err(|_| type_err(format!("view_policy must be a string, not {obj:?}")))?;
-        simpler_runtime::views::ViewPolicy::parse(&s)
-            .map(ViewPolicyArg)
-            .ok_or_else(|| {
-                value_err(format!(
-                    "view_policy must be 'auto', 'mapping', 'cached' or 'mirror', not '{s}'"
-                ))
-            })
+        use simpler_runtime::views::ViewPolicy;
+        ViewPolicy::parse(&s).map(ViewPolicyArg).ok_or_else(|| {
+            let names: Vec<String> = ViewPolicy::ALL
+                .iter()
+                .map(|p| format!("'{}'", p.name()))
+                .collect();
+            let (last, rest) = names.split_last().expect("ALL is not empty");
+            value_err(format!(
+                "view_policy must be {} or {last}, not '{s}'",
+                rest.join(", ")
+            ))
+        })
     }
 }
 

@@ -61,5 +61,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_scalar, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
+    m.add("PLATFORMS", simpler_driver::PLATFORMS.to_vec())?;
+    m.add("MODELS", simpler_driver::model::MODELS.to_vec())?;
+    let policies: Vec<&str> = simpler_runtime::views::ViewPolicy::ALL
+        .iter()
+        .map(|p| p.name())
+        .collect();
+    m.add("VIEW_POLICIES", policies)?;
     Ok(())
 }

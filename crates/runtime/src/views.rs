@@ -78,18 +78,20 @@ pub enum ViewPolicy {
 }
 
 impl ViewPolicy {
-    /// Parses `"auto"`, `"mapping"`, `"cached"` or `"mirror"`.
+    /// Every policy, in documentation order.
+    pub const ALL: [ViewPolicy; 4] = [
+        ViewPolicy::Auto,
+        ViewPolicy::Mapping,
+        ViewPolicy::Cached,
+        ViewPolicy::Mirror,
+    ];
+
+    /// Parses a policy's [`name`](ViewPolicy::name).
     pub fn parse(s: &str) -> Option<ViewPolicy> {
-        match s {
-            "auto" => Some(ViewPolicy::Auto),
-            "mapping" => Some(ViewPolicy::Mapping),
-            "cached" => Some(ViewPolicy::Cached),
-            "mirror" => Some(ViewPolicy::Mirror),
-            _ => None,
-        }
+        ViewPolicy::ALL.into_iter().find(|p| p.name() == s)
     }
 
-    /// The name [`ViewPolicy::parse`] takes.
+    /// `"auto"`, `"mapping"`, `"cached"` or `"mirror"`.
     pub fn name(self) -> &'static str {
         match self {
             ViewPolicy::Auto => "auto",
