@@ -109,10 +109,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Svm {
             obj.extract::<String>().map_err(|_| {
                 type_err(format!(
                     "svm must be 'always', 'never' or a byte count, not {}",
-                    obj.get_type()
-                        .name()
-                        .map(|n| n.to_string())
-                        .unwrap_or_default()
+                    crate::errors::type_name(&obj)
                 ))
             })?
         };
@@ -127,10 +124,7 @@ pub fn u64_arg(obj: &Bound<'_, PyAny>, what: &str, noun: &str) -> PyResult<u64> 
     let not_int = || {
         type_err(format!(
             "{what}: {noun} must be an int, not {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            crate::errors::type_name(obj)
         ))
     };
     if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {

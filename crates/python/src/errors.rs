@@ -112,3 +112,11 @@ pub fn value_err(msg: impl Into<String>) -> PyErr {
 pub fn type_err(msg: impl Into<String>) -> PyErr {
     ArgumentTypeError::new_err(msg.into())
 }
+
+/// The name of `obj`'s type, for "expected X, got Y" messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}

@@ -300,6 +300,19 @@ fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<
     obj.try_iter()?.map(|v| convert::value(&v?, what)).collect()
 }
 
+/// The kernel argument of a submit, or an error naming the call and what it got.
+fn kernel_arg<'a, 'py>(
+    kernel: &'a Bound<'py, PyAny>,
+    who: &str,
+) -> PyResult<&'a Bound<'py, Kernel>> {
+    kernel.cast::<Kernel>().map_err(|_| {
+        type_err(format!(
+            "{who}: expected a Kernel, got {}",
+            crate::errors::type_name(kernel)
+        ))
+    })
+}
+
 #[pymethods]
 impl Orchestrator {
     /// The element of ``t`` at ``idx`` (an int for 1-D tensors, else a tuple), typed by its
@@ -391,16 +404,7 @@ impl Orchestrator {
         kernel: &Bound<'_, PyAny>,
         args: &Bound<'_, PyTuple>,
     ) -> PyResult<u64> {
-        let kernel = kernel.cast::<Kernel>().map_err(|_| {
-            type_err(format!(
-                "submit: expected a Kernel, got {}",
-                kernel
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
+        let kernel = kernel_arg(kernel, "submit")?;
         let k = kernel.get();
         let n = k.sig.len();
         let mut tensors: Vec<(u32, Geometry)> = Vec::with_capacity(n);
@@ -470,16 +474,7 @@ impl Orchestrator {
         args: &Bound<'_, PyTuple>,
         count: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<u64> {
-        let kernel = kernel.cast::<Kernel>().map_err(|_| {
-            type_err(format!(
-                "submit_many: expected a Kernel, got {}",
-                kernel
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
+        let kernel = kernel_arg(kernel, "submit_many")?;
         let k = kernel.get();
         let n = k.sig.len();
         if args.len() < n {

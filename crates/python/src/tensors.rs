@@ -211,11 +211,7 @@ pub fn buffer_ref<'py>(buffer: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyWor
         .map_err(|_| {
             type_err(format!(
                 "expected a Buffer, not {}",
-                buffer
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                crate::errors::type_name(buffer)
             ))
         })?;
     let worker = worker

@@ -310,10 +310,7 @@ impl PyWorker {
         let arr = host.cast::<PyUntypedArray>().map_err(|_| {
             crate::errors::type_err(format!(
                 "{what}: expected a numpy array, got {}",
-                host.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                crate::errors::type_name(host)
             ))
         })?;
         let geometry = convert::array_geometry(arr, &what)?.ok_or_else(|| {
