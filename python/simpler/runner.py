@@ -159,34 +159,31 @@ def _selectors(selectors: Iterable[str] | None) -> list[str]:
     return [s.strip() for sel in (selectors or ()) for s in sel.split(",") if s.strip()]
 
 
+def _matches(cls_name: str, names: Sequence[str], selectors: Iterable[str] | None, wildcard: bool) -> bool:
+    """Whether a selector names one of ``names`` (``Foo`` or ``Class::Foo``), or, with
+    ``wildcard``, is ``Class::`` for the case's class."""
+    for s in _selectors(selectors):
+        c, sep, n = s.partition("::")
+        if (sep and c == cls_name and (n in names or (wildcard and n == ""))) or (not sep and s in names):
+            return True
+    return False
+
+
 def case_selected(
     cls_name: str, case_name: str, selectors: Iterable[str] | None, aliases: Sequence[str] = ()
 ) -> bool:
     """Whether ``--case`` selectors (``Foo``, ``Class::Foo``, ``Class::``) select a case (by its
     name or one of its ``aliases``, e.g. the bench's case name without the arm)."""
-    sels = _selectors(selectors)
-    if not sels:
+    if not _selectors(selectors):
         return True
-    names = (case_name, *aliases)
-    for s in sels:
-        c, sep, n = s.partition("::")
-        if sep and c == cls_name and (n == "" or n in names):
-            return True
-        if not sep and s in names:
-            return True
-    return False
+    return _matches(cls_name, (case_name, *aliases), selectors, wildcard=True)
 
 
 def named_explicitly(
     cls_name: str, case_name: str, selectors: Iterable[str] | None, aliases: Sequence[str] = ()
 ) -> bool:
     """Whether a selector names the case itself (``Foo`` or ``Class::Foo``, not ``Class::``)."""
-    names = (case_name, *aliases)
-    for s in _selectors(selectors):
-        c, sep, n = s.partition("::")
-        if (sep and c == cls_name and n in names) or (not sep and s in names):
-            return True
-    return False
+    return _matches(cls_name, (case_name, *aliases), selectors, wildcard=False)
 
 
 def case_skip_reason(
