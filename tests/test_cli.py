@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -186,6 +187,35 @@ def test_version_and_python_m(tmp_path):
     status, out, _ = _run(["--help"], tmp_path)
     assert status == 0 and "bench" in out and "report" in out
     assert sp.__version__ == importlib.metadata.version("simpler-residency")
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["report", "pa.jsonl"], 141),
+        (["report", "pa.jsonl", "pa.jsonl"], 141),
+        (["--help"], 0),  # argparse itself drops a failed write of its help and version texts
+        (["--version"], 0),
+    ],
+)
+def test_a_closed_output_pipe_ends_quietly(bench_run, tmp_path, argv, status):
+    """``simpler report pa.jsonl | head``: the reader is gone before the command writes (the
+    pipe's read end is closed before it starts), so every write fails with EPIPE. The command
+    stops with 141, as a command ended by SIGPIPE does, and prints no traceback."""
+    (tmp_path / "pa.jsonl").write_bytes(bench_run[2].read_bytes())
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "simpler", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+    finally:
+        os.close(write_end)
+    assert (p.returncode, p.stderr) == (status, "")
 
 
 def test_the_json_file_is_written_after_the_tables(tmp_path, capsys):

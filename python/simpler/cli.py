@@ -12,7 +12,8 @@
 (:mod:`simpler.report`); ``--json`` writes every round's record as a JSON line (after the tables
 are printed; its directory is checked before the run). ``report`` re-prints the tables of such a
 file, or compares two. Exit status: 0 on success, 1 when a case failed or the platform is
-unavailable, 2 on a usage error (one line on stderr, never a traceback).
+unavailable, 2 on a usage error (one line on stderr, never a traceback), 141 (quietly) when the
+reader of standard output went away, as in ``simpler report pa.jsonl | head``.
 """
 
 from __future__ import annotations
@@ -162,6 +163,25 @@ def _bench(ns: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``simpler`` console script; returns the exit status."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, so a closed pipe surfaces inside the handler below
+    except BrokenPipeError:
+        # The reader went away (``simpler report a.jsonl | head``): stop quietly, with the
+        # status of a process ended by SIGPIPE, and send the rest of the buffered output to
+        # /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return _SIGPIPE_STATUS
+    return status
+
+
+# 128 + SIGPIPE: what a shell reports for a command whose output pipe was closed.
+_SIGPIPE_STATUS = 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         ns = _parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, usage errors: argparse already printed
