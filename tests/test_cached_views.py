@@ -124,3 +124,72 @@ def test_a_large_bulk_read_under_auto_is_served_from_the_cache_it_triggers():
         assert r.counters["cache_fill_bytes"] == 256 << 10
         assert r.modeled["orchestrate"] == round((256 << 10) / 0.3)
         assert seen == [1000]
+
+
+# Staged tensors: the orchestrator reads them through a mapping of the staging arena they share.
+# Read often, they are read from a per-run host copy of their own span instead (the arena holds
+# other bytes next run, so the copy lives one run).
+
+STAGED_N = 16 * 1024  # a 64 KiB int32 tensor: under auto its span copy pays after 128 reads
+
+
+def _staged_reads(n, seen):
+    def orch(o, t):
+        seen.append([int(o.get_tensor_data(t, i % STAGED_N)) for i in range(n)])
+
+    return sp.Callable(orch, [IN])
+
+
+@pytest.mark.parametrize(
+    ("policy", "reads", "mapped_reads", "copies"),
+    [
+        ("auto", 600, 128, 1),  # the reads before the switch crossed the bus
+        ("auto", 100, 100, 0),  # too few to pay for a copy
+        ("cached", 600, 0, 1),
+        ("mapping", 600, 600, 0),
+    ],
+)
+def test_a_staged_tensor_read_often_reads_a_copy_of_its_span(policy, reads, mapped_reads, copies):
+    host = np.arange(STAGED_N, dtype=np.int32)
+    with sp.Worker("sim", view_policy=policy) as w:
+        for _ in range(2):  # a copy lives one run: the second run makes its own
+            seen = []
+            d2h = w.stats()["d2h_calls"]
+            r = w.run(_staged_reads(reads, seen), [host])
+            assert seen == [[i % STAGED_N for i in range(reads)]]
+            c = r.counters
+            assert (c["mapped_reads"], c["staged_view_copies"]) == (mapped_reads, copies)
+            assert (c["cache_fills"], c["cache_fill_bytes"]) == (copies, copies * host.nbytes)
+            assert c["views_cached"] == 0  # the staging arena itself is never cached
+            assert w.stats()["d2h_calls"] == d2h, "the copy is read out of the mapping"
+
+
+def test_a_staged_tensor_under_the_mirror_policy_is_copied_not_mapped():
+    host = np.arange(STAGED_N, dtype=np.int32)
+    seen = []
+    with sp.Worker("sim", view_policy="mirror") as w:
+        d2h = w.stats()["d2h_calls"]
+        r = w.run(_staged_reads(600, seen), [host])
+        c = r.counters
+        assert (c["views_mapped"], c["mapped_reads"], c["staged_view_copies"]) == (0, 0, 1)
+        assert w.stats()["d2h_calls"] == d2h + 1 and w.stats()["maps"] == 0
+        assert seen == [[i % STAGED_N for i in range(600)]]
+
+
+def test_writes_to_a_staged_tensor_copy_reach_the_device_and_later_reads():
+    seen = []
+
+    def orch(o, t):
+        for i in range(200):  # past the switch
+            o.get_tensor_data(t, i)
+        o.set_tensor_data(t, 7, -5)
+        seen.append((int(o.get_tensor_data(t, 7)), int(o.read_tensor(t)[7])))
+        o.submit(BUMP, t)
+
+    host = np.zeros(STAGED_N, np.int32)
+    with sp.Worker("sim", model="ascend-a3") as w:
+        r = w.run(sp.Callable(orch, [INOUT]), [host])
+        assert seen == [(-5, -5)]
+        assert host[7] == -4 and host[6] == 1  # the kernel saw the write; copied back
+        c = r.counters
+        assert (c["staged_view_copies"], c["mapped_reads"], c["mapped_writes"]) == (1, 128, 1)

@@ -13,9 +13,11 @@
 //!   it; it goes stale by the mirror's rule and the next read refreshes it. A mapping is a poor
 //!   place to read from (write-combined device memory behind the bus: every read is an uncached
 //!   round trip), so read-heavy allocations are better served from host memory.
-//! * `Refused` — a staging allocation the driver refused to map. Staged tensors are small and
-//!   live one run, so they get a per-run copy of their own span instead of a mirror of the whole
-//!   arena; the refusal is cached so the driver is asked once per allocation.
+//! * `Refused` — a staging allocation the driver refused to map (or that the mirror policy keeps
+//!   unmapped). Staged tensors are small and live one run, so they get a per-run copy of their
+//!   own span (one D2H) instead of a mirror of the whole arena; the refusal is cached so the
+//!   driver is asked once per allocation. A staged tensor read often through a granted mapping
+//!   gets a per-run copy of its span too, filled out of the mapping (`run/access.rs`).
 //!
 //! Which of mapping, cached and mirror an allocation gets is its [`ViewPolicy`]: the worker's
 //! default or a per-allocation hint. Under `Auto` a granted mapping starts as `Mapped` and is
@@ -111,6 +113,12 @@ pub const AUTO_CACHE_BYTES_PER_READ: u64 = 512;
 pub const AUTO_CACHE_MIN_READS: u64 = 16;
 /// Allocations larger than this stay mappings under `Auto` (a cache doubles their host memory).
 pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
+
+/// Under [`ViewPolicy::Auto`], the element reads through the mapping of `bytes` after which
+/// reading them from a host copy pays (see [`AUTO_CACHE_BYTES_PER_READ`]).
+pub fn auto_cache_after(bytes: u64) -> u64 {
+    (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
+}
 
 /// What establishing or refreshing a view did, for the run report.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -239,10 +247,12 @@ impl ViewCache {
             }
             return Ok(e.means.clone());
         }
-        let policy = if resident {
-            self.policy_of(base)
-        } else {
-            ViewPolicy::Mapping
+        // A staging allocation is mapped unless the worker's policy is the mirror one; what a
+        // staged tensor's reads go through from there is the run's choice (`run/access.rs`).
+        let policy = match (resident, self.policy) {
+            (true, _) => self.policy_of(base),
+            (false, ViewPolicy::Mirror) => ViewPolicy::Mirror,
+            (false, _) => ViewPolicy::Mapping,
         };
         let grant = if policy == ViewPolicy::Mirror {
             MapGrant::Refused {
@@ -298,8 +308,11 @@ impl ViewCache {
                 ev.mirrored += 1;
                 Means::Mirror { mem, stale: false }
             }
-            MapGrant::Refused { code, .. } => {
-                log::debug!("map_host refused for staging allocation {base} (code {code})");
+            MapGrant::Refused { code, reason } => {
+                log::debug!(
+                    "no mapping of staging allocation {base} (code {code}: {reason}); staged \
+                     tensors read through per-run copies of their spans"
+                );
                 Means::Refused
             }
         };
@@ -351,7 +364,7 @@ impl ViewCache {
             return Ok(false);
         };
         e.mapped_reads += reads;
-        let threshold = (e.bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS);
+        let threshold = auto_cache_after(e.bytes);
         if !e.resident
             || policy != ViewPolicy::Auto
             || e.bytes > AUTO_CACHE_MAX_BYTES

@@ -4,9 +4,14 @@
 //! An access is resolved against the argument it is made through: the bytes must lie inside that
 //! argument's extent (else `NoHostView`, never a raw dereference), must not conflict with a task
 //! submitted earlier in the run (else `Hazard`), and are reached through the allocation's host
-//! view, established on first use (see `views.rs`). A staged argument whose arena the driver
-//! refuses to map gets a per-run copy of its own span instead; writes through a mirror or a copy
-//! are pushed to the device at once.
+//! view, established on first use (see `views.rs`). A staged (or scratch) argument is reached
+//! through a mapping of the arena it lives in; where the driver refuses that mapping (or the
+//! worker's policy is `mirror`) it gets a per-run copy of its own span, filled by one D2H, and
+//! writes through it are pushed to the device at once. A staged argument read often through the
+//! mapping (policy `auto`, at the threshold resident allocations use) or under policy `cached`
+//! gets a per-run copy of its span filled by one bulk read out of the mapping; writes then go
+//! through the mapping and update the copy. The copy lives as long as the run: the arena holds
+//! other bytes in the next one, and no kernel runs while the orchestration reads.
 
 use std::sync::Arc;
 
@@ -17,7 +22,7 @@ use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage};
-use crate::views::{Means, ViewEvents};
+use crate::views::{auto_cache_after, Means, ViewEvents, ViewPolicy};
 
 /// Reads through a mapping are reported to the view cache in batches of this many.
 const NOTE_READS_EVERY: u64 = 16;
@@ -100,6 +105,35 @@ impl RunState {
             .ensure(&*mem.dev, base, bytes, !staged, &name, &mut ev);
         self.events.add(ev);
         let resolved = match means? {
+            Means::Mapped { mem: m, offset } if staged && self.span_copy_pays(arg, mem) => {
+                // A staged tensor read often: a per-run host copy of its span, filled by one
+                // bulk read out of the mapping; writes go through the mapping too.
+                let (span_start, _) = self.args[arg as usize].span().unwrap_or_default();
+                let map_offset = offset + (span_start - base.0) as usize;
+                let (copy, filled) = self.span_copy(arg, |dst| {
+                    m.read(map_offset, dst)
+                        .map_err(|e| Error::host_view(&name, span_start, dst.len() as u64, e))
+                })?;
+                if filled {
+                    // A bulk read out of a mapping, priced like a cache fill.
+                    self.events.cache_fills += 1;
+                    self.events.cache_fill_bytes += copy.len() as u64;
+                }
+                Resolved {
+                    mem: copy,
+                    dev_start: span_start,
+                    host_start: 0,
+                    push: false,
+                    mirror_of: None,
+                    staged_copy: true,
+                    zero_copy: true,
+                    epoch,
+                    mapped: false,
+                    through: Some((m, map_offset)),
+                    base,
+                    pending_reads: 0,
+                }
+            }
             Means::Mapped { mem: m, offset } => Resolved {
                 zero_copy: m.owned_addr().is_some(),
                 mem: m,
@@ -145,28 +179,16 @@ impl RunState {
                 pending_reads: 0,
             },
             Means::Refused => {
-                // A staged tensor on a driver that refuses to map the staging allocation: a
-                // per-run copy of its own span, filled once from the device.
-                let a = &mut self.args[arg as usize];
-                let (span_start, span_len) = a.span().unwrap_or_default();
-                let (ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy }) = &mut a.kind else {
-                    return Err(Error::State(format!(
-                        "tensor {name}: the driver refused a view of a device allocation"
-                    )));
-                };
-                if copy.is_none() {
-                    let m =
-                        HostMem::new(span_len as usize, 0).map_err(|e| Error::host(&name, e))?;
-                    m.with_slice_mut(0, span_len as usize, |d| {
-                        mem.dev.copy_d2h(d, DevPtr(span_start))
-                    })
-                    .map_err(|e| Error::host(&name, e))?
-                    .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
-                    *copy = Some(Arc::new(m));
-                    self.report.counters.staged_view_copies += 1;
-                }
+                // A staged tensor whose staging allocation is not mapped: a per-run copy of its
+                // own span, filled once from the device.
+                let (span_start, _) = self.args[arg as usize].span().unwrap_or_default();
+                let dev = &mem.dev;
+                let (copy, _) = self.span_copy(arg, |dst| {
+                    dev.copy_d2h(dst, DevPtr(span_start))
+                        .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))
+                })?;
                 Resolved {
-                    mem: copy.clone().unwrap_or_else(|| unreachable!("filled above")),
+                    mem: copy,
                     dev_start: span_start,
                     host_start: 0,
                     push: true,
@@ -185,9 +207,51 @@ impl RunState {
         Ok(addr)
     }
 
+    /// Whether a staged or scratch argument reached through a mapping should read from a host
+    /// copy of its span instead: it has one already, the worker's policy is `cached`, or (under
+    /// `auto`) its reads this run have reached the threshold resident allocations use.
+    fn span_copy_pays(&self, arg: u32, mem: &Memory) -> bool {
+        let a = &self.args[arg as usize];
+        if let ArgKind::Staged { copy: Some(_), .. } | ArgKind::Scratch { copy: Some(_) } = a.kind {
+            return true;
+        }
+        let (_, span_len) = a.span().unwrap_or_default();
+        match mem.views.policy {
+            ViewPolicy::Cached => true,
+            ViewPolicy::Auto => a.span_reads >= auto_cache_after(span_len),
+            ViewPolicy::Mapping | ViewPolicy::Mirror => false,
+        }
+    }
+
+    /// The run's host copy of staged or scratch argument `arg`'s span, made (and filled by
+    /// `fill`) on first use, and counted as a staged view copy; `true` when made by this call.
+    fn span_copy(
+        &mut self,
+        arg: u32,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<(Arc<HostMem>, bool)> {
+        let a = &mut self.args[arg as usize];
+        let (_, span_len) = a.span().unwrap_or_default();
+        let (ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy }) = &mut a.kind else {
+            return Err(Error::State(format!(
+                "tensor {}: per-run span copies are for staged and scratch tensors",
+                a.name
+            )));
+        };
+        if let Some(c) = copy {
+            return Ok((c.clone(), false));
+        }
+        let m = HostMem::new(span_len as usize, 0).map_err(|e| Error::host(&a.name, e))?;
+        m.with_slice_mut(0, span_len as usize, fill)
+            .map_err(|e| Error::host(&a.name, e))??;
+        let m = Arc::new(m);
+        *copy = Some(m.clone());
+        self.report.counters.staged_view_copies += 1;
+        Ok((m, true))
+    }
+
     /// Counts `n` element reads through the mapping of `arg`'s allocation, and every so often
-    /// tells the view cache (which may turn the mapping into a cached view: the next access
-    /// resolves again).
+    /// notes them (which may give the argument a host copy: the next access resolves again).
     fn mapped_reads(&mut self, mem: &mut Memory, arg: u32, n: u64) -> Result<()> {
         self.report.counters.mapped_reads += n;
         let Some(r) = self.args[arg as usize].resolved.as_mut() else {
@@ -197,31 +261,39 @@ impl RunState {
         if r.pending_reads < NOTE_READS_EVERY {
             return Ok(());
         }
-        let (base, pending) = (r.base, std::mem::take(&mut r.pending_reads));
-        let name = self.args[arg as usize].name.clone();
-        let mut ev = ViewEvents::default();
-        let switched = mem.views.note_mapped_reads(base, pending, &name, &mut ev)?;
-        self.events.add(ev);
-        if switched {
-            self.args[arg as usize].resolved = None;
-        }
+        let pending = std::mem::take(&mut r.pending_reads);
+        self.note_reads(mem, arg, pending)?;
         Ok(())
     }
 
-    /// Tells the view cache about `n` reads through the mapping of `arg`'s allocation *before*
-    /// they are made; returns whether it turned the mapping into a cached view (the reads are
-    /// then served from the cache, and `arg` must be resolved again).
+    /// Notes `n` reads through the mapping of `arg`'s allocation *before* they are made; returns
+    /// whether they are now to be served from a host copy (and `arg` must be resolved again).
     fn note_reads_first(&mut self, mem: &mut Memory, arg: u32, n: u64) -> Result<bool> {
         let Some(r) = self.args[arg as usize].resolved.as_mut() else {
             return Ok(false);
         };
-        let (base, pending) = (r.base, std::mem::take(&mut r.pending_reads));
-        let name = self.args[arg as usize].name.clone();
-        let mut ev = ViewEvents::default();
-        let switched = mem
-            .views
-            .note_mapped_reads(base, pending + n, &name, &mut ev)?;
-        self.events.add(ev);
+        let pending = std::mem::take(&mut r.pending_reads);
+        self.note_reads(mem, arg, pending + n)
+    }
+
+    /// Notes `reads` through the mapping of `arg`'s allocation: a resident allocation's view
+    /// cache may turn the mapping into a cached view; a staged or scratch argument may pass the
+    /// point where a copy of its span pays. Returns whether `arg` must be resolved again.
+    fn note_reads(&mut self, mem: &mut Memory, arg: u32, reads: u64) -> Result<bool> {
+        let a = &mut self.args[arg as usize];
+        let Some(base) = a.resolved.as_ref().map(|r| r.base) else {
+            return Ok(false);
+        };
+        let switched = if matches!(a.kind, ArgKind::Device) {
+            let mut ev = ViewEvents::default();
+            let name = a.name.clone();
+            let switched = mem.views.note_mapped_reads(base, reads, &name, &mut ev)?;
+            self.events.add(ev);
+            switched
+        } else {
+            a.span_reads += reads;
+            self.span_copy_pays(arg, mem)
+        };
         if switched {
             self.args[arg as usize].resolved = None;
         }
@@ -283,14 +355,15 @@ impl RunState {
             })?;
         let addr = self.locate(mem, arg, &element, true)?;
         let r = self.resolved(arg);
-        r.mem
-            .write(r.host_offset(addr), &buf[..es])
-            .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
         if let Some((map, offset)) = &r.through {
-            // A cached view: the write goes to the device through the mapping, too.
+            // A host copy of a mapping: the write goes to the device through the mapping first,
+            // so a failed one leaves the copy equal to the device.
             map.write(offset + (addr - r.dev_start) as usize, &buf[..es])
                 .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
         }
+        r.mem
+            .write(r.host_offset(addr), &buf[..es])
+            .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
         let crosses_bus = r.mapped || r.through.is_some();
         if r.push {
             let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);

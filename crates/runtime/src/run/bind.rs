@@ -82,6 +82,7 @@ impl RunState {
                         kind: ArgKind::Device,
                         region,
                         resolved: None,
+                        span_reads: 0,
                     });
                 }
                 ArgValue::Staged { geometry, .. } => {
@@ -99,6 +100,7 @@ impl RunState {
                         },
                         region: u32::MAX,
                         resolved: None,
+                        span_reads: 0,
                     };
                     si += 1;
                     let extent = geometry.extent();

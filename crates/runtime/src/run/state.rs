@@ -57,6 +57,9 @@ pub(crate) struct RunArg {
     pub region: u32,
     /// Where orchestrator accesses through it land (see `access.rs`).
     pub resolved: Option<Resolved>,
+    /// Element reads made this run through a mapping of its staging or scratch allocation
+    /// (under the `auto` view policy, enough of them give it a host copy of its span).
+    pub span_reads: u64,
 }
 
 impl RunArg {
@@ -78,7 +81,7 @@ pub(crate) struct Resolved {
     pub push: bool,
     /// The mirror of this allocation (marked stale when a push fails).
     pub mirror_of: Option<DevPtr>,
-    /// The bytes are this run's staged copy of the argument.
+    /// The bytes are this run's host copy of a staged or scratch argument's span.
     pub staged_copy: bool,
     /// `mem` is host-owned: a window over it needs no copy.
     pub zero_copy: bool,

@@ -341,6 +341,7 @@ impl RunState {
             kind: ArgKind::Scratch { copy: None },
             region: u32::MAX,
             resolved: None,
+            span_reads: 0,
         };
         let extent = geometry.extent();
         if extent > 0 {
