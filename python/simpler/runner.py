@@ -151,7 +151,7 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
         "view-policy",
         choices=_core.VIEW_POLICIES,
         default=None,
-        help="how resident tensors are reached from the host (default auto)",
+        help="how resident (and read-heavy staged) tensors are reached from the host (default auto)",
     )
 
 

@@ -160,6 +160,8 @@ class Worker:
             ``"auto"`` (default: a mapping where the driver grants one, read through a host
             cache once reads dominate; else a mirror), ``"mapping"``, ``"cached"`` or
             ``"mirror"``; ``ResidentTaskArgs.add(..., host_view=...)`` overrides it per tensor.
+            Staged tensors the orchestration reads follow it per run (a host copy of their span
+            once reads dominate under ``"auto"``; see "Staged tensors" there).
         reuse_addresses: sim only: hand a freed device address out again to the next allocation
             of the same size, as real drivers do (default False: every address is new, so a use
             after free is an error). Handles (``Buffer``, ``DeviceTensor``) carry a generation,
