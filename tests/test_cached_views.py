@@ -5,6 +5,9 @@ released (cache and mapping) before the allocation is freed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -193,3 +196,48 @@ def test_writes_to_a_staged_tensor_copy_reach_the_device_and_later_reads():
         assert host[7] == -4 and host[6] == 1  # the kernel saw the write; copied back
         c = r.counters
         assert (c["staged_view_copies"], c["mapped_reads"], c["mapped_writes"]) == (1, 128, 1)
+
+
+_NO_ROOM_FOR_A_CACHE = """
+import resource, sys
+import numpy as np
+import simpler as sp
+
+policy, size = sys.argv[1], int(sys.argv[2])
+w = sp.Worker("sim", view_policy=policy)
+buf = w.malloc(size)
+t = buf.tensor((size // 4,), "int32")
+w.copy_to(buf, np.array([7], np.int32), offset=12)
+# From here the process cannot take another `size // 2` bytes: the host cache cannot be had.
+vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + size // 2, resource.RLIM_INFINITY))
+n = 1 if policy == "cached" else size // 512 + 16  # under auto: past the switch
+seen = []
+r = w.run(sp.Callable(lambda o, t: seen.extend(int(o.get_tensor_data(t, 3)) for _ in range(n)), [sp.IN]), [t])
+c = r.counters
+print(w.host_view_info(buf), set(seen), c["views_cached"], c["cache_fills"], c["mapped_reads"] == n)
+w.free(buf)
+print(w.stats()["live_mappings"], w.stats()["live_allocations"])
+w.close()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+@pytest.mark.parametrize(("policy", "size"), [("cached", 256 << 20), ("auto", 48 << 20)])
+def test_without_host_memory_for_a_cache_the_mapping_keeps_serving(tmp_path, policy, size):
+    """A cache is an optimization: where its host memory cannot be allocated (here the address
+    space is capped), the read is served through the mapping, a warning names the allocation
+    and its size, and the mapping is still released before the free."""
+    p = subprocess.run(
+        [sys.executable, "-c", _NO_ROOM_FOR_A_CACHE, policy, str(size)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["mapping {7} 0 0 True", "0 0"]
+    assert "cannot allocate a host cache of allocation 0x" in p.stderr
+    assert (
+        f"({size} bytes): cannot allocate {size} bytes of host memory; reading through the mapping instead"
+        in p.stderr
+    )
