@@ -73,6 +73,26 @@ def test_auto_turns_a_read_heavy_mapping_into_a_cache_and_counts_every_read():
         assert (r.counters["mapped_reads"], r.counters["cache_fills"]) == (0, 0)
 
 
+def test_reads_not_yet_noted_survive_another_allocations_switch():
+    """Reads through a mapping are noted in batches; when another allocation's switch makes every
+    argument resolve again, the reads of the batch in progress still count."""
+
+    def orch(o, a, b):
+        for i in range(10):
+            o.get_tensor_data(b, i)
+        for i in range(16):  # `a` (64 bytes) switches to a cache here
+            o.get_tensor_data(a, i)
+        for i in range(502):  # 512 reads of `b` (256 KiB) in all: it switches at the last one
+            o.get_tensor_data(b, i)
+
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        a = res.add("a", np.zeros(16, np.int32), IN)
+        b = res.add("b", np.zeros(64 * 1024, np.int32), IN)
+        r = w.run(sp.Callable(orch, [IN, IN]), [a, b])
+        assert (r.counters["views_cached"], r.counters["mapped_reads"]) == (2, 16 + 512)
+        assert w.host_view_info(a) == w.host_view_info(b) == "cached"
+
+
 def test_auto_keeps_a_lightly_read_mapping():
     with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
         t = res.add("t", np.zeros(64 * 1024, np.int32), IN)
@@ -241,3 +261,59 @@ def test_without_host_memory_for_a_cache_the_mapping_keeps_serving(tmp_path, pol
         f"({size} bytes): cannot allocate {size} bytes of host memory; reading through the mapping instead"
         in p.stderr
     )
+
+
+_NO_ROOM_FOR_A_SPAN_COPY = """
+import resource, sys
+import numpy as np
+import simpler as sp
+
+policy, size = sys.argv[1], int(sys.argv[2])
+n = 1 if policy == "cached" else size // 512 + 16  # under auto: past the switch
+host = np.zeros(size // 4, np.int32)
+host[3] = 7
+seen = []
+
+def orch(o, t):
+    # The arena holds the staged bytes now; from here the process cannot take `size // 2` more.
+    vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + size // 2, resource.RLIM_INFINITY))
+    try:
+        seen.extend(int(o.get_tensor_data(t, 3)) for _ in range(n))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+with sp.Worker("sim", view_policy=policy) as w:
+    c = w.run(sp.Callable(orch, [sp.IN]), [host]).counters
+    print(set(seen), c["staged_view_copies"], c["cache_fills"], c["mapped_reads"] == n)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+@pytest.mark.parametrize(("policy", "size"), [("cached", 256 << 20), ("auto", 48 << 20)])
+def test_without_host_memory_for_a_span_copy_a_staged_tensor_reads_through_the_mapping(
+    tmp_path, policy, size
+):
+    """The same for a staged tensor's per-run copy of its span: the reads go through the arena's
+    mapping, one warning names the tensor, the span and its size, and the run is not asked to
+    try again on every access."""
+    p = subprocess.run(
+        [sys.executable, "-c", _NO_ROOM_FOR_A_SPAN_COPY, policy, str(size)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[0] == "{7} 0 0 True"
+    warnings = [line for line in p.stderr.splitlines() if "cannot allocate a host copy of its span" in line]
+    assert len(warnings) == 1, p.stderr
+    assert f"tensor arg0: cannot allocate a host copy of its span ({size} bytes at 0x" in warnings[0]
+    assert warnings[0].endswith("reading through the mapping instead")
+
+
+def test_auto_never_copies_the_span_of_a_staged_tensor_past_64_mib():
+    host = np.zeros((80 << 20) // 4, np.int32)  # the cap resident allocations have too
+    n = host.nbytes // 512 + 16
+    with sp.Worker("sim") as w:
+        r = w.run(sp.Callable(lambda o, t: [o.get_tensor_data(t, 0) for _ in range(n)], [IN]), [host])
+        assert (r.counters["mapped_reads"], r.counters["staged_view_copies"]) == (n, 0)

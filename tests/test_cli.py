@@ -189,36 +189,47 @@ def test_version_and_python_m(tmp_path):
     assert sp.__version__ == importlib.metadata.version("simpler-residency")
 
 
-@pytest.mark.parametrize(
-    ("argv", "status"),
-    [
-        (["report", "pa.jsonl"], 141),
-        (["report", "pa.jsonl", "pa.jsonl"], 141),
-        (["--help"], 0),  # argparse itself drops a failed write of its help and version texts
-        (["--version"], 0),
-    ],
-)
-def test_a_closed_output_pipe_ends_quietly(bench_run, tmp_path, argv, status):
-    """``simpler report pa.jsonl | head``: the reader is gone before the command writes (the
-    pipe's read end is closed before it starts), so every write fails with EPIPE. The command
-    stops with 141, as a command ended by SIGPIPE does, and prints no traceback."""
-    (tmp_path / "pa.jsonl").write_bytes(bench_run[2].read_bytes())
+def _into_a_closed_pipe(argv, cwd, buffered):
+    """The command with a stdout pipe whose read end is closed before it starts, so every write
+    fails with EPIPE (``simpler report pa.jsonl | head`` where the reader went first)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        p = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "simpler", *argv],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=tmp_path,
+            cwd=cwd,
+            env=env,
         )
     finally:
         os.close(write_end)
-    assert (p.returncode, p.stderr) == (status, "")
 
 
-def test_the_json_file_is_written_after_the_tables(tmp_path, capsys):
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+@pytest.mark.parametrize(
+    "argv", [["report", "pa.jsonl"], ["report", "pa.jsonl", "pa.jsonl"], ["--help"], ["--version"]]
+)
+def test_a_closed_output_pipe_ends_quietly(bench_run, tmp_path, argv, buffered):
+    """The command stops with 141, as a command ended by SIGPIPE does, and prints no traceback,
+    whether Python buffers its standard output or not."""
+    (tmp_path / "pa.jsonl").write_bytes(bench_run[2].read_bytes())
+    p = _into_a_closed_pipe(argv, tmp_path, buffered)
+    assert (p.returncode, p.stderr) == (141, "")
+
+
+def test_a_closed_output_pipe_does_not_lose_the_json_file(tmp_path):
+    argv = ["bench", "paged_attention", "--rounds", "1", "--case", "Small1", "--json", "out.jsonl"]
+    p = _into_a_closed_pipe(argv, tmp_path, buffered=False)  # fails at the first table line
+    assert p.returncode == 141 and "Traceback" not in p.stderr, p.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 3
+
+
+def test_the_json_message_follows_the_tables(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     assert (
         cli.main(["bench", "paged_attention", "--rounds", "1", "--case", "Small1", "--json", str(out)]) == 0

@@ -9,11 +9,12 @@
     simpler --version
 
 ``bench`` runs the residency arms of a workload (:mod:`simpler.bench`) and prints round tables
-(:mod:`simpler.report`); ``--json`` writes every round's record as a JSON line (after the tables
-are printed; its directory is checked before the run). ``report`` re-prints the tables of such a
-file, or compares two. Exit status: 0 on success, 1 when a case failed or the platform is
-unavailable, 2 on a usage error (one line on stderr, never a traceback), 141 (quietly) when the
-reader of standard output went away, as in ``simpler report pa.jsonl | head``.
+(:mod:`simpler.report`); ``--json`` writes every round's record as a JSON line (before the tables
+are printed, so a closed pipe does not lose it; its directory is checked before the run).
+``report`` re-prints the tables of such a file, or compares two. Exit status: 0 on success, 1
+when a case failed or the platform is unavailable, 2 on a usage error (one line on stderr, never
+a traceback), 141 (quietly) when the reader of standard output went away, as in
+``simpler report pa.jsonl | head``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 from . import __version__, runner
 from .bench import BYTES_KEYS, PHASES, BenchError, BenchOptions, bench_records, split_arm
@@ -49,10 +50,16 @@ __all__ = [
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line (exit 2) and no usage dump."""
+    """argparse, with usage errors as one line (exit 2) and no usage dump, and a failed write of
+    its help or version text raised (argparse drops it), so a closed pipe ends ``--help`` the
+    way it ends every command."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,13 +155,16 @@ def _bench(ns: argparse.Namespace) -> int:
         print(f"simpler bench: {e}", file=sys.stderr)
         return 1
     records, failures = bench_records(opts, progress=ns.progress)
+    # The files first, so a reader that goes away early (`| head`) does not lose them.
+    if ns.json:
+        _write_jsonl(records, ns.json)
+    if ns.plot and records:
+        plot_records(records, ns.plot)
     if records:
         print(format_tables(records))
     if ns.json:
-        _write_jsonl(records, ns.json)
         print(f"{len(records)} round report(s) written to {ns.json}")
     if ns.plot and records:
-        plot_records(records, ns.plot)
         print(f"plot written to {ns.plot}")
     for f in failures:
         print(f"FAILED {f}", file=sys.stderr)

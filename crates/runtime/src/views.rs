@@ -114,10 +114,12 @@ pub const AUTO_CACHE_MIN_READS: u64 = 16;
 /// Allocations larger than this stay mappings under `Auto` (a cache doubles their host memory).
 pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
 
-/// Under [`ViewPolicy::Auto`], the element reads through the mapping of `bytes` after which
-/// reading them from a host copy pays (see [`AUTO_CACHE_BYTES_PER_READ`]).
-pub fn auto_cache_after(bytes: u64) -> u64 {
-    (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
+/// Under [`ViewPolicy::Auto`], whether `reads` element reads through the mapping of `bytes`
+/// have reached the point where reading them from a host copy pays (see
+/// [`AUTO_CACHE_BYTES_PER_READ`]; never for more than [`AUTO_CACHE_MAX_BYTES`]).
+pub fn auto_cache_pays(bytes: u64, reads: u64) -> bool {
+    bytes <= AUTO_CACHE_MAX_BYTES
+        && reads >= (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
 }
 
 /// What establishing or refreshing a view did, for the run report.
@@ -364,12 +366,7 @@ impl ViewCache {
             return Ok(false);
         };
         e.mapped_reads += reads;
-        let threshold = auto_cache_after(e.bytes);
-        if !e.resident
-            || policy != ViewPolicy::Auto
-            || e.bytes > AUTO_CACHE_MAX_BYTES
-            || e.mapped_reads < threshold
-        {
+        if !e.resident || policy != ViewPolicy::Auto || !auto_cache_pays(e.bytes, e.mapped_reads) {
             return Ok(false);
         }
         let Means::Mapped { mem, offset } = &e.means else {

@@ -22,7 +22,7 @@ use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage};
-use crate::views::{auto_cache_after, Means, ViewEvents, ViewPolicy};
+use crate::views::{auto_cache_pays, Means, ViewEvents, ViewPolicy};
 
 /// Reads through a mapping are reported to the view cache in batches of this many.
 const NOTE_READS_EVERY: u64 = 16;
@@ -97,6 +97,8 @@ impl RunState {
         if a.resolved.as_ref().is_some_and(|r| r.epoch == epoch) {
             return Ok(addr);
         }
+        // Reads through the mapping not yet noted carry over to the new resolution.
+        let carried = a.resolved.as_ref().map_or(0, |r| r.pending_reads);
         let staged = !matches!(a.kind, ArgKind::Device);
         let name = a.name.clone();
         let mut ev = ViewEvents::default();
@@ -105,49 +107,27 @@ impl RunState {
             .ensure(&*mem.dev, base, bytes, !staged, &name, &mut ev);
         self.events.add(ev);
         let resolved = match means? {
-            Means::Mapped { mem: m, offset } if staged && self.span_copy_pays(arg, mem) => {
-                // A staged tensor read often: a per-run host copy of its span, filled by one
-                // bulk read out of the mapping; writes go through the mapping too.
-                let (span_start, _) = self.args[arg as usize].span().unwrap_or_default();
-                let map_offset = offset + (span_start - base.0) as usize;
-                let (copy, filled) = self.span_copy(arg, |dst| {
-                    m.read(map_offset, dst)
-                        .map_err(|e| Error::host_view(&name, span_start, dst.len() as u64, e))
-                })?;
-                if filled {
-                    // A bulk read out of a mapping, priced like a cache fill.
-                    self.events.cache_fills += 1;
-                    self.events.cache_fill_bytes += copy.len() as u64;
-                }
-                Resolved {
-                    mem: copy,
-                    dev_start: span_start,
-                    host_start: 0,
+            Means::Mapped { mem: m, offset } => {
+                let copied = if staged && self.span_copy_pays(arg, mem) {
+                    self.copy_of_mapped_span(arg, &m, offset, base, epoch)
+                } else {
+                    None
+                };
+                copied.unwrap_or_else(|| Resolved {
+                    zero_copy: m.owned_addr().is_some(),
+                    mem: m,
+                    dev_start: base.0,
+                    host_start: offset,
                     push: false,
                     mirror_of: None,
-                    staged_copy: true,
-                    zero_copy: true,
+                    staged_copy: false,
                     epoch,
-                    mapped: false,
-                    through: Some((m, map_offset)),
+                    mapped: true,
+                    through: None,
                     base,
-                    pending_reads: 0,
-                }
+                    pending_reads: carried,
+                })
             }
-            Means::Mapped { mem: m, offset } => Resolved {
-                zero_copy: m.owned_addr().is_some(),
-                mem: m,
-                dev_start: base.0,
-                host_start: offset,
-                push: false,
-                mirror_of: None,
-                staged_copy: false,
-                epoch,
-                mapped: true,
-                through: None,
-                base,
-                pending_reads: 0,
-            },
             Means::Mirror { mem: m, .. } => Resolved {
                 mem: m,
                 dev_start: base.0,
@@ -209,18 +189,69 @@ impl RunState {
 
     /// Whether a staged or scratch argument reached through a mapping should read from a host
     /// copy of its span instead: it has one already, the worker's policy is `cached`, or (under
-    /// `auto`) its reads this run have reached the threshold resident allocations use.
+    /// `auto`) its reads this run have reached the point resident allocations switch at; not
+    /// after a copy could not be made this run.
     fn span_copy_pays(&self, arg: u32, mem: &Memory) -> bool {
         let a = &self.args[arg as usize];
         if let ArgKind::Staged { copy: Some(_), .. } | ArgKind::Scratch { copy: Some(_) } = a.kind {
             return true;
         }
         let (_, span_len) = a.span().unwrap_or_default();
-        match mem.views.policy {
-            ViewPolicy::Cached => true,
-            ViewPolicy::Auto => a.span_reads >= auto_cache_after(span_len),
-            ViewPolicy::Mapping | ViewPolicy::Mirror => false,
+        !a.span_copy_failed
+            && match mem.views.policy {
+                ViewPolicy::Cached => true,
+                ViewPolicy::Auto => auto_cache_pays(span_len, a.span_reads),
+                ViewPolicy::Mapping | ViewPolicy::Mirror => false,
+            }
+    }
+
+    /// The resolution of staged or scratch argument `arg` through a per-run host copy of its
+    /// span, filled by one bulk read out of `map` (the arena's mapping, the arena at `offset`);
+    /// writes go through the mapping too. `None` when the copy cannot be made: it is an
+    /// optimization, so the mapping keeps serving (for the rest of the run), with a warning.
+    fn copy_of_mapped_span(
+        &mut self,
+        arg: u32,
+        map: &Arc<HostMem>,
+        offset: usize,
+        base: DevPtr,
+        epoch: u64,
+    ) -> Option<Resolved> {
+        let a = &self.args[arg as usize];
+        let name = a.name.clone();
+        let (span_start, _) = a.span().unwrap_or_default();
+        let map_offset = offset + (span_start - base.0) as usize;
+        let made = self.span_copy(arg, |dst| {
+            map.read(map_offset, dst)
+                .map_err(|e| Error::host_view(&name, span_start, dst.len() as u64, e))
+        });
+        let (copy, filled) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                log::warn!("{e}; reading through the mapping instead");
+                self.args[arg as usize].span_copy_failed = true;
+                return None;
+            }
+        };
+        if filled {
+            // A bulk read out of a mapping, priced like a cache fill.
+            self.events.cache_fills += 1;
+            self.events.cache_fill_bytes += copy.len() as u64;
         }
+        Some(Resolved {
+            mem: copy,
+            dev_start: span_start,
+            host_start: 0,
+            push: false,
+            mirror_of: None,
+            staged_copy: true,
+            zero_copy: true,
+            epoch,
+            mapped: false,
+            through: Some((map.clone(), map_offset)),
+            base,
+            pending_reads: 0,
+        })
     }
 
     /// The run's host copy of staged or scratch argument `arg`'s span, made (and filled by
@@ -231,7 +262,7 @@ impl RunState {
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<(Arc<HostMem>, bool)> {
         let a = &mut self.args[arg as usize];
-        let (_, span_len) = a.span().unwrap_or_default();
+        let (span_start, span_len) = a.span().unwrap_or_default();
         let (ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy }) = &mut a.kind else {
             return Err(Error::State(format!(
                 "tensor {}: per-run span copies are for staged and scratch tensors",
@@ -241,7 +272,13 @@ impl RunState {
         if let Some(c) = copy {
             return Ok((c.clone(), false));
         }
-        let m = HostMem::new(span_len as usize, 0).map_err(|e| Error::host(&a.name, e))?;
+        let m = HostMem::new(span_len as usize, 0).map_err(|e| {
+            Error::Value(format!(
+                "tensor {}: cannot allocate a host copy of its span ({span_len} bytes at \
+                 {span_start:#x}): {e}",
+                a.name
+            ))
+        })?;
         m.with_slice_mut(0, span_len as usize, fill)
             .map_err(|e| Error::host(&a.name, e))??;
         let m = Arc::new(m);

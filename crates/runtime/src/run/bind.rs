@@ -83,6 +83,7 @@ impl RunState {
                         region,
                         resolved: None,
                         span_reads: 0,
+                        span_copy_failed: false,
                     });
                 }
                 ArgValue::Staged { geometry, .. } => {
@@ -101,6 +102,7 @@ impl RunState {
                         region: u32::MAX,
                         resolved: None,
                         span_reads: 0,
+                        span_copy_failed: false,
                     };
                     si += 1;
                     let extent = geometry.extent();

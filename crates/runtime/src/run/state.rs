@@ -60,6 +60,8 @@ pub(crate) struct RunArg {
     /// Element reads made this run through a mapping of its staging or scratch allocation
     /// (under the `auto` view policy, enough of them give it a host copy of its span).
     pub span_reads: u64,
+    /// A host copy of its span could not be made this run: it is read through the mapping.
+    pub span_copy_failed: bool,
 }
 
 impl RunArg {

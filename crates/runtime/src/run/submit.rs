@@ -342,6 +342,7 @@ impl RunState {
             region: u32::MAX,
             resolved: None,
             span_reads: 0,
+            span_copy_failed: false,
         };
         let extent = geometry.extent();
         if extent > 0 {
