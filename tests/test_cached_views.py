@@ -242,19 +242,23 @@ w.close()
 """
 
 
+def _capped(cwd, script, policy, size):
+    """Runs one of the address-space-capping scripts above in a fresh interpreter (the cap is
+    process-wide); returns the finished process, which must have succeeded."""
+    p = subprocess.run(
+        [sys.executable, "-c", script, policy, str(size)], capture_output=True, text=True, cwd=cwd
+    )
+    assert p.returncode == 0, p.stderr
+    return p
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
 @pytest.mark.parametrize(("policy", "size"), [("cached", 256 << 20), ("auto", 48 << 20)])
 def test_without_host_memory_for_a_cache_the_mapping_keeps_serving(tmp_path, policy, size):
     """A cache is an optimization: where its host memory cannot be allocated (here the address
     space is capped), the read is served through the mapping, a warning names the allocation
     and its size, and the mapping is still released before the free."""
-    p = subprocess.run(
-        [sys.executable, "-c", _NO_ROOM_FOR_A_CACHE, policy, str(size)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert p.returncode == 0, p.stderr
+    p = _capped(tmp_path, _NO_ROOM_FOR_A_CACHE, policy, size)
     assert p.stdout.split("\n")[:2] == ["mapping {7} 0 0 True", "0 0"]
     assert "cannot allocate a host cache of allocation 0x" in p.stderr
     assert (
@@ -297,13 +301,7 @@ def test_without_host_memory_for_a_span_copy_a_staged_tensor_reads_through_the_m
     """The same for a staged tensor's per-run copy of its span: the reads go through the arena's
     mapping, one warning names the tensor, the span and its size, and the run is not asked to
     try again on every access."""
-    p = subprocess.run(
-        [sys.executable, "-c", _NO_ROOM_FOR_A_SPAN_COPY, policy, str(size)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert p.returncode == 0, p.stderr
+    p = _capped(tmp_path, _NO_ROOM_FOR_A_SPAN_COPY, policy, size)
     assert p.stdout.split("\n")[0] == "{7} 0 0 True"
     warnings = [line for line in p.stderr.splitlines() if "cannot allocate a host copy of its span" in line]
     assert len(warnings) == 1, p.stderr
