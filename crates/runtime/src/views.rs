@@ -114,12 +114,21 @@ pub const AUTO_CACHE_MIN_READS: u64 = 16;
 /// Allocations larger than this stay mappings under `Auto` (a cache doubles their host memory).
 pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
 
-/// Under [`ViewPolicy::Auto`], whether `reads` element reads through the mapping of `bytes`
-/// have reached the point where reading them from a host copy pays (see
-/// [`AUTO_CACHE_BYTES_PER_READ`]; never for more than [`AUTO_CACHE_MAX_BYTES`]).
-pub fn auto_cache_pays(bytes: u64, reads: u64) -> bool {
-    bytes <= AUTO_CACHE_MAX_BYTES
-        && reads >= (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
+impl ViewPolicy {
+    /// Whether the reads through a mapping of `bytes`, `reads` of them made so far, are to be
+    /// served from a host copy: always under `Cached`; under `Auto` once they have reached the
+    /// point where the copy pays (see [`AUTO_CACHE_BYTES_PER_READ`]; never for more than
+    /// [`AUTO_CACHE_MAX_BYTES`]); never under `Mapping` and `Mirror`.
+    pub fn reads_from_copy(self, bytes: u64, reads: u64) -> bool {
+        match self {
+            ViewPolicy::Cached => true,
+            ViewPolicy::Auto => {
+                bytes <= AUTO_CACHE_MAX_BYTES
+                    && reads >= (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
+            }
+            ViewPolicy::Mapping | ViewPolicy::Mirror => false,
+        }
+    }
 }
 
 /// What establishing or refreshing a view did, for the run report.
@@ -269,7 +278,8 @@ impl ViewCache {
             MapGrant::Mapped { mem, offset } => {
                 ev.mapped += 1;
                 // The cache is an optimization: without host memory for it, the mapping serves.
-                match (policy == ViewPolicy::Cached)
+                match policy
+                    .reads_from_copy(bytes, 0)
                     .then(|| new_cache(&mem, offset, bytes, base, tensor))
                 {
                     Some(Ok(cache)) => {
@@ -366,7 +376,11 @@ impl ViewCache {
             return Ok(false);
         };
         e.mapped_reads += reads;
-        if !e.resident || policy != ViewPolicy::Auto || !auto_cache_pays(e.bytes, e.mapped_reads) {
+        // Under `Cached` the cache was made at establishment; one that failed is not retried.
+        if !e.resident
+            || policy != ViewPolicy::Auto
+            || !policy.reads_from_copy(e.bytes, e.mapped_reads)
+        {
             return Ok(false);
         }
         let Means::Mapped { mem, offset } = &e.means else {
@@ -485,6 +499,11 @@ fn fill_cache(
 
 fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, tensor: &str) -> Result<()> {
     mem.with_slice_mut(0, mem.len(), |dst| dev.copy_d2h(dst, base))
-        .map_err(|e| Error::Value(format!("tensor {tensor}: mirror access: {e}")))?
+        .map_err(|e| {
+            Error::Value(format!(
+                "tensor {tensor}: filling the mirror of allocation {base} ({} bytes): {e}",
+                mem.len()
+            ))
+        })?
         .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))
 }

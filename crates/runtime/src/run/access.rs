@@ -21,8 +21,8 @@ use crate::dtype::Value;
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
-use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage};
-use crate::views::{auto_cache_pays, Means, ViewEvents, ViewPolicy};
+use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage, Via};
+use crate::views::{Means, ViewEvents};
 
 /// Reads through a mapping are reported to the view cache in batches of this many.
 const NOTE_READS_EVERY: u64 = 16;
@@ -113,18 +113,12 @@ impl RunState {
                 } else {
                     None
                 };
-                copied.unwrap_or_else(|| Resolved {
-                    zero_copy: m.owned_addr().is_some(),
+                copied.unwrap_or(Resolved {
                     mem: m,
                     dev_start: base.0,
                     host_start: offset,
-                    push: false,
-                    mirror_of: None,
-                    staged_copy: false,
+                    via: Via::Mapping,
                     epoch,
-                    mapped: true,
-                    through: None,
-                    base,
                     pending_reads: carried,
                 })
             }
@@ -132,14 +126,8 @@ impl RunState {
                 mem: m,
                 dev_start: base.0,
                 host_start: 0,
-                push: true,
-                mirror_of: Some(base),
-                staged_copy: false,
-                zero_copy: true,
+                via: Via::Mirror,
                 epoch,
-                mapped: false,
-                through: None,
-                base,
                 pending_reads: 0,
             },
             Means::Cached {
@@ -148,14 +136,8 @@ impl RunState {
                 mem: cache,
                 dev_start: base.0,
                 host_start: 0,
-                push: false,
-                mirror_of: None,
-                staged_copy: false,
-                zero_copy: true,
+                via: Via::Through(map, offset),
                 epoch,
-                mapped: false,
-                through: Some((map, offset)),
-                base,
                 pending_reads: 0,
             },
             Means::Refused => {
@@ -171,14 +153,8 @@ impl RunState {
                     mem: copy,
                     dev_start: span_start,
                     host_start: 0,
-                    push: true,
-                    mirror_of: None,
-                    staged_copy: true,
-                    zero_copy: true,
+                    via: Via::SpanCopy,
                     epoch,
-                    mapped: false,
-                    through: None,
-                    base,
                     pending_reads: 0,
                 }
             }
@@ -188,21 +164,13 @@ impl RunState {
     }
 
     /// Whether a staged or scratch argument reached through a mapping should read from a host
-    /// copy of its span instead: it has one already, the worker's policy is `cached`, or (under
-    /// `auto`) its reads this run have reached the point resident allocations switch at; not
-    /// after a copy could not be made this run.
+    /// copy of its span instead: it has one already, or the worker's policy says its reads this
+    /// run are to come from a copy; not after a copy could not be made this run.
     fn span_copy_pays(&self, arg: u32, mem: &Memory) -> bool {
         let a = &self.args[arg as usize];
-        if let ArgKind::Staged { copy: Some(_), .. } | ArgKind::Scratch { copy: Some(_) } = a.kind {
-            return true;
-        }
+        let c = &a.span_copy;
         let (_, span_len) = a.span().unwrap_or_default();
-        !a.span_copy_failed
-            && match mem.views.policy {
-                ViewPolicy::Cached => true,
-                ViewPolicy::Auto => auto_cache_pays(span_len, a.span_reads),
-                ViewPolicy::Mapping | ViewPolicy::Mirror => false,
-            }
+        c.mem.is_some() || !c.failed && mem.views.policy.reads_from_copy(span_len, c.reads)
     }
 
     /// The resolution of staged or scratch argument `arg` through a per-run host copy of its
@@ -229,7 +197,7 @@ impl RunState {
             Ok(made) => made,
             Err(e) => {
                 log::warn!("{e}; reading through the mapping instead");
-                self.args[arg as usize].span_copy_failed = true;
+                self.args[arg as usize].span_copy.failed = true;
                 return None;
             }
         };
@@ -242,14 +210,8 @@ impl RunState {
             mem: copy,
             dev_start: span_start,
             host_start: 0,
-            push: false,
-            mirror_of: None,
-            staged_copy: true,
-            zero_copy: true,
+            via: Via::Through(map.clone(), map_offset),
             epoch,
-            mapped: false,
-            through: Some((map.clone(), map_offset)),
-            base,
             pending_reads: 0,
         })
     }
@@ -262,16 +224,10 @@ impl RunState {
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<(Arc<HostMem>, bool)> {
         let a = &mut self.args[arg as usize];
-        let (span_start, span_len) = a.span().unwrap_or_default();
-        let (ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy }) = &mut a.kind else {
-            return Err(Error::State(format!(
-                "tensor {}: per-run span copies are for staged and scratch tensors",
-                a.name
-            )));
-        };
-        if let Some(c) = copy {
+        if let Some(c) = &a.span_copy.mem {
             return Ok((c.clone(), false));
         }
+        let (span_start, span_len) = a.span().unwrap_or_default();
         let m = HostMem::new(span_len as usize, 0).map_err(|e| {
             Error::Value(format!(
                 "tensor {}: cannot allocate a host copy of its span ({span_len} bytes at \
@@ -282,7 +238,7 @@ impl RunState {
         m.with_slice_mut(0, span_len as usize, fill)
             .map_err(|e| Error::host(&a.name, e))??;
         let m = Arc::new(m);
-        *copy = Some(m.clone());
+        a.span_copy.mem = Some(m.clone());
         self.report.counters.staged_view_copies += 1;
         Ok((m, true))
     }
@@ -318,17 +274,16 @@ impl RunState {
     /// point where a copy of its span pays. Returns whether `arg` must be resolved again.
     fn note_reads(&mut self, mem: &mut Memory, arg: u32, reads: u64) -> Result<bool> {
         let a = &mut self.args[arg as usize];
-        let Some(base) = a.resolved.as_ref().map(|r| r.base) else {
+        let (Some(_), Some((base, _))) = (&a.resolved, a.alloc) else {
             return Ok(false);
         };
         let switched = if matches!(a.kind, ArgKind::Device) {
             let mut ev = ViewEvents::default();
-            let name = a.name.clone();
-            let switched = mem.views.note_mapped_reads(base, reads, &name, &mut ev)?;
+            let switched = mem.views.note_mapped_reads(base, reads, &a.name, &mut ev)?;
             self.events.add(ev);
             switched
         } else {
-            a.span_reads += reads;
+            a.span_copy.reads += reads;
             self.span_copy_pays(arg, mem)
         };
         if switched {
@@ -361,7 +316,7 @@ impl RunState {
         r.mem
             .read(r.host_offset(addr), &mut buf[..es])
             .map_err(|e| Error::host_view(&self.args[arg as usize].name, addr, es as u64, e))?;
-        let mapped = r.mapped;
+        let mapped = r.mapped();
         self.report.counters.orch_reads += 1;
         if mapped {
             self.mapped_reads(mem, arg, 1)?;
@@ -392,7 +347,7 @@ impl RunState {
             })?;
         let addr = self.locate(mem, arg, &element, true)?;
         let r = self.resolved(arg);
-        if let Some((map, offset)) = &r.through {
+        if let Via::Through(map, offset) = &r.via {
             // A host copy of a mapping: the write goes to the device through the mapping first,
             // so a failed one leaves the copy equal to the device.
             map.write(offset + (addr - r.dev_start) as usize, &buf[..es])
@@ -401,21 +356,20 @@ impl RunState {
         r.mem
             .write(r.host_offset(addr), &buf[..es])
             .map_err(|e| Error::host_view(&name, addr, es as u64, e))?;
-        let crosses_bus = r.mapped || r.through.is_some();
-        if r.push {
-            let (mirror_of, staged_copy) = (r.mirror_of, r.staged_copy);
+        let crosses_bus = matches!(r.via, Via::Mapping | Via::Through(..));
+        if let via @ (Via::Mirror | Via::SpanCopy) = &r.via {
+            let mirror = matches!(via, Via::Mirror);
             if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
                 // The host copy now differs from the device: a mirror refreshes on its next read,
-                // a staged copy is dropped and re-read from the device on the next access.
-                if let Some(m) = mirror_of {
-                    mem.views.mark_stale(m);
-                }
-                if staged_copy {
-                    let a = &mut self.args[arg as usize];
-                    a.resolved = None;
-                    if let ArgKind::Staged { copy, .. } | ArgKind::Scratch { copy } = &mut a.kind {
-                        *copy = None;
+                // a span copy is dropped and re-read from the device on the next access.
+                let a = &mut self.args[arg as usize];
+                if mirror {
+                    if let Some((base, _)) = a.alloc {
+                        mem.views.mark_stale(base);
                     }
+                } else {
+                    a.resolved = None;
+                    a.span_copy.mem = None;
                 }
                 return Err(Error::device(Phase::Orchestrate, Some(&name), e));
             }
@@ -444,19 +398,11 @@ impl RunState {
                 Stage::Orchestrate,
                 "tensor data is accessible only during orchestration",
             )?;
-            let m = Arc::new(HostMem::new(1, 0).map_err(|e| Error::host(&name, e))?);
-            return Ok(HostWindow {
-                mem: m,
-                offset: 0,
-                len: 0,
-                geometry: rebased,
-                zero_copy: false,
-                writable: false,
-            });
+            return HostWindow::empty(rebased, false, &name);
         }
         let mut addr = self.locate(mem, arg, view, false)?;
         self.report.counters.orch_reads += 1;
-        if self.resolved(arg).mapped {
+        if self.resolved(arg).mapped() {
             // numpy reads every element of the window through the mapping: a window this large
             // may turn the mapping into a cached view first, and then it is served from the cache.
             let n: u64 = view.shape().iter().product();
@@ -468,7 +414,7 @@ impl RunState {
         }
         let r = self.resolved(arg);
         let offset = r.host_offset(addr);
-        let window = if r.zero_copy {
+        let window = if r.zero_copy() {
             HostWindow {
                 mem: r.mem.clone(),
                 offset,

@@ -6,7 +6,6 @@
 use simpler_driver::DevPtr;
 
 use crate::error::{Error, Phase, Result};
-use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
 use crate::run::state::{ArgKind, RunArg, RunState};
 use crate::spec::{ArgValue, RunCall};
@@ -82,8 +81,7 @@ impl RunState {
                         kind: ArgKind::Device,
                         region,
                         resolved: None,
-                        span_reads: 0,
-                        span_copy_failed: false,
+                        span_copy: Default::default(),
                     });
                 }
                 ArgValue::Staged { geometry, .. } => {
@@ -95,14 +93,10 @@ impl RunState {
                         dir,
                         geometry: *geometry,
                         alloc: None,
-                        kind: ArgKind::Staged {
-                            host: si,
-                            copy: None,
-                        },
+                        kind: ArgKind::Staged { host: si },
                         region: u32::MAX,
                         resolved: None,
-                        span_reads: 0,
-                        span_copy_failed: false,
+                        span_copy: Default::default(),
                     };
                     si += 1;
                     let extent = geometry.extent();
@@ -116,14 +110,8 @@ impl RunState {
                                 (buf.ptr, extent, 0)
                             }
                         };
-                        let es = geometry.dtype().size();
-                        arg.geometry = Geometry::new(
-                            &format_args!("tensor {}", a.name),
-                            geometry.dtype(),
-                            geometry.shape(),
-                            Some(geometry.strides()),
-                            at / es,
-                        )?;
+                        // The slice was checked to hold the tensor when it was planned.
+                        arg.geometry = geometry.at_offset(at / geometry.dtype().size());
                         arg.alloc = Some((base, bytes));
                         arg.region = self.hazards.add_region(base);
                         if dir.reads() {

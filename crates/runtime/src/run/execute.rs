@@ -47,15 +47,8 @@ impl RunState {
             let base = match a.alloc {
                 Some((p, _)) if extent > 0 => p,
                 _ => {
-                    let m = Arc::new(HostMem::new(1, 0).map_err(|e| Error::host(&a.name, e))?);
-                    call.buffers.push(HostWindow {
-                        mem: m,
-                        offset: 0,
-                        len: 0,
-                        geometry: rebased,
-                        zero_copy: false,
-                        writable,
-                    });
+                    call.buffers
+                        .push(HostWindow::empty(rebased, writable, &a.name)?);
                     continue;
                 }
             };

@@ -33,14 +33,11 @@ pub(crate) enum Stage {
 pub(crate) enum ArgKind {
     /// A host array staged into the arena (or a fresh allocation); `host` is its index among the
     /// run's staged arguments (the order the host lends their bytes in).
-    Staged {
-        host: usize,
-        copy: Option<Arc<HostMem>>,
-    },
+    Staged { host: usize },
     /// A tensor over a device buffer (resident pass-through).
     Device,
     /// A run-scoped tensor of the orchestration (`orch.scratch`), carved from the scratch pool.
-    Scratch { copy: Option<Arc<HostMem>> },
+    Scratch,
 }
 
 #[derive(Debug)]
@@ -57,11 +54,19 @@ pub(crate) struct RunArg {
     pub region: u32,
     /// Where orchestrator accesses through it land (see `access.rs`).
     pub resolved: Option<Resolved>,
-    /// Element reads made this run through a mapping of its staging or scratch allocation
-    /// (under the `auto` view policy, enough of them give it a host copy of its span).
-    pub span_reads: u64,
-    /// A host copy of its span could not be made this run: it is read through the mapping.
-    pub span_copy_failed: bool,
+    /// A staged or scratch argument's per-run host copy of its span (see `access.rs`).
+    pub span_copy: SpanCopy,
+}
+
+/// The per-run host copy of a staged or scratch argument's span, and what decides it.
+#[derive(Debug, Default)]
+pub(crate) struct SpanCopy {
+    pub mem: Option<Arc<HostMem>>,
+    /// Element reads made this run through a mapping of its allocation (under the `auto` view
+    /// policy, enough of them make the copy).
+    pub reads: u64,
+    /// The copy could not be made this run: the argument is read through the mapping.
+    pub failed: bool,
 }
 
 impl RunArg {
@@ -72,6 +77,23 @@ impl RunArg {
     }
 }
 
+/// How accesses through a resolved argument reach the device bytes.
+#[derive(Debug, Clone)]
+pub(crate) enum Via {
+    /// `mem` is a mapping: every element read and write crosses the bus (counted, and priced by
+    /// a cost model).
+    Mapping,
+    /// `mem` is the allocation's mirror: writes are pushed with a small H2D; a failed push
+    /// marks the mirror stale.
+    Mirror,
+    /// `mem` is the run's copy of a staged or scratch span, filled by a D2H: writes are pushed
+    /// with a small H2D; a failed push drops the copy.
+    SpanCopy,
+    /// `mem` is a host copy of a mapping (a cached view, or a span copy filled out of the
+    /// arena's mapping): writes also go through the mapping, at this offset of it.
+    Through(Arc<HostMem>, usize),
+}
+
 /// Where the accesses through one argument land, resolved once per run and kept while the view
 /// cache's epoch says it still holds: host offset `host_start` is device address `dev_start`.
 #[derive(Debug, Clone)]
@@ -79,22 +101,8 @@ pub(crate) struct Resolved {
     pub mem: Arc<HostMem>,
     pub dev_start: u64,
     pub host_start: usize,
-    /// Writes are pushed to the device at once (a mirror or a staged copy).
-    pub push: bool,
-    /// The mirror of this allocation (marked stale when a push fails).
-    pub mirror_of: Option<DevPtr>,
-    /// The bytes are this run's host copy of a staged or scratch argument's span.
-    pub staged_copy: bool,
-    /// `mem` is host-owned: a window over it needs no copy.
-    pub zero_copy: bool,
+    pub via: Via,
     pub epoch: u64,
-    /// `mem` is a mapping: every element read and write crosses the bus (counted, and priced
-    /// by a cost model).
-    pub mapped: bool,
-    /// A cached view: writes also go through this mapping (at this offset of the allocation).
-    pub through: Option<(Arc<HostMem>, usize)>,
-    /// The allocation, for noting reads through its mapping (`ViewCache::note_mapped_reads`).
-    pub base: DevPtr,
     /// Reads through the mapping not yet noted.
     pub pending_reads: u64,
 }
@@ -103,6 +111,16 @@ impl Resolved {
     /// The host offset of device address `addr` (inside the resolved span).
     pub fn host_offset(&self, addr: u64) -> usize {
         self.host_start + (addr - self.dev_start) as usize
+    }
+
+    /// Reads and writes hit the mapping itself.
+    pub fn mapped(&self) -> bool {
+        matches!(self.via, Via::Mapping)
+    }
+
+    /// `mem` is host-owned: a window over it needs no copy (a vendor mapping can be revoked).
+    pub fn zero_copy(&self) -> bool {
+        self.mem.owned_addr().is_some()
     }
 }
 
@@ -138,6 +156,21 @@ pub struct HostWindow {
     pub zero_copy: bool,
     /// Whether the holder may write the bytes (a kernel's OUT/INOUT tensors).
     pub writable: bool,
+}
+
+impl HostWindow {
+    /// A window over no bytes (a tensor without elements), laid out as `geometry`.
+    pub(crate) fn empty(geometry: Geometry, writable: bool, tensor: &str) -> Result<HostWindow> {
+        let mem = Arc::new(HostMem::new(1, 0).map_err(|e| Error::host(tensor, e))?);
+        Ok(HostWindow {
+            mem,
+            offset: 0,
+            len: 0,
+            geometry,
+            zero_copy: false,
+            writable,
+        })
+    }
 }
 
 /// One task to run, filled by `Worker::next_task` (reused from task to task).

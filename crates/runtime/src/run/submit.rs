@@ -105,14 +105,9 @@ impl RunState {
             Stage::Orchestrate,
             "submit is only valid during orchestration",
         )?;
-        if slots != kernel.sig.len() {
-            return Err(Error::Value(format!(
-                "submit {}: signature takes {} tensors, got {slots}",
-                kernel.name,
-                kernel.sig.len()
-            )));
-        }
-        Ok(())
+        kernel
+            .sig
+            .check_count(&format_args!("submit {}", kernel.name), slots)
     }
 
     /// Checks slot `i`'s tensor (a view of `arg` of `dtype`) against the kernel's signature.
@@ -178,8 +173,13 @@ impl RunState {
                 elem: g.offset(),
             });
         }
-        self.tasks
-            .push_batch(kernel, 1, tensors.len() as u16, per_task, scalars);
+        self.tasks.push_batch(
+            kernel,
+            1,
+            tensors.len() as u16,
+            per_task,
+            scalars.iter().copied(),
+        );
         self.report.counters.tasks += 1;
         self.report.counters.submits += 1;
         Ok(task)
@@ -203,19 +203,19 @@ impl RunState {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match s {
-                BatchSlot::Views { starts, .. } => Some((format!("tensor {i}"), starts.len())),
+                BatchSlot::Views { starts, .. } => Some(("tensor", i, starts.len())),
                 BatchSlot::One { .. } => None,
             })
             .chain(scalars.iter().enumerate().filter_map(|(i, s)| match s {
-                BatchScalar::PerTask(v) => Some((format!("scalar {i}"), v.len())),
+                BatchScalar::PerTask(v) => Some(("scalar", i, v.len())),
                 BatchScalar::One(_) => None,
             }));
-        for (what, len) in lens {
+        for (what, i, len) in lens {
             match n {
                 None => n = Some(len as u64),
                 Some(m) if m != len as u64 => {
                     return Err(Error::Value(format!(
-                        "{who}: {what} has {len} rows, expected {m} (one per task)"
+                        "{who}: {what} {i} has {len} rows, expected {m} (one per task)"
                     )))
                 }
                 Some(_) => {}
@@ -299,15 +299,15 @@ impl RunState {
                 elem: geometry.offset(),
             });
         }
-        let mut rows = Vec::with_capacity(count as usize * per_task as usize);
-        for t in 0..count as usize {
-            rows.extend(scalars.iter().map(|s| match s {
+        // Row-major, straight into the task store.
+        let rows = (0..count as usize).flat_map(|t| {
+            scalars.iter().map(move |s| match s {
                 BatchScalar::One(v) => *v,
                 BatchScalar::PerTask(v) => v[t],
-            }));
-        }
+            })
+        });
         self.tasks
-            .push_batch(kernel, count, slots.len() as u16, per_task, &rows);
+            .push_batch(kernel, count, slots.len() as u16, per_task, rows);
         self.report.counters.tasks += n;
         self.report.counters.submits += 1;
         Ok(first)
@@ -338,11 +338,10 @@ impl RunState {
             dir: Direction::InOut,
             geometry,
             alloc: None,
-            kind: ArgKind::Scratch { copy: None },
+            kind: ArgKind::Scratch,
             region: u32::MAX,
             resolved: None,
-            span_reads: 0,
-            span_copy_failed: false,
+            span_copy: Default::default(),
         };
         let extent = geometry.extent();
         if extent > 0 {
@@ -354,7 +353,8 @@ impl RunState {
                     .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))?;
                 self.report.counters.poisoned_bytes += extent;
             }
-            arg.geometry = Geometry::new(&what, dtype, shape, None, off / dtype.size())?;
+            // The carve was checked to hold the tensor.
+            arg.geometry = geometry.at_offset(off / dtype.size());
             arg.alloc = Some((base, cap));
             arg.region = self.hazards.add_region(base);
             self.report.counters.scratch_bytes += extent;

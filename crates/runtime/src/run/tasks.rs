@@ -142,9 +142,8 @@ impl TaskStore {
         count: u32,
         slots: u16,
         per_task: u16,
-        scalars: &[Value],
+        scalars: impl IntoIterator<Item = Value>,
     ) -> u64 {
-        debug_assert_eq!(scalars.len(), count as usize * per_task as usize);
         let first = self.tasks;
         match self.names.iter_mut().find(|(id, _)| *id == kernel.id) {
             Some((_, name)) if **name == *kernel.name => {}
@@ -159,7 +158,12 @@ impl TaskStore {
             first_scalar: self.scalars.len(),
             per_task,
         });
-        self.scalars.extend_from_slice(scalars);
+        let before = self.scalars.len();
+        self.scalars.extend(scalars);
+        debug_assert_eq!(
+            self.scalars.len() - before,
+            count as usize * per_task as usize
+        );
         self.tasks += u64::from(count);
         first
     }
