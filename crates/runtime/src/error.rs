@@ -112,7 +112,9 @@ impl Error {
                 bytes,
                 detail: format!("tensor {tensor}: its host mapping was torn down"),
             },
-            other => Error::host(tensor, other),
+            other => Error::Value(format!(
+                "tensor {tensor}: host view access failed ({bytes} bytes at {addr:#x}): {other}"
+            )),
         }
     }
 

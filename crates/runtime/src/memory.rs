@@ -33,6 +33,18 @@ pub(crate) enum Owner {
     Orphan,
 }
 
+impl Owner {
+    /// The allocation, in words, for messages about it.
+    pub(crate) fn what(self) -> String {
+        match self {
+            Owner::User => "buffer".to_string(),
+            Owner::Resident(set) => format!("allocation of resident set {set}"),
+            Owner::Staging => "staging or scratch allocation".to_string(),
+            Owner::Orphan => "allocation whose earlier release failed".to_string(),
+        }
+    }
+}
+
 /// What the table records of one allocation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AllocInfo {
@@ -166,8 +178,9 @@ impl Memory {
         ptr: DevPtr,
         what: &dyn std::fmt::Display,
     ) -> std::result::Result<(), DeviceError> {
+        let bytes = self.allocs.get(&ptr.0).map_or(0, |i| i.bytes);
         self.release(ptr).inspect_err(|e| {
-            log::error!("{what}: freeing {ptr} failed: {e}");
+            log::error!("{what}: releasing allocation {ptr} ({bytes} bytes; its host view, then the memory) failed: {e}");
             if let Some(i) = self.allocs.get_mut(&ptr.0) {
                 i.owner = Owner::Orphan;
             }

@@ -74,9 +74,14 @@ impl ScratchPool {
     /// Frees every chunk, newest first (views first). On a failure the rest stays, so a retry
     /// frees it.
     pub(crate) fn trim(&mut self, mem: &mut Memory) -> Result<()> {
-        while let Some(&(p, _)) = self.chunks.last() {
-            mem.release(p)
-                .map_err(|e| Error::device(Phase::Buffer, None, e))?;
+        while let Some(&(p, cap)) = self.chunks.last() {
+            mem.release(p).map_err(|e| {
+                Error::device(
+                    Phase::Buffer,
+                    Some(&format!("<scratch pool chunk of {cap} bytes>")),
+                    e,
+                )
+            })?;
             self.chunks.pop();
         }
         Ok(())

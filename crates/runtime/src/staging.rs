@@ -88,28 +88,23 @@ impl Arena {
             Some((p, cap)) if cap >= needed => return Ok((p, cap)),
             Some((p, cap)) => {
                 mem.release(p)
-                    .map_err(|e| Error::device(Phase::Bind, None, e))?;
+                    .map_err(|e| Error::device(Phase::Bind, Some(&arena_label(cap)), e))?;
                 self.current = None;
                 cap
             }
             None => 0,
         };
         let cap = grown_capacity(old, needed);
-        let buf = mem.alloc(
-            cap,
-            Owner::Staging,
-            Phase::Bind,
-            Some(&format!("<staging arena of {cap} bytes>")),
-        )?;
+        let buf = mem.alloc(cap, Owner::Staging, Phase::Bind, Some(&arena_label(cap)))?;
         self.current = Some((buf.ptr, cap));
         Ok((buf.ptr, cap))
     }
 
     /// Frees the arena (view first). On failure it stays, so a retry frees it.
     pub(crate) fn trim(&mut self, mem: &mut Memory) -> Result<()> {
-        if let Some((p, _)) = self.current {
+        if let Some((p, cap)) = self.current {
             mem.release(p)
-                .map_err(|e| Error::device(Phase::Buffer, None, e))?;
+                .map_err(|e| Error::device(Phase::Buffer, Some(&arena_label(cap)), e))?;
             self.current = None;
         }
         Ok(())
@@ -119,6 +114,11 @@ impl Arena {
     pub(crate) fn forget(&mut self) {
         self.current = None;
     }
+}
+
+/// What errors about the arena call it (it is no tensor).
+fn arena_label(cap: u64) -> String {
+    format!("<staging arena of {cap} bytes>")
 }
 
 #[cfg(test)]

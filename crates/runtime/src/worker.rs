@@ -280,9 +280,6 @@ impl Worker {
             .add(&mut self.mem, set, name, geometry, dir, host)
     }
 
-    /// Establishes the host view of a buffer now instead of at its first orchestrator access
-    /// (`ResidentTaskArgs.add(..., host_view="eager")`), so the first run pays nothing for it.
-    /// Returns the means: `"mapping"` or `"mirror"`.
     /// Sets the host-view policy of allocations without a hint of their own.
     pub fn set_view_policy(&mut self, policy: crate::views::ViewPolicy) {
         self.mem.views.policy = policy;
@@ -301,6 +298,9 @@ impl Worker {
         Ok(())
     }
 
+    /// Establishes the host view of a buffer now instead of at its first orchestrator access
+    /// (`ResidentTaskArgs.add(..., eager=True)`), so the first run pays nothing for it.
+    /// Returns the means: `"mapping"`, `"cached"` or `"mirror"`.
     pub fn establish_view(&mut self, buf: BufferRef, tensor: &str) -> Result<&'static str> {
         self.check_open()?;
         self.enter(Phase::ResidentAdd);
@@ -597,7 +597,8 @@ impl Worker {
                 s.user_buffers += 1;
             }
             if let Err(e) = self.mem.release(p) {
-                s.errors.push(Error::device(Phase::Close, None, e));
+                let what = format!("<{} of {} bytes>", info.owner.what(), info.bytes);
+                s.errors.push(Error::device(Phase::Close, Some(&what), e));
             }
         }
         self.arena.forget();
