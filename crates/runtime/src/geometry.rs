@@ -174,6 +174,10 @@ impl Geometry {
     pub fn offset(&self) -> u64 {
         self.offset
     }
+    /// The start offset, borrowed (a one-element slice of offsets is made from it).
+    pub(crate) fn offset_ref(&self) -> &u64 {
+        &self.offset
+    }
     pub fn ndim(&self) -> usize {
         self.ndim as usize
     }

@@ -170,7 +170,6 @@ impl RunState {
                 starts: None,
                 first_task: task,
                 count: 1,
-                elem: g.offset(),
             });
         }
         self.tasks.push_batch(
@@ -296,7 +295,6 @@ impl RunState {
                 starts,
                 first_task: first,
                 count,
-                elem: geometry.offset(),
             });
         }
         // Row-major, straight into the task store.

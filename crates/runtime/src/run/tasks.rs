@@ -27,8 +27,6 @@ pub(crate) struct Slot {
     pub first_task: u64,
     /// Its batch's task count.
     pub count: u32,
-    /// The view's element offset when the slot is shared by every task.
-    pub elem: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +81,7 @@ impl TaskStore {
         let s = &self.slots[i as usize];
         match s.starts {
             Some(at) => &self.starts[at..at + s.count as usize],
-            None => std::slice::from_ref(&s.elem),
+            None => std::slice::from_ref(s.geometry.offset_ref()),
         }
     }
 
