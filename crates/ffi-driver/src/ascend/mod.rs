@@ -139,13 +139,7 @@ impl AscendDevice {
                     detail,
                 })?,
         };
-        session.set_device().map_err(|e| LoadError::Init {
-            library: lib.name.to_string(),
-            call: e.call.clone(),
-            code: e.code,
-            code_name: e.code_name.clone(),
-            detail: format!("device {user} (logical {logical}): {}", e.detail),
-        })?;
+        session.set_device(lib.name, logical)?;
         Ok(AscendDevice {
             config,
             user,

@@ -78,52 +78,71 @@ impl Session {
     }
 
     /// Takes the device reference (`aclrtSetDevice`, once) and records the context it gives;
-    /// the calling thread's previous context, if it had one, is current again afterwards.
-    pub fn set_device(&mut self) -> Result<(), DeviceError> {
+    /// the calling thread's previous context, if it had one, is current again afterwards. An
+    /// error is an open error of `library`, naming the device and its `logical` id; a failure
+    /// after the reference was taken gives it back first.
+    pub fn set_device(&mut self, library: &str, logical: u32) -> Result<(), LoadError> {
         let c = self.calls();
-        let dev = |s: crate::Status, call: &str, what: &str| {
-            s.error(Op::Device, call, format!("{what} (device {})", self.user))
+        let user = self.user;
+        let fail = |s: crate::Status, call: &str, what: &str| {
+            s.init_error(
+                library,
+                call,
+                format!("device {user} (logical {logical}): {what}"),
+            )
         };
         let prev = self
             .runtime
             .current_context()
-            .map_err(|s| dev(s, c.get_context, "reading the thread's current context"))?;
+            .map_err(|s| fail(s, c.get_context, "reading the thread's current context"))?;
         self.runtime
-            .set_device(self.user)
+            .set_device(user)
             .result()
-            .map_err(|s| dev(s, c.set_device, "taking a reference to the device"))?;
+            .map_err(|s| fail(s, c.set_device, "taking a reference to the device"))?;
         let ctx = match self.runtime.current_context() {
             Ok(Some(ctx)) => ctx,
             other => {
-                let _ = self.runtime.reset_device(self.user);
-                if let Some(p) = prev {
-                    let _ = self.runtime.set_context(p);
+                if let Err(s) = self.runtime.reset_device(user).result() {
+                    log::warn!(
+                        "{} failed with code {} ({}) giving back the reference to device {user} \
+                         after a failed open",
+                        c.reset_device,
+                        s.code,
+                        s.name
+                    );
                 }
-                let e = match other {
-                    Err(s) => dev(s, c.get_context, "reading the context the device gave"),
-                    _ => crate::DeviceError::new(
-                        Op::Device,
+                if let Some(p) = prev {
+                    self.restore(p);
+                }
+                return Err(match other {
+                    Err(s) => fail(s, c.get_context, "reading the context the device gave"),
+                    _ => fail(
+                        super::sys::acl_status(0),
                         c.get_context,
-                        0,
-                        "ACL_SUCCESS",
                         "no current context after setting the device",
                     ),
-                };
-                return Err(e);
+                });
             }
         };
         self.ctx = Some(ctx);
         if let Some(p) = prev.filter(|&p| p != ctx) {
-            if let Err(s) = self.runtime.set_context(p).result() {
-                log::warn!(
-                    "{} failed with code {} ({}) restoring the caller's context",
-                    c.set_context,
-                    s.code,
-                    s.name
-                );
-            }
+            self.restore(p);
         }
         Ok(())
+    }
+
+    /// Makes `prev` (the caller's own context) current again; a failure is logged, naming the
+    /// call, its code and this device.
+    fn restore(&self, prev: Context) {
+        if let Err(s) = self.runtime.set_context(prev).result() {
+            log::warn!(
+                "{} failed with code {} ({}) restoring the caller's context (device {})",
+                self.calls().set_context,
+                s.code,
+                s.name,
+                self.user
+            );
+        }
     }
 
     /// Whether the device reference is still held.
@@ -222,14 +241,7 @@ pub(crate) struct Bound<'a> {
 impl Drop for Bound<'_> {
     fn drop(&mut self) {
         if let Some(prev) = self.restore {
-            if let Err(s) = self.session.runtime.set_context(prev).result() {
-                log::warn!(
-                    "{} failed with code {} ({}) restoring the caller's context",
-                    self.session.calls().set_context,
-                    s.code,
-                    s.name
-                );
-            }
+            self.session.restore(prev);
         }
     }
 }
