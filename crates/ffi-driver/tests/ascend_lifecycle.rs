@@ -445,6 +445,14 @@ fn close_frees_before_it_resets_and_revokes_a_mapping_it_could_not_unregister() 
             (Op::Free, "aclrtFree", false)
         ]
     );
+    // The failed unmap is logged with the mapping's size.
+    let unmaps: Vec<(u64, u64, i64)> = d
+        .call_log()
+        .iter()
+        .filter(|c| c.op == Op::Unmap)
+        .map(|c| (c.addr, c.bytes, c.code))
+        .collect();
+    assert_eq!(unmaps, [(kept.0, 4096, 7)]);
     // The host side is gone before the device is; the runtime then freed what we could not.
     assert!(mem.write(0, &[1]).is_err());
     assert_eq!(

@@ -112,7 +112,7 @@ impl AscendDevice {
     }
 
     /// Unregisters the mapping at `start` and revokes its host side; on success forgets it.
-    pub(super) fn do_unmap(&self, st: &mut State, start: u64) -> Result<u64, DeviceError> {
+    pub(super) fn do_unmap(&self, st: &mut State, start: u64) -> Result<(), DeviceError> {
         let op = Op::Unmap;
         if !st.session.is_open() {
             return Err(self
@@ -149,6 +149,6 @@ impl AscendDevice {
         })?;
         st.mappings.remove(&start);
         st.ledger.on_unmap();
-        Ok(bytes)
+        Ok(())
     }
 }

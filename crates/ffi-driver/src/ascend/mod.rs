@@ -436,7 +436,7 @@ impl Device for AscendDevice {
         let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
         let op = Op::Unmap;
         traced(&mut *st, op, ptr.0, bytes, self.injected(op), |st| {
-            self.do_unmap(st, ptr.0).map(|_| ())
+            self.do_unmap(st, ptr.0)
         })
     }
 
@@ -474,11 +474,10 @@ impl Device for AscendDevice {
             return report;
         }
         // 1. Every mapping goes first: unregister before free, always.
-        let starts: Vec<u64> = st.mappings.keys().copied().collect();
-        for start in starts {
+        let mappings: Vec<(u64, u64)> = st.mappings.iter().map(|(&a, m)| (a, m.bytes)).collect();
+        for (start, bytes) in mappings {
             report.leaked_mappings += 1;
             let r = self.do_unmap(&mut st, start);
-            let bytes = r.as_ref().copied().unwrap_or(0);
             if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
                 report.errors.push(e);
             }
