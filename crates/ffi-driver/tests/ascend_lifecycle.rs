@@ -535,3 +535,28 @@ fn a_thread_left_on_a_closed_devices_context_works_with_a_reopened_one() {
     drop(d2);
     assert_eq!(refs(&fake), (0, 0, 0));
 }
+
+#[test]
+fn a_failed_context_bind_names_the_address_and_size() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    fake.inject("aclrtGetCurrentContext", 1, 507_000);
+    let e = d.fill(DevPtr(p.0 + 16), 32, 0).unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.addr, e.bytes),
+        (
+            Op::Memset,
+            "aclrtGetCurrentContext",
+            Some(p.0 + 16),
+            Some(32)
+        )
+    );
+    fake.inject("aclrtGetCurrentContext", 1, 507_000);
+    let e = d.free(p).unwrap_err();
+    assert_eq!((e.addr, e.bytes), (Some(p.0), Some(4096)), "{e}");
+    fake.inject("aclrtGetCurrentContext", 1, 507_000);
+    let e = d.alloc(64).unwrap_err();
+    assert_eq!((e.addr, e.bytes), (None, Some(64)), "{e}");
+    d.free(p).unwrap();
+}

@@ -281,3 +281,23 @@ fn the_fake_reuses_addresses() {
     d.free(b).unwrap();
     assert!(d.free(b).is_err());
 }
+
+#[test]
+fn a_failed_context_bind_names_the_address_and_size() {
+    let fake = fake();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    fake.inject("cuCtxGetCurrent", 1, 201);
+    let e = d.copy_h2d(DevPtr(p.0 + 16), &[1; 32]).unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.addr, e.bytes),
+        (Op::H2d, "cuCtxGetCurrent", Some(p.0 + 16), Some(32))
+    );
+    fake.inject("cuCtxGetCurrent", 1, 201);
+    let e = d.free(p).unwrap_err();
+    assert_eq!((e.addr, e.bytes), (Some(p.0), Some(4096)), "{e}");
+    fake.inject("cuCtxGetCurrent", 1, 201);
+    let e = d.alloc(64).unwrap_err();
+    assert_eq!((e.addr, e.bytes), (None, Some(64)), "{e}");
+    d.free(p).unwrap();
+}

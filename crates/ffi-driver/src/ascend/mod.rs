@@ -254,7 +254,7 @@ impl AscendDevice {
                 .refused(op, ACL_ERROR_INVALID_PARAM, "size exceeds size_t")
                 .sized(bytes));
         }
-        let _bound = st.session.enter(op)?;
+        let _bound = st.session.enter(op).map_err(|e| e.sized(bytes))?;
         let (status, p) = self.runtime.malloc(bytes, self.config.malloc_policy);
         let policy = self.config.malloc_policy;
         status.result().map_err(|s| {
@@ -289,7 +289,7 @@ impl AscendDevice {
                 .before_call();
             return Err(e.at(ptr.0).sized(size));
         }
-        let _bound = st.session.enter(op)?;
+        let _bound = st.session.enter(op).map_err(|e| e.at(ptr.0).sized(size))?;
         self.runtime.free(ptr.0).result().map_err(|s| {
             s.error(op, self.call(op), "allocation left live")
                 .at(ptr.0)
@@ -312,7 +312,7 @@ impl AscendDevice {
         if bytes == 0 {
             return Ok(());
         }
-        let _bound = st.session.enter(op)?;
+        let _bound = st.session.enter(op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = match op {
             Op::H2d => "host-to-device copy",
             Op::Memset => "device memset",

@@ -274,7 +274,7 @@ impl CudaDevice {
         let size = usize::try_from(bytes).map_err(|_| {
             Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").sized(bytes)
         })?;
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter(st, op).map_err(|e| e.sized(bytes))?;
         let mut p: CuDevicePtr = 0;
         // SAFETY: `&mut p` is valid for the CUdeviceptr the call writes.
         CuResult(unsafe { (self.f.mem_alloc)(&mut p, size) })
@@ -297,7 +297,7 @@ impl CudaDevice {
         let size = st
             .ledger
             .require_live(ptr, |why| Self::refused(op, CUDA_ERROR_INVALID_VALUE, why))?;
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(ptr.0).sized(size))?;
         // SAFETY: `ptr` is a live cuMemAlloc allocation (ledger); the host never dereferences it.
         CuResult(unsafe { (self.f.mem_free)(ptr.0) })
             .result()
@@ -328,7 +328,7 @@ impl CudaDevice {
                 Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").at(addr),
             );
         }
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = match op {
             Op::H2d => "host-to-device copy",
             Op::Memset => "device memset",

@@ -17,7 +17,9 @@ impl CudaDevice {
         let Some(addr) = mem.owned_addr() else {
             return Ok(Pinned::No { code: 0 });
         };
-        let _bound = self.enter(st, Op::Pin)?;
+        let _bound = self
+            .enter(st, Op::Pin)
+            .map_err(|e| e.sized(mem.len() as u64))?;
         // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
         // `mem.len()` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
         // unregistered, so the memory outlives the registration.
@@ -46,7 +48,7 @@ impl CudaDevice {
         let Some(len) = st.pinned.get(&addr).map(|m| m.len()) else {
             return Ok(());
         };
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter(st, op).map_err(|e| e.sized(len as u64))?;
         // SAFETY: `cuMemHostUnregister(void *p)` with the address a successful
         // `cuMemHostRegister_v2` was given; the memory is still alive (held in `pinned`).
         CuResult(unsafe { (self.f.host_unregister)(addr as *mut c_void) })
