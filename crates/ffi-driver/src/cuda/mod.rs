@@ -323,11 +323,6 @@ impl CudaDevice {
         if bytes == 0 {
             return Ok(());
         }
-        if usize::try_from(bytes).is_err() {
-            return Err(
-                Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").at(addr),
-            );
-        }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = match op {
             Op::H2d => "host-to-device copy",
@@ -408,9 +403,10 @@ impl Device for CudaDevice {
             Self::injected(op),
             |st| {
                 self.transfer(st, op, dst.0, bytes, || {
-                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation and `bytes` fits
-                    // `size_t` (both checked by `transfer`); `cuMemsetD8_v2(CUdeviceptr, unsigned
-                    // char, size_t)` touches only those bytes.
+                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
+                    // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
+                    // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
+                    // `cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t)` touches only those bytes.
                     CuResult(unsafe { (self.f.memset_d8)(dst.0, value, bytes as usize) })
                 })
             },
