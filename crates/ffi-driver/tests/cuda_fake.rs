@@ -242,6 +242,8 @@ fn a_mirror_close_cannot_unregister_is_leaked_never_freed() {
     let r = d.close();
     assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
     assert_eq!((r.errors[0].op, r.errors[0].code), (Op::Unpin, 999));
+    let host = format!("host {:#x} (8192 bytes)", m.owned_addr().unwrap());
+    assert!(r.errors[0].detail.contains(&host), "{}", r.errors[0]);
     // Still registered with the driver: the memory stays alive (leaked), and is counted.
     let s = d.stats();
     assert_eq!((s.pins, s.unpins, s.pinned_bytes), (1, 0, 8192));

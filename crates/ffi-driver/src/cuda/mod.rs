@@ -457,7 +457,8 @@ impl Device for CudaDevice {
             self.do_pin(st, &mem)
         });
         if let Err(e) = r {
-            log::debug!("mirror of {len} bytes stays pageable: {e}");
+            let addr = mem.owned_addr().unwrap_or_default();
+            log::debug!("mirror at host {addr:#x} ({len} bytes) stays pageable: {e}");
         }
         Ok(mem)
     }
@@ -477,7 +478,7 @@ impl Device for CudaDevice {
             0,
             mem.len() as u64,
             Self::injected(op),
-            |st| self.do_unpin(st, addr),
+            |st| self.do_unpin(st, addr, mem.len() as u64),
         )
     }
 
@@ -518,7 +519,7 @@ impl Device for CudaDevice {
             .map(|(&a, m)| (a, m.len() as u64))
             .collect();
         for (addr, len) in pinned {
-            let r = self.do_unpin(&mut st, addr);
+            let r = self.do_unpin(&mut st, addr, len);
             if let Err(e) = st.ledger.logged(Op::Unpin, 0, len, r) {
                 report.errors.push(e);
             }

@@ -17,24 +17,23 @@ impl CudaDevice {
         let Some(addr) = mem.owned_addr() else {
             return Ok(Pinned::No { code: 0 });
         };
-        let _bound = self
-            .enter(st, Op::Pin)
-            .map_err(|e| e.sized(mem.len() as u64))?;
+        let len = mem.len();
+        let bound = self.enter(st, Op::Pin).map_err(|e| e.sized(len as u64))?;
         // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
-        // `mem.len()` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
+        // `len` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
         // unregistered, so the memory outlives the registration.
-        let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, mem.len(), 0) });
-        drop(_bound);
+        let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, len, 0) });
+        drop(bound);
         match r.result() {
             Ok(()) => {
                 st.pinned.insert(addr, mem.clone());
-                st.ledger.on_pin(mem.len() as u64);
+                st.ledger.on_pin(len as u64);
                 Ok(Pinned::Yes)
             }
             Err(s) => {
                 log::debug!(
-                    "cuMemHostRegister_v2 refused a {}-byte mirror (code {} {}); it stays pageable",
-                    mem.len(),
+                    "cuMemHostRegister_v2 refused the mirror at host {addr:#x} ({len} bytes) \
+                     (code {} {}); it stays pageable",
                     s.code,
                     s.name
                 );
@@ -43,27 +42,35 @@ impl CudaDevice {
         }
     }
 
-    pub(super) fn do_unpin(&self, st: &mut State, addr: usize) -> Result<(), DeviceError> {
+    /// Unregisters the mirror of `len` bytes at host address `addr`, which the caller found in
+    /// `st.pinned`; on success forgets it.
+    pub(super) fn do_unpin(
+        &self,
+        st: &mut State,
+        addr: usize,
+        len: u64,
+    ) -> Result<(), DeviceError> {
         let op = Op::Unpin;
-        let Some(len) = st.pinned.get(&addr).map(|m| m.len()) else {
-            return Ok(());
-        };
-        let _bound = self.enter(st, op).map_err(|e| e.sized(len as u64))?;
+        let bound = self.enter(st, op).map_err(|e| e.sized(len))?;
         // SAFETY: `cuMemHostUnregister(void *p)` with the address a successful
-        // `cuMemHostRegister_v2` was given; the memory is still alive (held in `pinned`).
+        // `cuMemHostRegister_v2` was given (the caller took it from `pinned`); the memory is still
+        // alive (held in `pinned`).
         CuResult(unsafe { (self.f.host_unregister)(addr as *mut c_void) })
             .result()
             .map_err(|s| {
                 s.error(
                     op,
                     Self::call_name(op),
-                    "mirror stays registered (and alive) until a retry",
+                    format!(
+                        "the mirror at host {addr:#x} ({len} bytes) stays registered (and alive) \
+                         until a retry"
+                    ),
                 )
-                .sized(len as u64)
+                .sized(len)
             })?;
-        drop(_bound);
+        drop(bound);
         st.pinned.remove(&addr);
-        st.ledger.on_unpin(len as u64);
+        st.ledger.on_unpin(len);
         Ok(())
     }
 }
