@@ -264,8 +264,7 @@ impl SimDevice {
             .sized(bytes)
         };
         let span = bytes
-            .checked_add(SIM_ALIGN - 1)
-            .map(|b| b / SIM_ALIGN * SIM_ALIGN)
+            .checked_next_multiple_of(SIM_ALIGN)
             .ok_or_else(exhausted)?;
         let recycled = if self.config.reuse_addresses {
             st.free.get_mut(&span).and_then(Vec::pop)
@@ -322,10 +321,10 @@ impl SimDevice {
         let size = block.size;
         st.blocks.remove(&ptr.0);
         if self.config.reuse_addresses {
-            st.free
-                .entry(size.div_ceil(SIM_ALIGN) * SIM_ALIGN)
-                .or_default()
-                .push(ptr.0);
+            // The span `do_alloc` computed the same way: it did not overflow there, so it is `Some`.
+            if let Some(span) = size.checked_next_multiple_of(SIM_ALIGN) {
+                st.free.entry(span).or_default().push(ptr.0);
+            }
         }
         st.ledger.on_free(ptr);
         Ok(())
