@@ -53,6 +53,16 @@ impl Op {
         }
     }
 
+    /// What a copy or memset is, in words (the detail of its vendor call's error): `H2d` and
+    /// `Memset` by name, anything else a device-to-host copy.
+    pub(crate) fn transfer_what(self) -> &'static str {
+        match self {
+            Op::H2d => "host-to-device copy",
+            Op::Memset => "device memset",
+            _ => "device-to-host copy",
+        }
+    }
+
     /// Parses the short name of one of [`Op::ALL`] (`"alloc"`, `"free"`, `"h2d"`, ...).
     pub fn parse(name: &str) -> Option<Op> {
         Op::ALL.into_iter().find(|op| op.name() == name)

@@ -313,11 +313,7 @@ impl AscendDevice {
             return Ok(());
         }
         let _bound = st.session.enter(op).map_err(|e| e.at(addr).sized(bytes))?;
-        let what = match op {
-            Op::H2d => "host-to-device copy",
-            Op::Memset => "device memset",
-            _ => "device-to-host copy",
-        };
+        let what = op.transfer_what();
         call(base + size - addr)
             .result()
             .map_err(|s| s.error(op, self.call(op), what).at(addr).sized(bytes))

@@ -324,11 +324,7 @@ impl CudaDevice {
             return Ok(());
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
-        let what = match op {
-            Op::H2d => "host-to-device copy",
-            Op::Memset => "device memset",
-            _ => "device-to-host copy",
-        };
+        let what = op.transfer_what();
         call()
             .result()
             .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))
