@@ -190,14 +190,11 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
             Ok(dev) => dev,
             Err(code) => return st.ret(name, &args, code),
         };
-        let Some(block) = st.heap.get(dptr) else {
+        let Some(size) = st.heap.get(dptr).map(|b| b.size) else {
             return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
         };
-        if block.meta != dev {
-            let owner = block.meta;
-            st.violations += 1;
-            let args = format!("{args} WRONG-CONTEXT(alloc dev={owner}, current dev={dev})");
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+        if let Err(why) = st.device_range(dptr, size, dev) {
+            return st.ret(name, &format!("{args}{why}"), CUDA_ERROR_INVALID_VALUE);
         }
         st.heap.remove(dptr, ALIGN, false);
         st.ret(name, &args, CUDA_SUCCESS)
