@@ -282,10 +282,7 @@ impl State {
 
     /// An injected failure for this call of `name`, if one is due (logged).
     fn injected(&mut self, name: &str, args: &str) -> Option<c_int> {
-        let code = self.injections.take(name)?;
-        self.log
-            .line(&format!("{name} {args} -> {code} (injected)"));
-        Some(code)
+        self.injections.take_logged(&mut self.log, name, args)
     }
 
     /// The logical id of user device `user`, if it is visible and exists.

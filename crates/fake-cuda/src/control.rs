@@ -24,13 +24,16 @@ pub extern "C" fn fake_cuda_reset() {
 /// `name` must be a valid NUL-terminated string (or null, which is rejected).
 #[no_mangle]
 pub unsafe extern "C" fn fake_cuda_inject(name: *const c_char, nth: u32, code: i32) -> c_int {
-    if name.is_null() || nth == 0 {
+    if name.is_null() {
         return -1;
     }
     // SAFETY: non-null and NUL-terminated per the caller.
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-    with_state(|st| st.injections.push(&name, nth, code));
-    0
+    if with_state(|st| st.injections.push(&name, nth, code)) {
+        0
+    } else {
+        -1
+    }
 }
 
 /// Copies up to `cap` bytes of the call log (UTF-8 text, one line per call, not NUL-terminated)

@@ -179,9 +179,7 @@ impl State {
     /// The failure this call of `name` must return, if any: an injected one (logged with
     /// ` (injected)`), else `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (logged).
     fn gate(&mut self, name: &str, args: &str) -> Option<CUresult> {
-        if let Some(code) = self.injections.take(name) {
-            self.log
-                .line(&format!("{name} {args} -> {code} (injected)"));
+        if let Some(code) = self.injections.take_logged(&mut self.log, name, args) {
             return Some(code);
         }
         if !self.initialized && name != "cuInit" && name != "cuGetErrorName" {

@@ -249,6 +249,14 @@ impl Injections {
         fired
     }
 
+    /// [`Injections::take`], logging a fired injection in `log` as `name args -> code
+    /// (injected)`.
+    pub fn take_logged(&mut self, log: &mut CallLog, name: &str, args: &str) -> Option<c_int> {
+        let code = self.take(name)?;
+        log.line(&format!("{name} {args} -> {code} (injected)"));
+        Some(code)
+    }
+
     /// Drops every pending injection.
     pub fn clear(&mut self) {
         self.0.clear();
@@ -349,5 +357,14 @@ mod tests {
         assert_eq!(i.take("a"), None);
         assert_eq!(i.take("a"), Some(5));
         assert_eq!(i.take("a"), None);
+        let mut log = CallLog::default();
+        assert!(i.push("b", 2, 7));
+        assert_eq!(i.take_logged(&mut log, "b", "0x10 8"), None);
+        assert_eq!(
+            log.0, "",
+            "a call that does not fire is the caller's to log"
+        );
+        assert_eq!(i.take_logged(&mut log, "b", "0x10 8"), Some(7));
+        assert_eq!(log.0, "b 0x10 8 -> 7 (injected)\n");
     }
 }
