@@ -64,15 +64,17 @@ pub extern "C" fn fake_ascend_set_reuse(on: c_int) {
     with_state(|st| st.heap.reuse = on != 0);
 }
 
-/// Sets the `ASCEND_RT_VISIBLE_DEVICES` renumbering (null: unset).
+/// Sets the `ASCEND_RT_VISIBLE_DEVICES` renumbering (null: unset). Returns 0: every spec is
+/// accepted and read by the runtime's rules (`parse_visible`).
 ///
 /// # Safety
 /// `spec` must be null or a valid NUL-terminated string.
 #[no_mangle]
-pub unsafe extern "C" fn fake_ascend_set_visible(spec: *const c_char) {
+pub unsafe extern "C" fn fake_ascend_set_visible(spec: *const c_char) -> c_int {
     // SAFETY: forwarded caller guarantee.
     let v = unsafe { text(spec) };
     with_state(|st| st.visible = v.map(|s| parse_visible(&s, st.devices)));
+    0
 }
 
 /// Sets the number of logical devices.

@@ -307,7 +307,7 @@ fn hal_error_classes_map_to_mirror_or_error() {
 #[test]
 fn the_hal_gets_the_logical_id_the_runtime_translates() {
     let fake = standard();
-    fake.set("set_visible", Some("3,5"));
+    assert_eq!(fake.set("set_visible", Some("3,5")), 0);
     let d = open_id(&fake, 1);
     assert_eq!((d.device_id(), d.logical_device_id()), (1, 5));
     let p = d.alloc(4096).unwrap();

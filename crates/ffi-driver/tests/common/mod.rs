@@ -121,7 +121,8 @@ impl Fake {
         unsafe { self.sym::<extern "C" fn(A) -> R>(&format!("{}_{name}", self.prefix))(arg) }
     }
 
-    /// A control `int <prefix>_<name>(const char *)` (or a void one); returns its code.
+    /// A control `int <prefix>_<name>(const char *)`; returns its code. Only for controls of
+    /// exactly that signature (calling a `void` one through it is undefined behaviour).
     pub fn set(&self, name: &str, spec: Option<&str>) -> c_int {
         let s = spec.map(|s| CString::new(s).unwrap());
         let p = s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
