@@ -9,30 +9,14 @@ mod common;
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
-use common::{libc_path, Fake};
-use simpler_driver::ascend::{
-    AscendConfig, AscendDevice, MallocPolicy, RuntimeApi, VisibleDevices,
+use common::{
+    ascend_config as config, ascend_standard as standard, ascend_with_links as with_links,
+    libc_path, Fake,
 };
+use simpler_driver::ascend::{AscendConfig, AscendDevice, MallocPolicy, RuntimeApi};
 use simpler_driver::{DevPtr, Device, HostMemError, LoadError, MapGrant, Op};
 
 const NOT_SUPPORT: i64 = 0xfffe;
-const VENDOR_NAMES: [&str; 3] = ["libascendcl.so", "libruntime.so", "libascend_hal.so"];
-
-fn standard() -> Fake {
-    Fake::new("fake-ascend", "fake_ascend", &VENDOR_NAMES)
-}
-
-fn with_links(names: &[&str]) -> Fake {
-    Fake::new("fake-ascend", "fake_ascend", names)
-}
-
-fn config(fake: &Fake) -> AscendConfig {
-    AscendConfig {
-        lib_dir: Some(fake.dir.clone()),
-        visible_devices: VisibleDevices::Unset,
-        ..AscendConfig::default()
-    }
-}
 
 fn open(fake: &Fake) -> AscendDevice {
     AscendDevice::open(config(fake)).unwrap()

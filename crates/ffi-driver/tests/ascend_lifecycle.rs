@@ -8,24 +8,27 @@ mod common;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
-use common::Fake;
+use common::{ascend_config, ascend_standard as standard, ascend_with_links, Fake};
 use simpler_driver::ascend::{AscendConfig, AscendDevice, RuntimeApi, VisibleDevices};
 use simpler_driver::{DevPtr, Device, LoadError, MapGrant, Op};
-
-const NAMES: [&str; 3] = ["libascendcl.so", "libruntime.so", "libascend_hal.so"];
-
-fn standard() -> Fake {
-    Fake::new("fake-ascend", "fake_ascend", &NAMES)
-}
 
 fn open_id(fake: &Fake, device_id: u32) -> AscendDevice {
     AscendDevice::open(AscendConfig {
         device_id,
-        lib_dir: Some(fake.dir.clone()),
-        visible_devices: VisibleDevices::Unset,
-        ..AscendConfig::default()
+        ..ascend_config(fake)
     })
     .unwrap()
+}
+
+/// The call and code name of an open error, which must be `LoadError::Init`.
+fn init_call(e: &LoadError) -> (&str, &str) {
+    let LoadError::Init {
+        call, code_name, ..
+    } = e
+    else {
+        panic!("{e:?}")
+    };
+    (call, code_name)
 }
 
 /// `(aclInit references, device 0 references, device 1 references)` as the fake counts them.
@@ -101,27 +104,8 @@ fn references_balance_with_workers_on_several_threads_and_devices() {
         (2, 1, 1),
         "one ACL and one device reference per device"
     );
-    let threads: Vec<_> = (0..4u8)
-        .map(|t| {
-            let devs = devs.clone();
-            std::thread::spawn(move || {
-                // Each thread alternates between the two devices.
-                for i in 0..10u8 {
-                    for d in &devs {
-                        let p = d.alloc(64).unwrap();
-                        d.copy_h2d(p, &[t ^ i; 64]).unwrap();
-                        let mut out = [0u8; 64];
-                        d.copy_d2h(&mut out, p).unwrap();
-                        assert_eq!(out, [t ^ i; 64]);
-                        d.free(p).unwrap();
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    // Each thread alternates between the two devices.
+    common::round_trips_on_threads(&devs, 4, 10, 64);
     // Alternating on this thread too.
     for _ in 0..10 {
         for d in &devs {
@@ -207,20 +191,9 @@ fn a_later_acl_user_survives_our_close() {
 fn a_failing_set_device_is_an_open_error_that_gives_the_acl_reference_back() {
     let fake = standard();
     fake.inject("aclrtSetDevice", 1, 507_033);
-    let e = AscendDevice::open(AscendConfig {
-        lib_dir: Some(fake.dir.clone()),
-        visible_devices: VisibleDevices::Unset,
-        ..AscendConfig::default()
-    })
-    .unwrap_err();
-    let LoadError::Init {
-        call, code_name, ..
-    } = &e
-    else {
-        panic!("{e:?}")
-    };
+    let e = AscendDevice::open(ascend_config(&fake)).unwrap_err();
     assert_eq!(
-        (call.as_str(), code_name.as_str()),
+        init_call(&e),
         ("aclrtSetDevice", "ACL_ERROR_RT_DEV_SETUP_ERROR")
     );
     assert_eq!(refs(&fake), (0, 0, 0), "{:#?}", fake.log());
@@ -334,9 +307,8 @@ fn the_hal_gets_the_logical_id_the_runtime_translates() {
     fake.inject("aclrtGetLogicDevIdByUserDevId", 1, 200_001);
     let d = AscendDevice::open(AscendConfig {
         device_id: 1,
-        lib_dir: Some(fake.dir.clone()),
         visible_devices: VisibleDevices::Value("3,5,x,9".into()),
-        ..AscendConfig::default()
+        ..ascend_config(&fake)
     })
     .unwrap();
     assert_eq!(d.logical_device_id(), 5);
@@ -349,14 +321,8 @@ fn the_hal_gets_the_logical_id_the_runtime_translates() {
         ..AscendConfig::default()
     })
     .unwrap_err();
-    let LoadError::Init {
-        call, code_name, ..
-    } = &e
-    else {
-        panic!("{e:?}")
-    };
     assert_eq!(
-        (call.as_str(), code_name.as_str()),
+        init_call(&e),
         (
             "aclrtGetLogicDevIdByUserDevId",
             "ACL_ERROR_RT_INVALID_DEVICEID"
@@ -367,11 +333,7 @@ fn the_hal_gets_the_logical_id_the_runtime_translates() {
 
 #[test]
 fn the_rt_runtime_is_bound_and_counted_the_same_way() {
-    let fake = Fake::new(
-        "fake-ascend",
-        "fake_ascend",
-        &["libruntime.so", "libascend_hal.so"],
-    );
+    let fake = ascend_with_links(&["libruntime.so", "libascend_hal.so"]);
     let d = Arc::new(open_id(&fake, 1));
     assert_eq!(d.runtime_api(), RuntimeApi::Rt);
     let t = {
@@ -495,12 +457,7 @@ fn a_failed_open_leaves_the_callers_context_current() {
     let theirs = fake.query::<(), usize>("current_context", ());
     // The context read after `aclrtSetDevice` fails: the open fails, and undoes what it did.
     fake.inject("aclrtGetCurrentContext", 2, 507_000);
-    let e = AscendDevice::open(AscendConfig {
-        lib_dir: Some(fake.dir.clone()),
-        visible_devices: VisibleDevices::Unset,
-        ..AscendConfig::default()
-    })
-    .unwrap_err();
+    let e = AscendDevice::open(ascend_config(&fake)).unwrap_err();
     assert!(matches!(e, LoadError::Init { .. }), "{e:?}");
     assert_eq!(fake.query::<(), usize>("current_context", ()), theirs);
     assert_eq!(refs(&fake), (1, 0, 1), "only their references remain");

@@ -110,26 +110,7 @@ fn one_primary_context_reference_per_device_across_threads_and_devices() {
     let fake = fake();
     let devs: Vec<Arc<CudaDevice>> = (0..2).map(|id| Arc::new(open_id(&fake, id))).collect();
     assert_eq!((retains(&fake, 0), retains(&fake, 1)), (1, 1));
-    let threads: Vec<_> = (0..4u8)
-        .map(|t| {
-            let devs = devs.clone();
-            std::thread::spawn(move || {
-                for i in 0..10u8 {
-                    for d in &devs {
-                        let p = d.alloc(256).unwrap();
-                        d.copy_h2d(p, &[t ^ i; 256]).unwrap();
-                        let mut out = [0u8; 256];
-                        d.copy_d2h(&mut out, p).unwrap();
-                        assert_eq!(out, [t ^ i; 256]);
-                        d.free(p).unwrap();
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::round_trips_on_threads(&devs, 4, 10, 256);
     assert_eq!(
         fake.count("violations"),
         0,

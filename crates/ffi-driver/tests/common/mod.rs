@@ -16,7 +16,11 @@
 use std::ffi::{c_char, c_int, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
+
+use simpler_driver::ascend::{AscendConfig, VisibleDevices};
+use simpler_driver::Device;
 
 /// The newest modification time of the files under `dir`.
 fn newest(dir: &Path) -> SystemTime {
@@ -201,4 +205,59 @@ pub fn libc_path() -> PathBuf {
         })
         .map(PathBuf::from)
         .expect("libc in /proc/self/maps")
+}
+
+/// The vendor names the fake Ascend library stands in for: the `acl*` runtime, the `rt*`
+/// runtime and the HAL.
+pub const ASCEND_NAMES: [&str; 3] = ["libascendcl.so", "libruntime.so", "libascend_hal.so"];
+
+/// A private copy of the fake Ascend library, linked as `names`.
+pub fn ascend_with_links(names: &[&str]) -> Fake {
+    Fake::new("fake-ascend", "fake_ascend", names)
+}
+
+/// A private copy of the fake Ascend library, linked under every name in [`ASCEND_NAMES`].
+pub fn ascend_standard() -> Fake {
+    ascend_with_links(&ASCEND_NAMES)
+}
+
+/// The config opening user device 0 from `fake` alone, with `ASCEND_RT_VISIBLE_DEVICES` unset
+/// whatever the test process's environment says.
+pub fn ascend_config(fake: &Fake) -> AscendConfig {
+    AscendConfig {
+        lib_dir: Some(fake.dir.clone()),
+        visible_devices: VisibleDevices::Unset,
+        ..AscendConfig::default()
+    }
+}
+
+/// `threads` threads, each running `rounds` rounds over every device in `devs` (alternating
+/// between them): alloc `len` bytes, copy a pattern of the thread and round in, copy it back,
+/// check it, free.
+pub fn round_trips_on_threads<D: Device + Send + Sync + 'static>(
+    devs: &[Arc<D>],
+    threads: u8,
+    rounds: u8,
+    len: usize,
+) {
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let devs = devs.to_vec();
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    for d in &devs {
+                        let p = d.alloc(len as u64).unwrap();
+                        d.copy_h2d(p, &vec![t ^ i; len]).unwrap();
+                        let mut out = vec![0u8; len];
+                        d.copy_d2h(&mut out, p).unwrap();
+                        assert_eq!(out, vec![t ^ i; len]);
+                        d.free(p).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in handles {
+        t.join().unwrap();
+    }
 }
