@@ -225,16 +225,7 @@ fn validation_happens_before_any_device_work() {
         let e = go(&cell, "c", &s, &args, &mut host).unwrap_err();
         assert!(format!("{e:?}").contains(msg), "{e:?}");
     }
-    let typed = simpler_runtime::Signature::new(vec![
-        simpler_runtime::Param {
-            dir: In,
-            dtype: Some(DType::I32),
-        },
-        simpler_runtime::Param {
-            dir: Out,
-            dtype: None,
-        },
-    ]);
+    let typed = typed_sig(&[(In, Some(DType::I32)), (Out, None)]);
     let args = [
         staged("x", geo(DType::F32, &[4])),
         staged("y", geo(DType::F32, &[4])),
@@ -446,16 +437,7 @@ fn batched_submit_errors_are_clear_and_leave_the_run_usable() {
     let g = geo(DType::F32, &[16, 4]);
     let s = sig(&[In, Out]);
     let k = sig(&[In, Out]);
-    let typed = simpler_runtime::Signature::new(vec![
-        simpler_runtime::Param {
-            dir: In,
-            dtype: Some(DType::I32),
-        },
-        simpler_runtime::Param {
-            dir: Out,
-            dtype: None,
-        },
-    ]);
+    let typed = typed_sig(&[(In, Some(DType::I32)), (Out, None)]);
     let args = [staged("x", g), staged("y", g)];
     let errors = RefCell::new(Vec::new());
     let mut host = Host::new(vec![vec![0; 256], vec![0; 256]], |run| {
@@ -471,74 +453,25 @@ fn batched_submit_errors_are_clear_and_leave_the_run_usable() {
             arg: 0,
             geometry: gx,
         };
-        e.push(
-            o.submit_many(
-                kernel(0, "k", &k),
-                &[
-                    x_all,
-                    BatchSlot::Views {
-                        arg: 1,
-                        geometry: row(&gy),
-                        starts: &past,
-                    },
-                ],
-                &[],
-                None,
-            )
-            .unwrap_err(),
-        );
-        e.push(
-            o.submit_many(
-                kernel(0, "k", &typed),
-                &[
-                    x_all,
-                    BatchSlot::Views {
-                        arg: 1,
-                        geometry: row(&gy),
-                        starts: &good,
-                    },
-                ],
-                &[],
-                None,
-            )
-            .unwrap_err(),
-        );
+        // x whole, and a row of y per task starting at `starts`.
+        let rows = |s: &simpler_runtime::Signature, starts: &[u64], scalars: &[BatchScalar]| {
+            let y_rows = BatchSlot::Views {
+                arg: 1,
+                geometry: row(&gy),
+                starts,
+            };
+            o.submit_many(kernel(0, "k", s), &[x_all, y_rows], scalars, None)
+        };
+        e.push(rows(&k, &past, &[]).unwrap_err());
+        e.push(rows(&typed, &good, &[]).unwrap_err());
         let per: Vec<Value> = vec![Value::Int(1); 16];
-        e.push(
-            o.submit_many(
-                kernel(0, "k", &k),
-                &[
-                    x_all,
-                    BatchSlot::Views {
-                        arg: 1,
-                        geometry: row(&gy),
-                        starts: short,
-                    },
-                ],
-                &[BatchScalar::PerTask(&per)],
-                None,
-            )
-            .unwrap_err(),
-        );
+        e.push(rows(&k, short, &[BatchScalar::PerTask(&per)]).unwrap_err());
         e.push(
             o.submit_many(kernel(0, "k", &k), &[x_all, x_all], &[], None)
                 .unwrap_err(),
         );
         // A hazard: tasks write y; reading y afterwards is refused, naming the task.
-        o.submit_many(
-            kernel(0, "k", &k),
-            &[
-                x_all,
-                BatchSlot::Views {
-                    arg: 1,
-                    geometry: row(&gy),
-                    starts: &good,
-                },
-            ],
-            &[],
-            None,
-        )
-        .unwrap();
+        rows(&k, &good, &[]).unwrap();
         e.push(o.read(1, &gy, &[3, 1]).unwrap_err());
         // Reading x (which no task writes) is fine.
         assert_eq!(o.read(0, &gx, &[3, 1]).unwrap(), Value::Float(0.0));

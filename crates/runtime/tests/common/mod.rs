@@ -41,6 +41,16 @@ pub fn sig(dirs: &[Direction]) -> Signature {
     Signature::new(dirs.iter().map(|&dir| Param { dir, dtype: None }).collect())
 }
 
+/// A signature whose parameters may require a dtype.
+pub fn typed_sig(params: &[(Direction, Option<DType>)]) -> Signature {
+    Signature::new(
+        params
+            .iter()
+            .map(|&(dir, dtype)| Param { dir, dtype })
+            .collect(),
+    )
+}
+
 pub fn staged(name: &str, g: Geometry) -> RunArgSpec {
     RunArgSpec {
         name: name.into(),
