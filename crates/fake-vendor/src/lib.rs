@@ -280,11 +280,6 @@ impl CallLog {
         code
     }
 
-    /// The log's text.
-    pub fn text(&self) -> &str {
-        &self.0
-    }
-
     /// Forgets every line.
     pub fn clear(&mut self) {
         self.0.clear();

@@ -185,8 +185,9 @@ fn mirrors_are_page_locked_until_freed_and_a_refusal_leaves_them_pageable() {
     assert_eq!((s.pins, s.pinned_bytes), (1, 1 << 20));
     d.free_mirror(&m).unwrap();
     assert_eq!(fake.count("live_registrations"), 0);
-    d.free_mirror(&m).unwrap(); // nothing left to undo
-                                // The driver refuses: an ordinary mirror, still usable.
+    // Nothing left to undo.
+    d.free_mirror(&m).unwrap();
+    // The driver refuses: an ordinary mirror, still usable.
     fake.inject("cuMemHostRegister_v2", 1, 2);
     let m2 = d.alloc_mirror(4096).unwrap();
     m2.write(0, &[1, 2, 3]).unwrap();
