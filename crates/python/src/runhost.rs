@@ -33,12 +33,14 @@ pub fn flat_bytes<'py>(
         .cast_into::<PyArray1<u8>>()?)
 }
 
-/// A staged array: the caller's, or a contiguous native-order copy of it written back after the
-/// run (for layouts the runtime cannot take byte for byte).
+/// A staged array: the caller's, or a contiguous native-order copy of it (for layouts the runtime
+/// cannot take byte for byte), written back after the run when the runtime wrote its bytes.
 struct Staged<'py> {
     bytes: Bound<'py, PyArray1<u8>>,
-    /// `(caller's array, copy)` when a copy was staged and the signature lets the run write it.
+    /// `(caller's array, copy)` when a copy was staged.
     copy_of: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    /// The runtime copied the run's output into `bytes` (`lend_output`).
+    written: bool,
 }
 
 struct Host<'py, 'a> {
@@ -69,7 +71,9 @@ impl RunHost for Host<'_, '_> {
     }
 
     fn lend_output<R>(&mut self, staged: usize, f: impl FnOnce(&mut [u8]) -> R) -> PyResult<R> {
-        let mut b = self.staged[staged].bytes.try_readwrite()?;
+        let s = &mut self.staged[staged];
+        let mut b = s.bytes.try_readwrite()?;
+        s.written = true;
         Ok(f(b.as_slice_mut()?))
     }
 
@@ -194,7 +198,6 @@ pub fn run<'py>(
             }
         } else if let Ok(arr) = v.cast::<PyUntypedArray>() {
             let what = format!("tensor {name}");
-            let writes = c.sig.params().get(tensors).is_some_and(|p| p.dir.writes());
             tensors += 1;
             let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
                 Some(g) => (v.clone(), g, None),
@@ -203,13 +206,14 @@ pub fn run<'py>(
                     let work = arrays_fn(py, &COPY, "native_copy")?.call1((&v,))?;
                     let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
                         .ok_or_else(|| type_err(format!("{what}: cannot stage this array")))?;
-                    (work.clone(), g, writes.then(|| (v.clone(), work)))
+                    (work.clone(), g, Some((v.clone(), work)))
                 }
             };
             let writable: bool = v.getattr("flags")?.getattr("writeable")?.extract()?;
             staged.push(Staged {
                 bytes: flat_bytes(py, &work, geometry.extent())?,
                 copy_of,
+                written: false,
             });
             ArgValue::Staged { geometry, writable }
         } else {
@@ -238,7 +242,7 @@ pub fn run<'py>(
         RunError::Runtime(e) => to_py(py, e),
         RunError::Host(e) => e,
     })?;
-    for s in &host.staged {
+    for s in host.staged.iter().filter(|s| s.written) {
         if let Some((orig, work)) = &s.copy_of {
             static BACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
             arrays_fn(py, &BACK, "write_back")?.call1((orig, work))?;
