@@ -436,8 +436,7 @@ class ResidentTaskArgs:
         if host_view not in policies:
             raise ArgumentError(f"{what}: host_view must be one of {', '.join(policies)}, not {host_view!r}")
         eager = bool(eager) or host_view == "eager"
-        added = self._worker._native._resident_add(self._set, name, host, direction)
-        d = direction if isinstance(direction, ArgDirection) else ArgDirection[str(direction).upper()]
+        d, added = self._worker._native._resident_add(self._set, name, host, direction)
         if added is None:  # no bytes: it stays host-staged
             self._entries[name] = _Entry(name, d, host)
             return host

@@ -18,7 +18,10 @@ use crate::convert::{self, u64_arg, Dir, StagingMode, Svm, ViewPolicyArg};
 use crate::errors::{to_py, value_err, PlatformUnavailableError, PyResultExt};
 use crate::logging;
 use crate::runhost;
-use crate::tensors::Callable;
+use crate::tensors::{direction_py, Callable};
+
+/// A buffer as Python sees it: `(ptr, gen)`.
+type BufferHandle = (u64, u64);
 
 /// Flushes queued log records, then converts a runtime result.
 pub fn done<T>(py: Python<'_>, r: Result<T, Error>) -> PyResult<T> {
@@ -296,16 +299,16 @@ impl PyWorker {
         done(py, r)
     }
 
-    /// Makes ``host`` resident; returns ``(ptr, gen)``, or ``None`` when it has no bytes (it
-    /// stays host-staged).
-    fn _resident_add(
+    /// Makes ``host`` resident; returns the ``ArgDirection`` member of ``direction`` and
+    /// ``(ptr, gen)``, or ``None`` when it has no bytes (it stays host-staged).
+    fn _resident_add<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         set: u64,
         name: &str,
-        host: &Bound<'_, PyAny>,
+        host: &Bound<'py, PyAny>,
         direction: Dir,
-    ) -> PyResult<Option<(u64, u64)>> {
+    ) -> PyResult<(Bound<'py, PyAny>, Option<BufferHandle>)> {
         let what = format!("resident tensor '{name}'");
         let arr = host.cast::<PyUntypedArray>().map_err(|_| {
             crate::errors::type_err(format!(
@@ -332,7 +335,8 @@ impl PyWorker {
         let r = self.cell.with(true, |w| {
             w.resident_add(set, name, &geometry, direction.0, bytes)
         });
-        done(py, r).map(|b| b.map(|b| (b.ptr.0, b.gen)))
+        let added = done(py, r)?.map(|b| (b.ptr.0, b.gen));
+        Ok((direction_py(py, direction.0)?, added))
     }
 
     /// Establishes the host view of a buffer now; returns ``"mapping"`` or ``"mirror"``.
