@@ -28,6 +28,15 @@ pub fn arrays_fn<'py>(
     .map(|f| f.bind(py).clone())
 }
 
+/// `tensor NAME`, formatted only when an error names it.
+pub struct TensorName<'a>(pub &'a str);
+
+impl std::fmt::Display for TensorName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "tensor {}", self.0)
+    }
+}
+
 /// A direction: an `ArgDirection` member or its name (`"IN"`, `"OUT"`, `"INOUT"`).
 pub struct Dir(pub Direction);
 

@@ -20,7 +20,7 @@ use simpler_runtime::{
 };
 
 use crate::cell::Shared;
-use crate::convert::{self, arrays_fn, small_ints};
+use crate::convert::{self, arrays_fn, small_ints, TensorName};
 use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeError, StateError};
 use crate::tensors::{direction_py, window_array, Kernel};
 use crate::worker::done;
@@ -50,15 +50,6 @@ impl KernelTable {
             .get(id as usize)
             .map(|k| k.clone_ref(py))
             .ok_or_else(|| StateError::new_err(format!("no kernel {id} in this run")))
-    }
-}
-
-/// `tensor NAME`, formatted only when an error names it.
-struct TensorName<'a>(&'a str);
-
-impl fmt::Display for TensorName<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tensor {}", self.0)
     }
 }
 

@@ -197,7 +197,7 @@ pub fn run<'py>(
                 geometry: t.geometry,
             }
         } else if let Ok(arr) = v.cast::<PyUntypedArray>() {
-            let what = format!("tensor {name}");
+            let what = convert::TensorName(&name);
             tensors += 1;
             let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
                 Some(g) => (v.clone(), g, None),

@@ -405,22 +405,24 @@ impl PyWorker {
 /// `(name, value)` pairs of run arguments: built args carry names; a plain sequence gets
 /// positions.
 fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(Arc<str>, Bound<'py, PyAny>)>> {
-    if let Ok(f) = args.getattr("_named_values") {
-        let pairs = f.call0()?;
-        return pairs
-            .try_iter()?
-            .map(|p| {
-                let (name, v) =
-                    p?.extract::<(Bound<'py, pyo3::types::PyString>, Bound<'py, PyAny>)>()?;
-                Ok((Arc::from(&*name.to_cow()?), v))
-            })
-            .collect();
-    }
-    let plain = args.cast::<PyList>().is_ok() || args.cast::<PyTuple>().is_ok();
+    // A plain list or tuple (the common case) is not asked for names: no failed lookup per run.
+    let plain = args.is_exact_instance_of::<PyList>() || args.is_exact_instance_of::<PyTuple>();
     if !plain {
-        return Err(crate::errors::type_err(
-            "run: args must be a sequence (tensors, then scalars) or built args",
-        ));
+        if let Ok(f) = args.getattr(pyo3::intern!(args.py(), "_named_values")) {
+            let pairs = f.call0()?;
+            return pairs
+                .try_iter()?
+                .map(|p| {
+                    let (name, v) = p?.extract::<(Bound<'py, PyString>, Bound<'py, PyAny>)>()?;
+                    Ok((Arc::from(&*name.to_cow()?), v))
+                })
+                .collect();
+        }
+        if args.cast::<PyList>().is_err() && args.cast::<PyTuple>().is_err() {
+            return Err(crate::errors::type_err(
+                "run: args must be a sequence (tensors, then scalars) or built args",
+            ));
+        }
     }
     args.try_iter()?
         .enumerate()
