@@ -106,22 +106,20 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Svm {
                 "svm must be 'always', 'never' or a byte count, not a bool",
             ));
         }
-        let text = if let Ok(i) = obj.cast::<PyInt>() {
+        if let Ok(i) = obj.cast::<PyInt>() {
             let n: i128 = i
                 .extract()
                 .map_err(|_| value_err(format!("svm byte count {obj:?} out of range")))?;
-            if n < 0 || n > u64::MAX as i128 {
-                return Err(value_err(format!("svm byte count {n} out of range")));
-            }
-            n.to_string()
-        } else {
-            obj.extract::<String>().map_err(|_| {
-                type_err(format!(
-                    "svm must be 'always', 'never' or a byte count, not {}",
-                    crate::errors::type_name(&obj)
-                ))
-            })?
-        };
+            let n = u64::try_from(n)
+                .map_err(|_| value_err(format!("svm byte count {n} out of range")))?;
+            return Ok(Svm(SvmPolicy::MinBytes(n)));
+        }
+        let text = obj.extract::<String>().map_err(|_| {
+            type_err(format!(
+                "svm must be 'always', 'never' or a byte count, not {}",
+                crate::errors::type_name(&obj)
+            ))
+        })?;
         SvmPolicy::parse(&text).map(Svm).map_err(value_err)
     }
 }
