@@ -43,14 +43,6 @@ class DeviceTensor(_core.DeviceTensor):
             )
         return worker.device_id
 
-    def _contiguous(self) -> bool:
-        expect = 1
-        for n, s in zip(reversed(self.shape), reversed(self.strides)):
-            if n != 1 and s != expect:
-                return False
-            expect *= n
-        return True
-
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA Array Interface (version 3) of the tensor, on the cuda platform only
@@ -62,7 +54,7 @@ class DeviceTensor(_core.DeviceTensor):
             "shape": self.shape,
             "typestr": dt.str,
             "data": (self.buffer.ptr + self.offset * item, False),
-            "strides": None if self._contiguous() else tuple(s * item for s in self.strides),
+            "strides": None if self.contiguous else tuple(s * item for s in self.strides),
             "version": 3,
             "stream": None,  # copies into device memory are synchronous: nothing to wait for
         }

@@ -295,6 +295,12 @@ impl DeviceTensor {
         self.geometry.nbytes()
     }
 
+    /// Whether its elements are laid out C-contiguously (dimensions of one element aside).
+    #[getter]
+    fn contiguous(&self) -> bool {
+        self.geometry.is_contiguous()
+    }
+
     /// The numpy dtype.
     #[getter]
     fn np_dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
