@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
@@ -269,7 +270,7 @@ fn slow_int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResul
         )));
     }
     let i = o
-        .call_method0("__index__")
+        .call_method0(intern!(o.py(), "__index__"))
         .map_err(|_| type_err(format!("{name}: index entries must be integers, not {o}")))?;
     i.extract::<i64>().map_err(|_| out_of_bounds())
 }
@@ -306,7 +307,7 @@ pub fn small_ints(
         len
     } else if let Ok(l) = obj.cast::<PyList>() {
         fill(&mut l.iter(), l.len())?
-    } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr("__index__")? {
+    } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr(intern!(obj.py(), "__index__"))? {
         out[0] = int_entry(&obj.as_borrowed(), name)?;
         1
     } else if let Ok(seq) = obj.cast::<PySequence>() {
@@ -367,13 +368,16 @@ fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyR
     } else if v.is_exact_instance_of::<PyFloat>() {
         return Ok(Value::Float(v.extract()?));
     }
-    if v.is_instance_of::<PyBool>() || v.get_type().name()?.to_str()? == "bool" {
-        return Ok(Value::Bool(v.is_truthy()?));
-    }
+    // numpy's float64 is a float: taken before the type's name is asked for (numpy's bool is
+    // known only by its name).
     if v.is_instance_of::<PyFloat>() {
         return Ok(Value::Float(v.extract()?));
     }
-    if let Ok(i) = v.call_method0("__index__") {
+    if v.is_instance_of::<PyBool>() || v.get_type().name()?.to_str()? == "bool" {
+        return Ok(Value::Bool(v.is_truthy()?));
+    }
+    let py = v.py();
+    if let Ok(i) = v.call_method0(intern!(py, "__index__")) {
         if let Ok(x) = i.extract::<i64>() {
             return Ok(Value::Int(x));
         }
@@ -384,7 +388,7 @@ fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyR
             "{name}: value {v} out of range: it does not fit 64 bits"
         )));
     }
-    if let Ok(f) = v.call_method0("__float__") {
+    if let Ok(f) = v.call_method0(intern!(py, "__float__")) {
         return Ok(Value::Float(f.extract()?));
     }
     Err(type_err(format!(
