@@ -240,8 +240,19 @@ impl Orchestrator {
         Ok(())
     }
 
-    fn kernel_id(&self, k: &Bound<'_, Kernel>) -> u32 {
-        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).id(k)
+    /// The runtime's handle on `kernel` (registered in this run's kernel table).
+    fn kernel_ref<'k>(&self, kernel: &'k Bound<'_, Kernel>) -> KernelRef<'k> {
+        let id = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .id(kernel);
+        let k = kernel.get();
+        KernelRef {
+            id,
+            name: &k.name,
+            sig: &k.sig,
+        }
     }
 
     fn run_tensor(&self, py: Python<'_>, arg: u32) -> PyResult<RunTensor> {
@@ -436,12 +447,7 @@ impl Orchestrator {
                 tensors.len()
             )));
         }
-        let id = self.kernel_id(kernel);
-        let kref = KernelRef {
-            id,
-            name: &k.name,
-            sig: &k.sig,
-        };
+        let kref = self.kernel_ref(kernel);
         let run = self.run;
         done(
             py,
@@ -550,12 +556,7 @@ impl Orchestrator {
         let count = count
             .map(|c| convert::u64_arg(c, "submit_many", "count"))
             .transpose()?;
-        let id = self.kernel_id(kernel);
-        let kref = KernelRef {
-            id,
-            name: &k.name,
-            sig: &k.sig,
-        };
+        let kref = self.kernel_ref(kernel);
         let run = self.run;
         done(
             py,

@@ -35,10 +35,36 @@ fn signature_py<'py>(py: Python<'py>, sig: &Signature) -> PyResult<Bound<'py, Py
     PyTuple::new(py, entries)
 }
 
-fn callable_name(f: &Bound<'_, PyAny>, default: &str) -> String {
-    f.getattr("__name__")
-        .and_then(|n| n.extract())
-        .unwrap_or_else(|_| default.to_owned())
+/// What a `Kernel` and a `Callable` are made of: the function (callable, else an error naming
+/// `class` and `arg`), the name (`name`, else the function's `__name__`, else `noun`) and the
+/// signature (errors name `noun` and the name).
+fn function_parts(
+    class: &str,
+    arg: &str,
+    noun: &str,
+    func: &Bound<'_, PyAny>,
+    signature: &Bound<'_, PyAny>,
+    name: Option<String>,
+) -> PyResult<(Py<PyAny>, String, Signature)> {
+    if !func.is_callable() {
+        return Err(type_err(format!(
+            "{class}: {arg} must be callable, not {}",
+            func.get_type().name()?
+        )));
+    }
+    let name = name.unwrap_or_else(|| {
+        func.getattr("__name__")
+            .and_then(|n| n.extract())
+            .unwrap_or_else(|_| noun.to_owned())
+    });
+    let sig = convert::signature(signature, &format!("{noun} {name}"))?;
+    Ok((func.clone().unbind(), name, sig))
+}
+
+/// `Class(name, ['IN', ...])`.
+fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
+    let dirs: Vec<&str> = sig.params().iter().map(|p| p.dir.name()).collect();
+    format!("{class}({name}, {dirs:?})")
 }
 
 /// A task body: ``fn(*arrays, *scalars)`` runs once per submitted task.
@@ -64,19 +90,8 @@ impl Kernel {
         signature: &Bound<'_, PyAny>,
         name: Option<String>,
     ) -> PyResult<Self> {
-        if !fn_.is_callable() {
-            return Err(type_err(format!(
-                "Kernel: fn must be callable, not {}",
-                fn_.get_type().name()?
-            )));
-        }
-        let name = name.unwrap_or_else(|| callable_name(fn_, "kernel"));
-        let sig = convert::signature(signature, &format!("kernel {name}"))?;
-        Ok(Kernel {
-            func: fn_.clone().unbind(),
-            name,
-            sig,
-        })
+        let (func, name, sig) = function_parts("Kernel", "fn", "kernel", fn_, signature, name)?;
+        Ok(Kernel { func, name, sig })
     }
 
     /// The task body.
@@ -98,8 +113,7 @@ impl Kernel {
     }
 
     fn __repr__(&self) -> String {
-        let dirs: Vec<&str> = self.sig.params().iter().map(|p| p.dir.name()).collect();
-        format!("Kernel({}, {dirs:?})", self.name)
+        function_repr("Kernel", &self.name, &self.sig)
     }
 }
 
@@ -125,16 +139,15 @@ impl Callable {
         signature: &Bound<'_, PyAny>,
         name: Option<String>,
     ) -> PyResult<Self> {
-        if !orchestration.is_callable() {
-            return Err(type_err("Callable: orchestration must be callable"));
-        }
-        let name = name.unwrap_or_else(|| callable_name(orchestration, "callable"));
-        let sig = convert::signature(signature, &format!("callable {name}"))?;
-        Ok(Callable {
-            func: orchestration.clone().unbind(),
+        let (func, name, sig) = function_parts(
+            "Callable",
+            "orchestration",
+            "callable",
+            orchestration,
+            signature,
             name,
-            sig,
-        })
+        )?;
+        Ok(Callable { func, name, sig })
     }
 
     /// The orchestration function.
@@ -163,8 +176,7 @@ impl Callable {
     }
 
     fn __repr__(&self) -> String {
-        let dirs: Vec<&str> = self.sig.params().iter().map(|p| p.dir.name()).collect();
-        format!("Callable({}, {dirs:?})", self.name)
+        function_repr("Callable", &self.name, &self.sig)
     }
 }
 
