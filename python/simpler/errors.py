@@ -48,10 +48,11 @@ class NoHostViewError(SimplerError, LookupError):
     """An access to a device address that no host view of the run covers.
 
     Attributes:
-        addr: the device address.
+        addr, nbytes: the device address and size of the access.
     """
 
     addr: int | None = None
+    nbytes: int | None = None
 
 
 class PlatformUnavailableError(SimplerError, RuntimeError):

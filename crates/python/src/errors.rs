@@ -88,11 +88,15 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
             with_attrs(DeviceError::new_err(msg), py, &attrs)
         }
         Error::Geometry { .. } => GeometryError::new_err(msg),
-        Error::NoHostView { addr, .. } => {
-            let attrs: Vec<_> = addr
-                .into_pyobject(py)
-                .map(|a| vec![("addr", a.into_any())])
-                .unwrap_or_default();
+        Error::NoHostView { addr, bytes, .. } => {
+            let attrs = [
+                ("addr", addr.into_pyobject(py).map(|o| o.into_any())),
+                ("nbytes", bytes.into_pyobject(py).map(|o| o.into_any())),
+            ];
+            let attrs: Vec<_> = attrs
+                .into_iter()
+                .filter_map(|(k, v)| v.ok().map(|v| (k, v)))
+                .collect();
             with_attrs(NoHostViewError::new_err(msg), py, &attrs)
         }
         Error::Value(_) => ArgumentError::new_err(msg),

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArray};
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
@@ -205,7 +205,13 @@ pub fn run<'py>(
                     static COPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
                     let work = arrays_fn(py, &COPY, "native_copy")?.call1((&v,))?;
                     let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
-                        .ok_or_else(|| type_err(format!("{what}: cannot stage this array")))?;
+                        .ok_or_else(|| {
+                            type_err(format!(
+                                "{what}: cannot stage this array (dtype {}, shape {:?})",
+                                arr.dtype(),
+                                arr.shape()
+                            ))
+                        })?;
                     (work.clone(), g, Some((v.clone(), work)))
                 }
             };

@@ -226,9 +226,13 @@ pub fn buffer_ref<'py>(buffer: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyWor
                 crate::errors::type_name(buffer)
             ))
         })?;
-    let worker = worker
-        .cast_into::<PyWorker>()
-        .map_err(|_| type_err("expected a Buffer of a simpler Worker"))?;
+    let worker = worker.cast_into::<PyWorker>().map_err(|e| {
+        type_err(format!(
+            "expected a Buffer of a simpler Worker, not {} (its _worker._native is {})",
+            crate::errors::type_name(buffer),
+            crate::errors::type_name(&e.into_inner())
+        ))
+    })?;
     let ptr: u64 = buffer.getattr("ptr")?.extract()?;
     let gen: u64 = buffer.getattr("_gen")?.extract()?;
     let id = worker.get().id;

@@ -112,7 +112,7 @@ impl PyWorker {
             .map(|d| {
                 u64_arg(d, "Worker", "device_id").and_then(|v| {
                     u32::try_from(v)
-                        .map_err(|_| value_err(format!("device_id {v} is out of range")))
+                        .map_err(|_| value_err(format!("Worker: device_id {v} is out of range")))
                 })
             })
             .transpose()?;
