@@ -13,6 +13,7 @@ __all__ = [
     "DTYPES",
     "MODELS",
     "PLATFORMS",
+    "STAGING_MODES",
     "VIEW_POLICIES",
     "Callable",
     "DeviceTensor",
@@ -30,6 +31,7 @@ DTYPES: list[str]
 PLATFORMS: list[str]
 MODELS: list[str]
 VIEW_POLICIES: list[str]
+STAGING_MODES: list[str]
 
 _Scalar = int | float | bool
 _Index = int | tuple[int, ...] | list[int]

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
 import time
+from statistics import median
 from typing import Any
 
 import numpy as np
@@ -34,10 +34,6 @@ import numpy as np
 from .worker import ArgDirection, Callable, Kernel, Worker
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
-
-
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs)
 
 
 def _fmt_ns(ns: float) -> str:
@@ -77,8 +73,8 @@ def bench_staging(quick: bool) -> None:
             # No poison fill, so `fresh` pays for the allocation, not for sim's debugging aid.
             with Worker("sim", staging=mode, poison=False) as w:
                 reps = [w.run(call, [x, y]) for _ in range(rounds)][1:]
-            ph = {k: _median([r.phases[k] for r in reps]) for k in ("bind", "copy_back", "cleanup")}
-            disp = _median([r.dispatch_ns for r in reps])
+            ph = {k: median([r.phases[k] for r in reps]) for k in ("bind", "copy_back", "cleanup")}
+            disp = median([r.dispatch_ns for r in reps])
             mallocs = reps[-1].counters["device_mallocs"]
             res[mode] = disp
             print(
@@ -99,7 +95,7 @@ def bench_staging(quick: bool) -> None:
         c = Callable(_submit_noop_in, [IN], name="h2d")
         with Worker("sim") as w:
             reps = [w.run(c, [x]) for _ in range(rounds)][1:]
-        bind = _median([r.phases["bind"] for r in reps])
+        bind = median([r.phases["bind"] for r in reps])
         print(  # bytes per ns == GB/s
             f"{size:>10} B: staged bind {size / bind:6.2f} GB/s   numpy memcpy {size / memcpy:6.2f} GB/s"
             f"   ratio {memcpy / bind:.2f}x"
@@ -129,10 +125,10 @@ def bench_views(quick: bool) -> None:
             w.copy_to(buf, table)
             t = buf.tensor(table.shape, "int32")
             reps = [w.run(Callable(reads, [IN]), [t]) for _ in range(4)]
-            warm = _median([r.phases["orchestrate"] for r in reps[1:]]) / n_reads
+            warm = median([r.phases["orchestrate"] for r in reps[1:]]) / n_reads
             first = reps[0].phases["orchestrate"] / n_reads
             rt = [w.run(Callable(read_whole, [IN]), [t]) for _ in range(3)]
-            rt_ns = _median([r.phases["orchestrate"] for r in rt]) / 100
+            rt_ns = median([r.phases["orchestrate"] for r in rt]) / 100
             w.free(buf)
             kind = "mapping" if svm == "always" else "mirror"
             results[kind] = warm
@@ -176,7 +172,7 @@ def bench_bind(quick: bool) -> None:
                     samples[size].append(r.phases["bind"])
         for b in bufs.values():
             w.free(b)
-    out = {size: _median(v) for size, v in samples.items()}
+    out = {size: median(v) for size, v in samples.items()}
     for size, ns in out.items():
         print(f"{size:>12} B: bind {_fmt_ns(ns)}")
     print(f"{'ratio':>12}: {out[big] / out[4096]:.2f}x (target <= 1.5x)")
@@ -229,7 +225,7 @@ def bench_orchestration(quick: bool) -> None:
             return one
 
         res = _interleaved({n: batched(n) for n in sizes}, reps)
-        med = {n: _median(v) for n, v in res.items()}
+        med = {n: median(v) for n, v in res.items()}
         for n in sizes:
             print(f"{n:>8} tasks: {_fmt_ns(med[n])} per task   (target <= 300 ns)")
         print(
@@ -256,8 +252,8 @@ def bench_orchestration(quick: bool) -> None:
             r = w.run(c, [t])
             teardown.append(r.phases["cleanup"] / n)
         print(
-            f"   view {_fmt_ns(_median(times['view']))}   submit {_fmt_ns(_median(times['submit']))}"
-            f"   teardown {_fmt_ns(_median(teardown))}   (submit target <= 1 us)"
+            f"   view {_fmt_ns(median(times['view']))}   submit {_fmt_ns(median(times['submit']))}"
+            f"   teardown {_fmt_ns(median(teardown))}   (submit target <= 1 us)"
         )
         w.free(buf)
 
@@ -279,7 +275,7 @@ def bench_orchestration(quick: bool) -> None:
                 walls.append(time.perf_counter_ns() - t0)
                 disp.append(r.dispatch_ns)
             print(
-                f"   Worker.run wall {_fmt_ns(_median(walls))}   dispatch path {_fmt_ns(_median(disp))}"
+                f"   Worker.run wall {_fmt_ns(median(walls))}   dispatch path {_fmt_ns(median(disp))}"
                 "   (target <= 20 us)"
             )
 
@@ -328,7 +324,7 @@ def bench_orchestration(quick: bool) -> None:
         res = _interleaved(
             {"numpy": plain, "get_tensor_data": via(elementwise), "read_tensor": via(bulk)}, reps
         )
-        med = {k: _median(v) for k, v in res.items()}
+        med = {k: median(v) for k, v in res.items()}
         for k, v in med.items():
             print(f"{k:>16}: {_fmt_ns(v)} per read")
         elem, bulk_ratio = med["get_tensor_data"] / med["numpy"], med["read_tensor"] / med["numpy"]
@@ -370,7 +366,7 @@ def bench_orchestration(quick: bool) -> None:
 
         small = 1024
         res = _interleaved({small: after(small), n_max: after(n_max)}, reps)
-        med = {k: _median(v) for k, v in res.items()}
+        med = {k: median(v) for k, v in res.items()}
         for k, v in med.items():
             print(f"{k:>8} tasks: {_fmt_ns(v)} per read")
         print(f"{'ratio':>14}: {n_max} / {small} tasks = {med[n_max] / med[small]:.2f}x (target <= 2x)")
@@ -424,9 +420,9 @@ def bench_mirrors(quick: bool, platform: str = "sim") -> None:
                     moved = rep.counters["mirror_refresh_bytes"]
                     if r > 0 and moved:
                         gbps[arm].append(moved / rep.phases["orchestrate"])
-            line = ", ".join(f"{arm} {_median(v):6.2f} GB/s" for arm, v in gbps.items() if v)
+            line = ", ".join(f"{arm} {median(v):6.2f} GB/s" for arm, v in gbps.items() if v)
             if len(arms) == 2 and gbps["pinned"] and gbps["pageable"]:
-                line += f"   pinned/pageable {_median(gbps['pinned']) / _median(gbps['pageable']):.2f}x"
+                line += f"   pinned/pageable {median(gbps['pinned']) / median(gbps['pageable']):.2f}x"
             print(f"{size >> 20:>6} MiB: {line}")
             for arm, w in workers.items():
                 w.free(bufs[arm])

@@ -140,7 +140,7 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
         help="manual cases: exclude (default; run when --case names them), include, or only them",
     )
     flag("svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
-    flag("staging", choices=("arena", "fresh"), default=None, help="staging path: arena (default) or fresh")
+    flag("staging", choices=_core.STAGING_MODES, default=None, help="staging path: arena (default) or fresh")
     flag(
         "model",
         choices=_core.MODELS,

@@ -68,5 +68,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|p| p.name())
         .collect();
     m.add("VIEW_POLICIES", policies)?;
+    use simpler_runtime::Staging;
+    m.add(
+        "STAGING_MODES",
+        [Staging::Arena, Staging::Fresh].map(Staging::name),
+    )?;
     Ok(())
 }

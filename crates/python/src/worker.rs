@@ -339,7 +339,6 @@ impl PyWorker {
         Ok((direction_py(py, direction.0)?, added))
     }
 
-    /// Establishes the host view of a buffer now; returns ``"mapping"`` or ``"mirror"``.
     /// The host-view policy of allocations without a hint.
     #[getter]
     fn view_policy(&self) -> &'static str {
@@ -364,6 +363,8 @@ impl PyWorker {
         done(py, r)
     }
 
+    /// Establishes the host view of a buffer now; returns its kind (``"mapping"``,
+    /// ``"mirror"`` or ``"cached"``).
     fn _establish_view(
         &self,
         py: Python<'_>,
