@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``.
+"""Shared test configuration: hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``, and the
+``fake_vendor`` fixture (the ascend and cuda platforms over the fake vendor libraries).
 
 * ``ci`` (default): modest example counts so `make test` stays within CI's time budget.
 * ``dev``: ten times more, for a local soak (``HYPOTHESIS_PROFILE=dev pytest tests/test_stateful.py
@@ -11,8 +12,15 @@ a loaded CI machine is not a property of the code).
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+import simpler as sp
+
+ROOT = Path(__file__).resolve().parents[1]
 
 _COMMON = {
     "deadline": None,
@@ -23,3 +31,41 @@ _COMMON = {
 settings.register_profile("ci", max_examples=100, stateful_step_count=50, **_COMMON)
 settings.register_profile("dev", max_examples=1000, stateful_step_count=100, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+class FakeVendor:
+    """The fake vendor libraries `make test` builds and links (crates/fake-ascend, crates/fake-cuda)."""
+
+    ascend_libs = ROOT / "target" / "fake-ascend-libs"
+    cuda_lib = ROOT / "target" / "fake-cuda-libs" / "libcuda.so.1"
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self._env = monkeypatch
+
+    def use(self, platform: str) -> None:
+        """Points ``platform`` (``"ascend"`` or ``"cuda"``) at its fake library for this test, as
+        `make py-test` does (ascend: small allocations refused and mirrored, large ones mapped);
+        skips the test when the library is not linked."""
+        if platform == "ascend":
+            if not (self.ascend_libs / "libascend_hal.so").exists():
+                pytest.skip(f"fake vendor library not linked under {self.ascend_libs} (run `make test`)")
+            self._env.setenv("SIMPLER_ASCEND_LIB_DIR", str(self.ascend_libs))
+            self._env.setenv("FAKE_ASCEND_MAP", "min:65536")
+            self._env.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+        elif platform == "cuda":
+            if not self.cuda_lib.exists():
+                pytest.skip(f"fake libcuda not linked at {self.cuda_lib} (run `make test`)")
+            self._env.setenv("SIMPLER_CUDA_LIB", str(self.cuda_lib))
+        else:
+            raise ValueError(f"no fake vendor library for platform {platform!r}")
+
+    def worker(self, platform: str, **opts: Any) -> sp.Worker:
+        """A worker on ``platform`` over its fake library (see :meth:`use`)."""
+        self.use(platform)
+        return sp.Worker(platform, **opts)
+
+
+@pytest.fixture
+def fake_vendor(monkeypatch: pytest.MonkeyPatch) -> FakeVendor:
+    """The fake vendor libraries, for this test (environment changes are undone after it)."""
+    return FakeVendor(monkeypatch)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,17 +14,11 @@ import pytest
 import simpler as sp
 
 IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
-LIBS = Path(__file__).resolve().parents[1] / "target" / "fake-ascend-libs"
 
 
 @pytest.fixture
-def ascend(monkeypatch):
-    if not (LIBS / "libascend_hal.so").exists():
-        pytest.skip(f"fake vendor library not linked under {LIBS} (run `make test`)")
-    monkeypatch.setenv("SIMPLER_ASCEND_LIB_DIR", str(LIBS))
-    monkeypatch.setenv("FAKE_ASCEND_MAP", "min:65536")
-    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
-    with sp.Worker("ascend") as w:
+def ascend(fake_vendor):
+    with fake_vendor.worker("ascend") as w:
         yield w
 
 

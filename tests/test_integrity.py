@@ -9,7 +9,6 @@ survives a failed unregister; and the error contract for out-of-range integers. 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,25 +16,19 @@ import pytest
 import simpler as sp
 
 IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
-LIBS = Path(__file__).resolve().parents[1] / "target" / "fake-ascend-libs"
 POISON = 0xA5
 PLATFORMS = ["sim-mapping", "sim-mirror", "ascend"]
 
 
-def _worker(kind, monkeypatch, **opts):
+def _worker(kind, fake_vendor, **opts):
     if kind == "ascend":
-        if not (LIBS / "libascend_hal.so").exists():
-            pytest.skip(f"fake vendor library not linked under {LIBS} (run `make test`)")
-        monkeypatch.setenv("SIMPLER_ASCEND_LIB_DIR", str(LIBS))
-        monkeypatch.setenv("FAKE_ASCEND_MAP", "min:65536")
-        monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
-        return sp.Worker("ascend", **opts)
+        return fake_vendor.worker("ascend", **opts)
     return sp.Worker("sim", svm="always" if kind == "sim-mapping" else "never", **opts)
 
 
-def _fake():
+def _fake(fake_vendor):
     """The fake vendor library (the same copy the driver loaded)."""
-    lib = ctypes.CDLL(str(LIBS / "libascend_hal.so"))
+    lib = ctypes.CDLL(str(fake_vendor.ascend_libs / "libascend_hal.so"))
     lib.fake_ascend_inject.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int32]
     return lib
 
@@ -53,9 +46,9 @@ def _lazy(x, out):
 
 @pytest.mark.parametrize("staging", ["arena", "fresh"])
 @pytest.mark.parametrize("kind", PLATFORMS)
-def test_a_kernel_that_writes_nothing_cannot_pass_with_an_earlier_runs_bytes(kind, staging, monkeypatch):
+def test_a_kernel_that_writes_nothing_cannot_pass_with_an_earlier_runs_bytes(kind, staging, fake_vendor):
     x = np.arange(256, dtype=np.float32)
-    with _worker(kind, monkeypatch, staging=staging) as w:
+    with _worker(kind, fake_vendor, staging=staging) as w:
         good = sp.Callable(lambda o, x, y: o.submit(sp.Kernel(_doubling, [IN, OUT]), x, y), [IN, OUT])
         lazy = sp.Callable(lambda o, x, y: o.submit(sp.Kernel(_lazy, [IN, OUT]), x, y), [IN, OUT])
         y = np.zeros_like(x)
@@ -68,7 +61,7 @@ def test_a_kernel_that_writes_nothing_cannot_pass_with_an_earlier_runs_bytes(kin
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
-def test_a_scratch_tensor_holds_poison_until_written_in_every_run(kind, monkeypatch):
+def test_a_scratch_tensor_holds_poison_until_written_in_every_run(kind, fake_vendor):
     seen = []
 
     def orch(o, x, out):
@@ -77,7 +70,7 @@ def test_a_scratch_tensor_holds_poison_until_written_in_every_run(kind, monkeypa
         o.submit(sp.Kernel(lambda x, t: t.__setitem__(..., x), [IN, OUT]), x, tmp)
         o.submit(sp.Kernel(lambda t, y: y.__setitem__(..., t), [IN, OUT]), tmp, out)
 
-    with _worker(kind, monkeypatch) as w:
+    with _worker(kind, fake_vendor) as w:
         for k in range(3):
             x = np.full(64, k + 1, np.int32)
             y = np.zeros(64, np.int32)
@@ -87,8 +80,8 @@ def test_a_scratch_tensor_holds_poison_until_written_in_every_run(kind, monkeypa
     assert seen == [int(np.frombuffer(bytes([POISON] * 4), np.int32)[0])] * 3
 
 
-def test_poison_false_skips_the_fill(monkeypatch):
-    with _worker("sim-mapping", monkeypatch, poison=False) as w:
+def test_poison_false_skips_the_fill(fake_vendor):
+    with _worker("sim-mapping", fake_vendor, poison=False) as w:
         y = np.zeros(16, np.float32)
         r = w.run(sp.Callable(lambda o, y: None, [OUT]), [y])
         assert r.counters["poisoned_bytes"] == 0 and w.stats()["memset_calls"] == 0
@@ -98,13 +91,13 @@ def test_poison_false_skips_the_fill(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
-def test_a_kernel_writing_its_in_tensor_fails_naming_the_kernel_and_the_tensor(kind, monkeypatch):
+def test_a_kernel_writing_its_in_tensor_fails_naming_the_kernel_and_the_tensor(kind, fake_vendor):
     def meddle(x, y):
         x[0] = 42.0
         y[...] = x
 
     k = sp.Kernel(meddle, [IN, OUT], name="meddle")
-    with _worker(kind, monkeypatch) as w:
+    with _worker(kind, fake_vendor) as w:
         buf = w.malloc(64)
         w.copy_to(buf, np.arange(16, dtype=np.float32))
         x = buf.tensor((16,), "float32")
@@ -124,7 +117,7 @@ def test_a_kernel_writing_its_in_tensor_fails_naming_the_kernel_and_the_tensor(k
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
-def test_overlapping_writable_views_of_one_task_are_refused(kind, monkeypatch):
+def test_overlapping_writable_views_of_one_task_are_refused(kind, fake_vendor):
     bump = sp.Kernel(lambda a, b: (a.__iadd__(1), b.__iadd__(10)), [INOUT, INOUT], name="bump")
     errors = []
 
@@ -139,7 +132,7 @@ def test_overlapping_writable_views_of_one_task_are_refused(kind, monkeypatch):
         errors.append(str(ei.value))
         o.submit(bump, t.view([4], [0]), t.view([4], [4]))  # adjacent, not overlapping: fine
 
-    with _worker(kind, monkeypatch) as w:
+    with _worker(kind, fake_vendor) as w:
         buf = w.malloc(64)
         w.copy_to(buf, np.zeros(16, np.int32))
         w.run(sp.Callable(orch, [INOUT]), [buf.tensor((16,), "int32")])
@@ -154,7 +147,7 @@ def test_overlapping_writable_views_of_one_task_are_refused(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
-def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(kind, monkeypatch):
+def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(kind, fake_vendor):
     """Even columns read in bulk while a task writes the odd ones: the byte spans overlap, the
     elements do not, so no HazardError; reading the written columns still is one."""
     bump = sp.Kernel(lambda a: a.__iadd__(100), [INOUT], name="bump")
@@ -167,7 +160,7 @@ def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(ki
         with pytest.raises(sp.HazardError, match="bump"):
             o.read_tensor(odd)
 
-    with _worker(kind, monkeypatch) as w:
+    with _worker(kind, fake_vendor) as w:
         buf = w.malloc(32)
         w.copy_to(buf, np.arange(8, dtype=np.float32))
         w.run(sp.Callable(orch, [INOUT]), [buf.tensor((4, 2), "float32")])
@@ -181,9 +174,9 @@ def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(ki
 
 
 @pytest.mark.parametrize("via", ["free", "trim_staging"])
-def test_a_failed_unregister_keeps_the_view_and_the_retry_unregisters_before_freeing(via, monkeypatch):
-    with _worker("ascend", monkeypatch) as w:
-        fake = _fake()
+def test_a_failed_unregister_keeps_the_view_and_the_retry_unregisters_before_freeing(via, fake_vendor):
+    with _worker("ascend", fake_vendor) as w:
+        fake = _fake(fake_vendor)
         n = 1 << 15  # 128 KiB: mapped under FAKE_ASCEND_MAP=min:65536
         table = np.arange(n, dtype=np.int32)
 
@@ -300,7 +293,7 @@ def _values_of(dtype: np.dtype, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("name", sp._arrays.SUPPORTED_DTYPES)
 @pytest.mark.parametrize("kind", ["sim-mapping", "sim-mirror", "ascend"])
-def test_every_supported_dtype_round_trips(name, kind, monkeypatch):
+def test_every_supported_dtype_round_trips(name, kind, fake_vendor):
     """Staged (contiguous and strided), resident, get/set_tensor_data and read_tensor."""
     dt = sp._arrays.np_dtype(name)
     host = _values_of(dt, 24).reshape(4, 6)
@@ -312,7 +305,7 @@ def test_every_supported_dtype_round_trips(name, kind, monkeypatch):
         o.set_tensor_data(res_t, (0, 0), seen["elem"])
         o.submit(sp.Kernel(lambda a, b: b.__setitem__(..., a), [IN, OUT]), staged_in, out)
 
-    with _worker(kind, monkeypatch) as w, sp.ResidentTaskArgs(w) as res:
+    with _worker(kind, fake_vendor) as w, sp.ResidentTaskArgs(w) as res:
         t = res.add("t", host, INOUT)
         strided_in = host[:, ::2]  # a staged view with gaps between its elements
         out = np.zeros((4, 6), dt)[:, 1::2]  # a staged output view with gaps

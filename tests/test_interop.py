@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,15 +14,10 @@ import pytest
 import simpler as sp
 from simpler import _dlpack
 
-CUDA_LIB = Path(__file__).resolve().parents[1] / "target" / "fake-cuda-libs" / "libcuda.so.1"
-
 
 @pytest.fixture
-def cuda(monkeypatch):
-    if not CUDA_LIB.exists():
-        pytest.skip(f"fake libcuda not linked at {CUDA_LIB} (run `make test`)")
-    monkeypatch.setenv("SIMPLER_CUDA_LIB", str(CUDA_LIB))
-    with sp.Worker("cuda") as w:
+def cuda(fake_vendor):
+    with fake_vendor.worker("cuda") as w:
         yield w
 
 

@@ -22,24 +22,12 @@ import pytest
 import simpler as sp
 
 ROOT = Path(__file__).resolve().parents[1]
-ASCEND_LIBS = ROOT / "target" / "fake-ascend-libs"
-CUDA_LIB = ROOT / "target" / "fake-cuda-libs" / "libcuda.so.1"
 IN, OUT, INOUT = sp.IN, sp.OUT, sp.INOUT
 
 
-def _worker(kind, monkeypatch):
-    if kind == "ascend":
-        if not (ASCEND_LIBS / "libascend_hal.so").exists():
-            pytest.skip(f"fake vendor library not linked under {ASCEND_LIBS} (run `make test`)")
-        monkeypatch.setenv("SIMPLER_ASCEND_LIB_DIR", str(ASCEND_LIBS))
-        monkeypatch.setenv("FAKE_ASCEND_MAP", "min:65536")
-        monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
-        return sp.Worker("ascend")
-    if kind == "cuda":
-        if not CUDA_LIB.exists():
-            pytest.skip(f"fake libcuda not linked at {CUDA_LIB} (run `make test`)")
-        monkeypatch.setenv("SIMPLER_CUDA_LIB", str(CUDA_LIB))
-        return sp.Worker("cuda")
+def _worker(kind, fake_vendor):
+    if kind in ("ascend", "cuda"):
+        return fake_vendor.worker(kind)
     return sp.Worker("sim", reuse_addresses=True)
 
 
@@ -48,8 +36,8 @@ CALL = sp.Callable(lambda o, x, y: o.submit(COPY, x, y), [IN, OUT])
 
 
 @pytest.mark.parametrize("kind", ["sim", "ascend", "cuda"])
-def test_a_handle_kept_past_free_is_refused_everywhere_after_its_address_is_reused(kind, monkeypatch):
-    with _worker(kind, monkeypatch) as w:
+def test_a_handle_kept_past_free_is_refused_everywhere_after_its_address_is_reused(kind, fake_vendor):
+    with _worker(kind, fake_vendor) as w:
         old = w.malloc(4096)
         stale = old.tensor((1024,), "float32")
         w.free(old)
@@ -86,9 +74,9 @@ def test_reuse_addresses_is_a_sim_option():
         sp.Worker("cuda", reuse_addresses=True)
 
 
-def test_cuda_mirrors_are_page_locked_while_they_live(monkeypatch):
+def test_cuda_mirrors_are_page_locked_while_they_live(fake_vendor):
     read = sp.Callable(lambda o, t: o.get_tensor_data(t, 3), [IN])
-    with _worker("cuda", monkeypatch) as w:
+    with _worker("cuda", fake_vendor) as w:
         buf = w.malloc(1 << 16)
         w.copy_to(buf, np.arange(1 << 14, dtype=np.int32))
         t = buf.tensor((1 << 14,), "int32")
@@ -106,7 +94,7 @@ def test_cuda_mirrors_are_page_locked_while_they_live(monkeypatch):
     assert (s["pins"], s["unpins"], s["pinned_bytes"]) == (2, 2, 0)
 
 
-def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path):
+def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, fake_vendor):
     """A framework (torch_npu) loaded the runtime first, from its own directory; our worker,
     pointed elsewhere, must use that copy rather than load a second one."""
     fake = ROOT / "target" / "debug" / "libfake_ascend.so"
@@ -136,7 +124,7 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path):
     env = dict(os.environ)
     env.update(
         LD_LIBRARY_PATH=str(theirs),
-        SIMPLER_ASCEND_LIB_DIR=str(ASCEND_LIBS),  # ours: the build's copy
+        SIMPLER_ASCEND_LIB_DIR=str(fake_vendor.ascend_libs),  # ours: the build's copy
         FAKE_ASCEND_MAP="always",
     )
     env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
@@ -148,13 +136,13 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path):
     assert ours_loaded == "False", "a second copy of the runtime was loaded"
 
 
-def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library():
+def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library(fake_vendor):
     script = ROOT / ".ci" / "device-check"
     env = dict(os.environ, SIMPLER_CUDA_LIB="/nonexistent/libcuda.so.1")
     env["SIMPLER_ASCEND_LIB_DIR"] = "/nonexistent"
     out = subprocess.run([str(script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "device-check: skipped: no device driver" in out.stdout, out
-    if CUDA_LIB.exists():
-        env["SIMPLER_CUDA_LIB"] = str(CUDA_LIB)
+    if fake_vendor.cuda_lib.exists():
+        env["SIMPLER_CUDA_LIB"] = str(fake_vendor.cuda_lib)
         out = subprocess.run([str(script), "--probe"], env=env, capture_output=True, text=True)
         assert out.returncode == 0 and "platforms with a driver: cuda" in out.stdout, out
