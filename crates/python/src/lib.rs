@@ -68,10 +68,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         .map(|p| p.name())
         .collect();
     m.add("VIEW_POLICIES", policies)?;
-    use simpler_runtime::Staging;
     m.add(
         "STAGING_MODES",
-        [Staging::Arena, Staging::Fresh].map(Staging::name),
+        simpler_runtime::Staging::ALL.map(simpler_runtime::Staging::name),
     )?;
     Ok(())
 }

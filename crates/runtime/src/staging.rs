@@ -19,15 +19,15 @@ pub enum Staging {
 }
 
 impl Staging {
-    /// Parses `"arena"` / `"fresh"`.
+    /// Every mode, the default first.
+    pub const ALL: [Staging; 2] = [Staging::Arena, Staging::Fresh];
+
+    /// Parses a mode's [`name`](Staging::name).
     pub fn parse(s: &str) -> Result<Staging> {
-        match s {
-            "arena" => Ok(Staging::Arena),
-            "fresh" => Ok(Staging::Fresh),
-            _ => Err(Error::Value(format!(
-                "staging must be 'arena' or 'fresh', not '{s}'"
-            ))),
-        }
+        Staging::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| Error::Value(format!("staging must be 'arena' or 'fresh', not '{s}'")))
     }
     /// `"arena"` / `"fresh"`.
     pub fn name(self) -> &'static str {
