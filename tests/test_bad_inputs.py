@@ -157,7 +157,6 @@ def aliased_resident_fixtures(w):
     base = np.zeros(16, np.float32)
     res = sp.ResidentTaskArgs(w)
     res.add("lo", base[:8])
-    w._keep = base
     return lambda: res.add("mid", base[4:12])
 
 
@@ -482,7 +481,6 @@ def resident_set_after_close(w):
 @case(StateError, r"free: buffer 0x[0-9a-f]+ is bound as an argument of the run in progress")
 def free_a_buffer_bound_to_the_run(w):
     buf, t = _buffer_tensor(w, _f32())
-    w._keep = buf
     return _orch(w, lambda o, t: w.free(buf), [IN], [t])
 
 
@@ -499,8 +497,7 @@ def release_a_set_bound_to_the_run(w):
     t = res.add("kv", _f32())
 
     def orch(o, t):
-        errors = w._native._resident_release(res._set)
-        raise errors[0]
+        res.release()  # refused: a tensor of the set is bound to this run
 
     return _orch(w, orch, [IN], [t])
 
@@ -585,7 +582,7 @@ def missing_vendor_library(w):
 
 def _state(w):
     s = w.stats()
-    return s["live_allocations"], s["live_mappings"], w._native._arena()
+    return s["live_allocations"], s["live_mappings"], w.debug_state()["arena"]
 
 
 @pytest.fixture

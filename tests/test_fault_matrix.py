@@ -311,7 +311,7 @@ def _expected_live(w, fault):
     """What may stay live: the arena, the scratch pool, the caller's buffers, and the orphan."""
     log = w.call_log()
     keep = set()
-    arena = w._native._arena()
+    arena = w.debug_state()["arena"]
     if arena:
         keep.add(arena[0])
     _, _, freed = _replay(log, False)
@@ -336,7 +336,7 @@ def _check_no_leak(w, fault, unique):
         f"{sorted(map(hex, keep))}"
     )
     assert maps <= keep
-    mapped, mirrored, refused = w._native._view_counts()
+    mapped, mirrored, refused = tuple(w.debug_state()["views"].values())
     assert mapped == len(maps)
     assert mapped + mirrored + refused <= len(keep)
 
@@ -376,7 +376,7 @@ def test_fault_cell(cell, monkeypatch, caplog):
         live, maps, freed = _replay(w.call_log(), unique)
         assert (live, maps) == ({}, set())
         assert w.stats()["live_allocations"] == 0 and w.stats()["live_mappings"] == 0
-        assert w._native._view_counts() == (0, 0, 0)
+        assert tuple(w.debug_state()["views"].values()) == (0, 0, 0)
         gen = _generation_at(log, failed[0], fault[1])
         assert freed[fault[1], gen] == 1  # the failed free/unmap was completed once, by the driver
         with pytest.raises(sp.StateError, match="closed"):
@@ -392,13 +392,13 @@ def test_fault_cell(cell, monkeypatch, caplog):
     # The worker stays usable: a clean case runs correctly, and leaves no more than before.
     _clean_case(w)
     _check_no_leak(w, fault, unique)
-    summary = w._native._close()
+    summary = w.close()
     assert summary["errors"] == []
     assert (summary["leaked_allocations"], summary["leaked_mappings"]) == (0, 0)
     live, maps, freed = _replay(w.call_log(), unique)
     assert (live, maps) == ({}, set())
     assert w.stats()["live_allocations"] == 0 and w.stats()["live_mappings"] == 0
-    assert w._native._view_counts() == (0, 0, 0) and w._native._arena() is None
+    assert tuple(w.debug_state()["views"].values()) == (0, 0, 0) and w.debug_state()["arena"] is None
     if op in ("free", "unmap"):
         gen = _generation_at(log, failed[0], fault[1])
         assert freed[fault[1], gen] == 1  # the orphan was freed exactly once, by close

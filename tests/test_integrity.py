@@ -291,11 +291,11 @@ def _values_of(dtype: np.dtype, n: int) -> np.ndarray:
     return base[np.arange(n) % 8].astype(dtype)
 
 
-@pytest.mark.parametrize("name", sp._arrays.SUPPORTED_DTYPES)
+@pytest.mark.parametrize("name", sp.SUPPORTED_DTYPES)
 @pytest.mark.parametrize("kind", ["sim-mapping", "sim-mirror", "ascend"])
 def test_every_supported_dtype_round_trips(name, kind, fake_vendor):
     """Staged (contiguous and strided), resident, get/set_tensor_data and read_tensor."""
-    dt = sp._arrays.np_dtype(name)
+    dt = sp.np_dtype(name)
     host = _values_of(dt, 24).reshape(4, 6)
     seen = {}
 
@@ -356,7 +356,7 @@ def test_mapping_a_staging_arena_over_1_mib_warns_once_naming_its_size(caplog):
         for _ in range(3):
             w.run(sp.Callable(lambda o, b, s: o.get_tensor_data(s, 1), [IN, IN]), [big, small])
         w.stats()  # queued native records are emitted by the next call
-        arena = w._native._arena()
+        arena = w.debug_state()["arena"]
     warnings = [r.getMessage() for r in caplog.records if "staging allocation" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert f"({arena[1]} bytes)" in warnings[0] and "staged tensor arg1" in warnings[0]

@@ -66,8 +66,8 @@ def test_1000_cases_return_every_allocation_and_keep_rss_flat():
     for i in range(CASES):
         _case(w, i)
         s = w.stats()
-        assert s["live_allocations"] == (1 if w._native._arena() else 0)  # only the staging arena
-        assert s["live_mappings"] == w._native._view_counts()[0] <= 1  # at most the arena's mapping
+        assert s["live_allocations"] == (1 if w.debug_state()["arena"] else 0)  # only the staging arena
+        assert s["live_mappings"] == w.debug_state()["views"]["mapped"] <= 1  # at most the arena's mapping
         if i % 50 == 0:
             with sp.Worker("sim", svm=65536, staging="fresh") as own:
                 _case(own, i)

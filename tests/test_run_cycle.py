@@ -201,7 +201,7 @@ def test_bad_arguments_fail_before_any_device_work():
 
 
 def _live_beyond_arena(w):
-    arena = w._native._arena()
+    arena = w.debug_state()["arena"]
     return w.stats()["live_allocations"] - (1 if arena else 0)
 
 

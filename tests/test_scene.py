@@ -354,7 +354,7 @@ def test_a_failure_in_release_surfaces_when_the_case_passed():
     orig = sp.ResidentTaskArgs.release
 
     def failing_release(self):
-        self._worker.inject_fault("free", 1)
+        w.inject_fault("free", 1)
         orig(self)
 
     with pytest.MonkeyPatch.context() as mp:

@@ -94,7 +94,7 @@ class WorkerMachine(RuleBasedStateMachine):
         self.w.trim_staging()
         s = self.w.stats()
         assert (s["live_allocations"], s["live_mappings"]) == (0, 0)
-        assert self.w._native._view_counts() == (0, 0, 0)
+        assert tuple(self.w.debug_state()["views"].values()) == (0, 0, 0)
         self.w.close()
         self.check_log()
         assert not self.log_live
@@ -240,7 +240,7 @@ class WorkerMachine(RuleBasedStateMachine):
     def trim_staging(self):
         self.w.trim_staging()
         self.scratch = 0
-        assert self.w._native._arena() is None
+        assert self.w.debug_state()["arena"] is None
 
     # -- invariants --
     def check_log(self):
@@ -264,9 +264,9 @@ class WorkerMachine(RuleBasedStateMachine):
         self.steps += 1
         s = self.w.stats()
         resident = sum(len(e) for _, e in self.sets)
-        arena = 1 if self.w._native._arena() else 0
+        arena = 1 if self.w.debug_state()["arena"] else 0
         assert s["live_allocations"] == len(self.buffers) + resident + arena + self.scratch
-        mapped, mirrored, refused = self.w._native._view_counts()
+        mapped, mirrored, refused = tuple(self.w.debug_state()["views"].values())
         assert mapped == s["live_mappings"]
         assert mapped + mirrored + refused <= s["live_allocations"]
         self.check_log()

@@ -22,7 +22,9 @@ try:
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-from .args import ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
+from . import _arrays  # noqa: F401  (hands the native module its numpy helpers, once)
+from ._arrays import SUPPORTED_DTYPES, np_dtype
+from .args import BuiltArgs, ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -60,6 +62,7 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "Buffer",
+    "BuiltArgs",
     "Callable",
     "CaseRun",
     "DeviceError",
@@ -73,6 +76,7 @@ __all__ = [
     "ResidentTaskArgs",
     "RunReport",
     "RunTensor",
+    "SUPPORTED_DTYPES",
     "Scalar",
     "SceneTestCase",
     "SimplerError",
@@ -82,6 +86,7 @@ __all__ = [
     "Worker",
     "__version__",
     "main",
+    "np_dtype",
     "run_case",
     "scene_test",
 ]

@@ -1,4 +1,4 @@
-"""Numpy plumbing for the native core (private).
+"""Numpy plumbing for the native core (private), handed to it once at import.
 
 The native core takes host arrays as the bytes of their *extent* (what a strided view touches),
 so a transposed or sliced view is staged intact; it computes that extent itself and asks for a
@@ -18,7 +18,7 @@ try:  # ml_dtypes supplies bfloat16 and the fp8/fp4 kinds (the dtypes JAX uses).
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     ml_dtypes = None
 
-from . import _core
+from . import _core, _dlpack
 from .errors import ArgumentError, ArgumentTypeError
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_core.DTYPES)
@@ -116,18 +116,15 @@ def window_array(win: _core.HostWindow) -> np.ndarray:
     return np.ndarray(tuple(shape), dtype=dt, buffer=raw, strides=tuple(strides))
 
 
-def require_array(value: object, what: str) -> np.ndarray:
-    """``value`` as a numpy array, refusing anything that is not one."""
-    if not isinstance(value, np.ndarray):
-        raise ArgumentTypeError(f"{what}: expected a numpy array, got {type(value).__name__}")
-    return value
-
-
-def require_contiguous(arr: np.ndarray, what: str) -> None:
-    """Refuses arrays that are not C-contiguous in native byte order (a plain byte copy of them
-    would not be their elements in order)."""
-    if not arr.flags.c_contiguous or not arr.dtype.isnative:
-        raise ArgumentError(
-            f"{what}: array must be C-contiguous in native byte order "
-            f"(shape {arr.shape}, strides {arr.strides}); use np.ascontiguousarray"
-        )
+# The native module imports nothing from this package: it gets the helpers it calls here.
+_core.install_helpers(
+    flat_bytes=flat_bytes,
+    native_copy=native_copy,
+    write_back=write_back,
+    offset_rows=offset_rows,
+    column=column,
+    window_array=window_array,
+    dtype_name=dtype_name,
+    np_dtype=np_dtype,
+    dlpack_export=_dlpack.export,
+)

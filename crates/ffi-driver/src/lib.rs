@@ -27,3 +27,8 @@ pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
 pub use model::CostModel;
 pub use open::{open_device, DeviceSpec, OpenError, PLATFORMS};
+
+/// The byte that never-written memory holds: the sim fills fresh allocations with it, and the
+/// runtime fills staged outputs and scratch tensors with it at the start of every run (a host
+/// memset on sim, a device memset on the vendor drivers).
+pub const POISON: u8 = 0xA5;

@@ -1,4 +1,7 @@
-//! The worker behind a lock, shared by the Python worker object and every run handle.
+//! The worker behind a lock, shared by every handle that reaches it: the Python worker object,
+//! buffers and device tensors, resident sets, and a run's orchestrator and tensors each hold an
+//! `Arc` of it (as cudarc's objects hold their context), so a handle never outlives what it
+//! names and needs no lookup through Python.
 //!
 //! The GIL and the worker lock never deadlock: a thread holding the GIL takes the worker lock
 //! only if it is free at once, and otherwise releases the GIL before waiting for it; heavy steps
@@ -6,16 +9,25 @@
 //! the GIL (the runtime's log records are queued, see `logging.rs`). So no thread ever waits for
 //! the GIL while it holds the worker lock.
 
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use pyo3::prelude::*;
 
+use simpler_driver::Device;
 use simpler_runtime::{Worker, WorkerCell};
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Shared {
     worker: Mutex<Worker>,
+    /// The device (for what needs no worker lock: counters, the call log, fault injection).
+    pub dev: Arc<dyn Device>,
+    /// The worker's id (handles carry it; the runtime refuses another worker's).
+    pub id: u64,
+    /// `"sim"`, `"ascend"` or `"cuda"`.
+    pub platform: String,
+    /// The device id the worker was opened on.
+    pub device_id: u32,
 }
 
 fn relock(m: &Mutex<Worker>) -> MutexGuard<'_, Worker> {
@@ -23,9 +35,13 @@ fn relock(m: &Mutex<Worker>) -> MutexGuard<'_, Worker> {
 }
 
 impl Shared {
-    pub fn new(w: Worker) -> Shared {
+    pub fn new(w: Worker, platform: &str, device_id: u32) -> Shared {
         Shared {
+            dev: w.device().clone(),
+            id: w.id(),
             worker: Mutex::new(w),
+            platform: platform.to_owned(),
+            device_id,
         }
     }
 }

@@ -6,28 +6,16 @@ use std::sync::Mutex;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
 
 use simpler_driver::sim::SvmPolicy;
-use simpler_runtime::geometry::MAX_DIMS;
-use simpler_runtime::{DType, Direction, Geometry, Param, Signature, Staging, Value};
+use simpler_runtime::{
+    DType, Direction, Geometry, Param, Signature, Staging, Value, ViewPolicy, MAX_DIMS,
+};
 
-use crate::errors::{type_err, value_err, PyResultExt};
-
-/// A Python function of `simpler._arrays` (numpy plumbing), looked up once.
-pub fn arrays_fn<'py>(
-    py: Python<'py>,
-    cell: &'static PyOnceLock<Py<PyAny>>,
-    name: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    cell.get_or_try_init(py, || {
-        py.import("simpler._arrays")?
-            .getattr(name)
-            .map(|f| f.unbind())
-    })
-    .map(|f| f.bind(py).clone())
-}
+use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeErr};
+use crate::handles::ArgDirection;
+use crate::helpers;
 
 /// `tensor NAME`, formatted only when an error names it.
 pub struct TensorName<'a>(pub &'a str);
@@ -44,18 +32,16 @@ pub struct Dir(pub Direction);
 impl<'a, 'py> FromPyObject<'a, 'py> for Dir {
     type Error = PyErr;
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let text = if let Ok(s) = obj.cast::<PyString>() {
-            s.to_cow()?.into_owned()
-        } else if let Ok(v) = obj.getattr("value") {
-            v.extract::<String>()
-                .map_err(|_| type_err(format!("direction must be an ArgDirection, not {obj:?}")))?
-        } else {
-            return Err(type_err(format!(
+        if let Ok(d) = obj.cast::<ArgDirection>() {
+            return Ok(Dir((*d.get()).into()));
+        }
+        let s = obj.cast::<PyString>().map_err(|_| {
+            type_err(format!(
                 "direction must be an ArgDirection, not {}",
-                obj.get_type().name()?
-            )));
-        };
-        Direction::parse(&text).map(Dir).py()
+                crate::errors::type_name(&obj)
+            ))
+        })?;
+        Direction::parse(&s.to_cow()?).map(Dir).py()
     }
 }
 
@@ -73,7 +59,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for StagingMode {
 }
 
 /// A host-view policy: `"auto"`, `"mapping"`, `"cached"` or `"mirror"`.
-pub struct ViewPolicyArg(pub simpler_runtime::views::ViewPolicy);
+pub struct ViewPolicyArg(pub ViewPolicy);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
     type Error = PyErr;
@@ -81,7 +67,6 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
         let s: String = obj
             .extract()
             .map_err(|_| type_err(format!("view_policy must be a string, not {obj:?}")))?;
-        use simpler_runtime::views::ViewPolicy;
         ViewPolicy::parse(&s).map(ViewPolicyArg).ok_or_else(|| {
             let names: Vec<String> = ViewPolicy::ALL
                 .iter()
@@ -179,7 +164,7 @@ pub fn element_offset(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         .and_then(|i| i.extract())
         .map_err(|_| type_err(format!("{what}: offset must be an int, not {obj}")))?;
     u64::try_from(n).map_err(|_| {
-        crate::errors::PyRuntimeError(simpler_runtime::Error::geometry(
+        PyRuntimeErr(simpler_runtime::Error::geometry(
             what,
             if n < 0 {
                 format!("negative offset {n}")
@@ -198,8 +183,10 @@ pub fn dtype(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display) -> PyResult<D
             return Ok(d);
         }
     }
-    static NAME: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let name: String = arrays_fn(obj.py(), &NAME, "dtype_name")?
+    let py = obj.py();
+    let name: String = helpers::get(py)?
+        .dtype_name
+        .bind(py)
         .call1((obj,))?
         .extract()?;
     DType::parse(&name).map_err(|e| type_err(format!("{what}: {e}")))
@@ -339,7 +326,7 @@ fn dims(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display, field: &str) -> Py
         .iter()
         .map(|&x| {
             u64::try_from(x).map_err(|_| {
-                PyErr::from(crate::errors::PyRuntimeError(
+                PyErr::from(PyRuntimeErr(
                     simpler_runtime::Error::geometry(
                         what.to_string(),
                         format!("negative {field} entry {x} in {:?}", &v[..n]),

@@ -1,28 +1,42 @@
 //! `simpler._core`: pyo3 classes over the runtime. Glue only — argument conversion, the
 //! exception mapping, the GIL-aware worker lock and the log bridge. All behaviour, including the
-//! order of a run's phases, lives in `simpler-runtime` and `simpler-driver`.
+//! order of a run's phases, lives in `simpler-runtime` and `simpler-driver`. The module imports
+//! nothing from the `simpler` package: its exceptions are declared here, and the Python helpers
+//! it calls are handed over once when the package is imported.
 //!
-//! * `errors` — runtime errors as `simpler.errors` exceptions;
-//! * `logging` — Rust log records queued and emitted into Python's `logging`;
-//! * `convert` — Python values into typed runtime values and back;
-//! * `cell` — the worker behind a lock that respects the GIL;
-//! * `worker` — the native worker (buffers, resident sets, counters, close, `run`);
-//! * `runhost` — one run: its arguments converted, the host side of the run cycle;
-//! * `orch` — the orchestrator handle and run tensors;
-//! * `tensors` — kernels, callables, device tensors, host windows.
+//! Modules, each using only those above it:
 
+//! * `logging` — Rust log records queued and emitted into Python's `logging`;
+//! * `errors` — the exception classes, and runtime errors as them;
+//! * `helpers` — the Python helpers handed over at import;
+//! * `cell` — the worker behind a lock that respects the GIL, shared by every handle;
+//! * `convert` — Python values into typed runtime values and back;
+//! * `handles` — directions, buffers, device tensors, host windows;
+//! * `kernels` — kernels and callables;
+//! * `built` — built run arguments;
+//! * `report` — the run report;
+//! * `orch` — the orchestrator handle and run tensors;
+//! * `runhost` — one run: its arguments converted, the host side of the run cycle;
+//! * `worker` — the native worker;
+//! * `resident` — resident sets.
+
+mod built;
 mod cell;
 mod convert;
 mod errors;
+mod handles;
+mod helpers;
+mod kernels;
 mod logging;
 mod orch;
+mod report;
+mod resident;
 mod runhost;
-mod tensors;
 mod worker;
 
 use pyo3::prelude::*;
 
-use simpler_runtime::DType;
+use simpler_runtime::{DType, Staging, ViewPolicy};
 
 /// Parses a sim ``svm`` option (``"always"``, ``"never"`` or a minimum byte count, as a string
 /// or an int); returns it as ``"always"``, ``"never"`` or an int. Raises ``ArgumentError``.
@@ -49,28 +63,31 @@ fn check_scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::init();
-    m.add_class::<worker::PyWorker>()?;
-    m.add_class::<tensors::PyHostWindow>()?;
-    m.add_class::<tensors::Kernel>()?;
-    m.add_class::<tensors::Callable>()?;
-    m.add_class::<tensors::DeviceTensor>()?;
+    errors::register(m)?;
+    m.add_class::<handles::ArgDirection>()?;
+    m.add_class::<handles::Buffer>()?;
+    m.add_class::<handles::DeviceTensor>()?;
+    m.add_class::<handles::PyHostWindow>()?;
+    m.add_class::<kernels::Kernel>()?;
+    m.add_class::<kernels::Callable>()?;
+    m.add_class::<built::BuiltArgs>()?;
+    m.add_class::<report::PyRunReport>()?;
     m.add_class::<orch::RunTensor>()?;
     m.add_class::<orch::RunViews>()?;
     m.add_class::<orch::Orchestrator>()?;
+    m.add_class::<worker::PyWorker>()?;
+    m.add_class::<resident::ResidentSet>()?;
     m.add_function(wrap_pyfunction!(parse_svm, m)?)?;
     m.add_function(wrap_pyfunction!(check_scalar, m)?)?;
+    m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
     m.add("PLATFORMS", simpler_driver::PLATFORMS.to_vec())?;
     m.add("MODELS", simpler_driver::model::MODELS.to_vec())?;
-    let policies: Vec<&str> = simpler_runtime::views::ViewPolicy::ALL
-        .iter()
-        .map(|p| p.name())
-        .collect();
+    let policies: Vec<&str> = ViewPolicy::ALL.iter().map(|p| p.name()).collect();
     m.add("VIEW_POLICIES", policies)?;
-    m.add(
-        "STAGING_MODES",
-        simpler_runtime::Staging::ALL.map(simpler_runtime::Staging::name),
-    )?;
+    m.add("STAGING_MODES", Staging::ALL.map(Staging::name))?;
+    let ops: Vec<&str> = simpler_driver::Op::ALL.iter().map(|o| o.name()).collect();
+    m.add("DRIVER_OPS", ops)?;
     Ok(())
 }

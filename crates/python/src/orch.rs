@@ -10,20 +10,18 @@ use numpy::{
     PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyTuple;
 
-use simpler_runtime::geometry::MAX_DIMS;
-use simpler_runtime::worker::not_in_progress;
 use simpler_runtime::{
-    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, RunId, Value, WorkerCell,
+    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunId, Value, MAX_DIMS,
 };
 
 use crate::cell::Shared;
-use crate::convert::{self, arrays_fn, small_ints, TensorName};
-use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeError, StateError};
-use crate::tensors::{direction_py, window_array, Kernel};
-use crate::worker::done;
+use crate::convert::{self, small_ints, TensorName};
+use crate::errors::{done, state_err, type_err, value_err, PyResultExt};
+use crate::handles::{window_array, ArgDirection};
+use crate::helpers;
+use crate::kernels::Kernel;
 
 /// The kernels a run's tasks use, by the id the runtime records.
 #[derive(Default)]
@@ -49,7 +47,7 @@ impl KernelTable {
         self.kernels
             .get(id as usize)
             .map(|k| k.clone_ref(py))
-            .ok_or_else(|| StateError::new_err(format!("no kernel {id} in this run")))
+            .ok_or_else(|| state_err(format!("no kernel {id} in this run")))
     }
 }
 
@@ -86,7 +84,7 @@ impl RunTensor {
     /// The argument's direction in the callable's signature.
     #[getter]
     fn direction<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        direction_py(py, self.dir)
+        ArgDirection::member(py, self.dir)
     }
     /// The argument's position (scratch tensors follow the callable's arguments).
     #[getter]
@@ -136,8 +134,9 @@ impl RunTensor {
         let rows = match direct {
             Some(a) => a,
             None => {
-                static ROWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-                arrays_fn(py, &ROWS, "offset_rows")?
+                helpers::get(py)?
+                    .offset_rows
+                    .bind(py)
                     .call1((offsets, nd))?
                     .extract()?
             }
@@ -226,18 +225,23 @@ pub struct Orchestrator {
 }
 
 impl Orchestrator {
-    fn check(&self, t: &RunTensor) -> PyResult<()> {
-        if !Arc::ptr_eq(&self.cell, &t.cell) {
-            return Err(StateError::new_err(format!(
-                "tensor {} belongs to another worker",
-                t.name
+    /// The runtime's handle on this run.
+    fn orch(&self) -> Orch<'_, Shared> {
+        Orch {
+            cell: &self.cell,
+            run: self.run,
+        }
+    }
+
+    /// Refuses a handle (run tensor or views of `name`) of another worker, or of another run
+    /// (one run at a time per worker: another run is a finished one).
+    fn check(&self, cell: &Arc<Shared>, run: RunId, name: &str) -> PyResult<()> {
+        if !Arc::ptr_eq(&self.cell, cell) {
+            return Err(state_err(format!(
+                "tensor {name} belongs to another worker"
             )));
         }
-        if t.run != self.run {
-            // One run at a time per worker: a handle of another run is from a finished one.
-            return Err(PyRuntimeError(not_in_progress(t.run)).into());
-        }
-        Ok(())
+        self.orch().owns(run).py()
     }
 
     /// The runtime's handle on `kernel` (registered in this run's kernel table).
@@ -256,11 +260,10 @@ impl Orchestrator {
     }
 
     fn run_tensor(&self, py: Python<'_>, arg: u32) -> PyResult<RunTensor> {
-        let run = self.run;
-        let info = done(py, self.cell.with(false, |w| w.run_tensor(run, arg)))?;
+        let info = done(py, self.orch().tensor(arg))?;
         Ok(RunTensor {
             cell: self.cell.clone(),
-            run,
+            run: self.run,
             arg,
             name: info.name,
             geometry: info.geometry,
@@ -279,8 +282,7 @@ fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
         let py = obj.py();
-        static AS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let conv = arrays_fn(py, &AS, "column")?;
+        let conv = helpers::get(py)?.column.bind(py);
         return match kind {
             b'b' => {
                 let a: PyReadonlyArray1<'_, bool> = conv.call1((obj, "bool"))?.extract()?;
@@ -326,14 +328,9 @@ impl Orchestrator {
         idx: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = t.get();
-        self.check(t)?;
+        self.check(&t.cell, t.run, &t.name)?;
         let (ix, n) = small_ints(idx, &TensorName(&t.name))?;
-        let (run, arg, g) = (self.run, t.arg, &t.geometry);
-        let v = done(
-            py,
-            self.cell
-                .with(false, |w| w.orch_read(run, arg, g, &ix[..n])),
-        )?;
+        let v = done(py, self.orch().read(t.arg, &t.geometry, &ix[..n]))?;
         convert::value_py(py, v)
     }
 
@@ -346,16 +343,11 @@ impl Orchestrator {
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let t = t.get();
-        self.check(t)?;
+        self.check(&t.cell, t.run, &t.name)?;
         let what = TensorName(&t.name);
         let (ix, n) = small_ints(idx, &what)?;
         let v = convert::value(value, &what)?;
-        let (run, arg, g) = (self.run, t.arg, &t.geometry);
-        done(
-            py,
-            self.cell
-                .with(false, |w| w.orch_write(run, arg, g, &ix[..n], v)),
-        )
+        done(py, self.orch().write(t.arg, &t.geometry, &ix[..n], v))
     }
 
     /// The tensor's contents as a read-only numpy array (no copy over a mapping or a mirror).
@@ -365,12 +357,8 @@ impl Orchestrator {
         t: &Bound<'py, RunTensor>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = t.get();
-        self.check(t)?;
-        let (run, arg, g) = (self.run, t.arg, &t.geometry);
-        let win = done(
-            py,
-            self.cell.with(false, |w| w.orch_read_tensor(run, arg, g)),
-        )?;
+        self.check(&t.cell, t.run, &t.name)?;
+        let win = done(py, self.orch().read_tensor(t.arg, &t.geometry))?;
         window_array(py, win, true)
     }
 
@@ -389,11 +377,7 @@ impl Orchestrator {
         let what = format!("scratch tensor {}", name.unwrap_or("(unnamed)"));
         let dt = convert::dtype(dtype, &what)?;
         let shape = convert::shape(shape, &what)?;
-        let run = self.run;
-        let arg = done(
-            py,
-            self.cell.with(false, |w| w.scratch(run, name, dt, &shape)),
-        )?;
+        let arg = done(py, self.orch().scratch(name, dt, &shape))?;
         self.run_tensor(py, arg)
     }
 
@@ -415,7 +399,7 @@ impl Orchestrator {
             match a.cast::<RunTensor>() {
                 Ok(t) if i < n => {
                     let t = t.get();
-                    self.check(t)?;
+                    self.check(&t.cell, t.run, &t.name)?;
                     tensors.push((t.arg, t.geometry));
                 }
                 Ok(_) => {
@@ -448,12 +432,7 @@ impl Orchestrator {
             )));
         }
         let kref = self.kernel_ref(kernel);
-        let run = self.run;
-        done(
-            py,
-            self.cell
-                .with(false, |w| w.submit(run, kref, &tensors, &scalars)),
-        )
+        done(py, self.orch().submit(kref, &tensors, &scalars))
     }
 
     /// Queues many tasks of one ``kernel`` in one call; returns the first task's index.
@@ -487,19 +466,11 @@ impl Orchestrator {
         for (i, a) in items[..n].iter().enumerate() {
             if let Ok(t) = a.cast::<RunTensor>() {
                 let t = t.get();
-                self.check(t)?;
+                self.check(&t.cell, t.run, &t.name)?;
                 kinds.push((false, t.arg, t.geometry));
             } else if let Ok(v) = a.cast::<RunViews>() {
                 let g = v.get();
-                if !Arc::ptr_eq(&g.cell, &self.cell) {
-                    return Err(StateError::new_err(format!(
-                        "views of tensor {} belong to another worker",
-                        g.name
-                    )));
-                }
-                if g.run != self.run {
-                    return Err(PyRuntimeError(not_in_progress(g.run)).into());
-                }
+                self.check(&g.cell, g.run, &g.name)?;
                 kinds.push((true, g.arg, g.layout));
                 views.push(v.clone());
             } else {
@@ -557,11 +528,6 @@ impl Orchestrator {
             .map(|c| convert::u64_arg(c, "submit_many", "count"))
             .transpose()?;
         let kref = self.kernel_ref(kernel);
-        let run = self.run;
-        done(
-            py,
-            self.cell
-                .with(false, |w| w.submit_many(run, kref, &slots, &scalars, count)),
-        )
+        done(py, self.orch().submit_many(kref, &slots, &scalars, count))
     }
 }

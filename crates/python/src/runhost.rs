@@ -6,20 +6,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyList, PyString, PyTuple};
 
 use simpler_runtime::{
-    cycle, ArgValue, RunArgSpec, RunCall, RunError, RunHost, RunId, RunReport, TaskCall, WorkerCell,
+    run as run_cycle, ArgValue, Orch, RunArgSpec, RunCall, RunError, RunHost, RunId, RunReport,
+    TaskCall,
 };
 
 use crate::cell::Shared;
-use crate::convert::{self, arrays_fn};
-use crate::errors::{to_py, type_err, ArgumentError};
+use crate::convert;
+use crate::errors::{to_py, type_err, Exc};
+use crate::handles::{window_array, DeviceTensor};
+use crate::helpers;
+use crate::kernels::{Callable, Kernel};
 use crate::logging;
 use crate::orch::{KernelTable, Orchestrator, RunTensor};
-use crate::tensors::{window_array, Callable, DeviceTensor, Kernel};
 
 /// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
 pub fn flat_bytes<'py>(
@@ -27,10 +30,47 @@ pub fn flat_bytes<'py>(
     arr: &Bound<'py, PyAny>,
     nbytes: u64,
 ) -> PyResult<Bound<'py, PyArray1<u8>>> {
-    static FLAT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    Ok(arrays_fn(py, &FLAT, "flat_bytes")?
+    Ok(helpers::get(py)?
+        .flat_bytes
+        .bind(py)
         .call1((arr, nbytes))?
         .cast_into::<PyArray1<u8>>()?)
+}
+
+/// The protocol of named run arguments: an object that is not a plain sequence gives its
+/// arguments as ``(name, value)`` pairs from ``__simpler_args__()`` (``TaskArgsBuilder``,
+/// ``BuiltArgs``).
+const ARGS_PROTOCOL: &str = "__simpler_args__";
+
+/// `(name, value)` pairs of run arguments: named args carry names; a plain sequence gets
+/// positions.
+pub fn named_values<'py>(
+    args: &Bound<'py, PyAny>,
+) -> PyResult<Vec<(Arc<str>, Bound<'py, PyAny>)>> {
+    let py = args.py();
+    // A plain list or tuple (the common case) is not asked for names: no failed lookup per run.
+    let plain = args.is_exact_instance_of::<PyList>() || args.is_exact_instance_of::<PyTuple>();
+    if !plain {
+        if let Ok(f) = args.getattr(intern!(py, ARGS_PROTOCOL)) {
+            let pairs = f.call0()?;
+            return pairs
+                .try_iter()?
+                .map(|p| {
+                    let (name, v) = p?.extract::<(Bound<'py, PyString>, Bound<'py, PyAny>)>()?;
+                    Ok((Arc::from(&*name.to_cow()?), v))
+                })
+                .collect();
+        }
+        if args.cast::<PyList>().is_err() && args.cast::<PyTuple>().is_err() {
+            return Err(type_err(
+                "run: args must be a sequence (tensors, then scalars) or built args",
+            ));
+        }
+    }
+    args.try_iter()?
+        .enumerate()
+        .map(|(i, v)| Ok((Arc::from(format!("arg{i}")), v?)))
+        .collect()
 }
 
 /// A staged array: the caller's, or a contiguous native-order copy of it (for layouts the runtime
@@ -87,8 +127,11 @@ impl RunHost for Host<'_, '_> {
                 kernels: self.kernels.clone(),
             },
         )?;
-        let infos = self.cell.with(false, |w| w.run_tensors(run, self.tensors));
-        let infos = infos.map_err(|e| to_py(py, e))?;
+        let orch_handle = Orch {
+            cell: &**self.cell,
+            run,
+        };
+        let infos = orch_handle.tensors(self.tensors).map_err(|e| to_py(py, e))?;
         let mut call_args: Vec<Bound<'_, PyAny>> =
             Vec::with_capacity(1 + infos.len() + self.scalars.len());
         call_args.push(orch.into_any());
@@ -152,7 +195,7 @@ impl RunHost for Host<'_, '_> {
                         [one] => format!("its IN tensor {one}"),
                         many => format!("one of its IN tensors ({})", many.join(", ")),
                     };
-                    let new = ArgumentError::new_err(format!(
+                    let new = Exc::Argument.err(format!(
                         "kernel {} (task {}) wrote {which}: the arrays of a kernel's IN tensors \
                          are read-only (declare it INOUT to update it)",
                         k.name, call.task
@@ -202,8 +245,7 @@ pub fn run<'py>(
             let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
                 Some(g) => (v.clone(), g, None),
                 None => {
-                    static COPY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-                    let work = arrays_fn(py, &COPY, "native_copy")?.call1((&v,))?;
+                    let work = helpers::get(py)?.native_copy.bind(py).call1((&v,))?;
                     let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
                         .ok_or_else(|| {
                             type_err(format!(
@@ -244,14 +286,16 @@ pub fn run<'py>(
         staged,
         kernels: Arc::new(Mutex::new(KernelTable::default())),
     };
-    let report = cycle::run(&**cell, &call, &mut host, started).map_err(|e| match e {
+    let report = run_cycle(&**cell, &call, &mut host, started).map_err(|e| match e {
         RunError::Runtime(e) => to_py(py, e),
         RunError::Host(e) => e,
     })?;
     for s in host.staged.iter().filter(|s| s.written) {
         if let Some((orig, work)) = &s.copy_of {
-            static BACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-            arrays_fn(py, &BACK, "write_back")?.call1((orig, work))?;
+            helpers::get(py)?
+                .write_back
+                .bind(py)
+                .call1((orig, work))?;
         }
     }
     Ok(report)

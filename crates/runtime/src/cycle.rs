@@ -176,6 +176,22 @@ pub struct Orch<'c, C: WorkerCell> {
 }
 
 impl<C: WorkerCell> Orch<'_, C> {
+    /// Refuses a handle made in run `run` unless it is this one (a handle outlives its run: one
+    /// of a finished run is "not in progress").
+    pub fn owns(&self, run: RunId) -> Result<()> {
+        if run == self.run {
+            Ok(())
+        } else {
+            Err(crate::worker::not_in_progress(run))
+        }
+    }
+
+    /// Name, geometry and direction of the run's first `n` arguments (its tensors).
+    pub fn tensors(&self, n: usize) -> Result<Vec<TensorInfo>> {
+        let run = self.run;
+        self.cell.with(false, |w| w.run_tensors(run, n))
+    }
+
     /// Name, geometry and direction of argument `arg` (a scratch tensor is an argument too).
     pub fn tensor(&self, arg: u32) -> Result<TensorInfo> {
         let run = self.run;

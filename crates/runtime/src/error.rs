@@ -84,6 +84,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The one refusal of a host array whose bytes are not its elements in order (`layout`
+    /// describes what it got): resident fixtures and whole-buffer copies need C-contiguous
+    /// arrays in native byte order.
+    pub fn not_contiguous(what: &dyn std::fmt::Display, layout: &dyn std::fmt::Display) -> Error {
+        Error::Value(format!(
+            "{what}: array must be C-contiguous in native byte order ({layout}); use \
+             np.ascontiguousarray"
+        ))
+    }
+
     /// A driver error in `phase`, for `tensor` if known.
     pub fn device(phase: Phase, tensor: Option<&str>, source: DeviceError) -> Error {
         Error::Device {

@@ -223,6 +223,22 @@ impl Geometry {
         true
     }
 
+    /// [`Geometry::is_contiguous`] from the first element, or the error naming `what` and its
+    /// layout.
+    pub fn require_contiguous(&self, what: &dyn std::fmt::Display) -> Result<()> {
+        if self.is_contiguous() && self.offset() == 0 {
+            return Ok(());
+        }
+        Err(Error::not_contiguous(
+            what,
+            &format_args!(
+                "shape {:?}, element strides {:?}",
+                self.shape(),
+                self.strides()
+            ),
+        ))
+    }
+
     /// No gaps and no overlap: every byte of the extent belongs to exactly one element (any
     /// permutation of the dimensions). Sorted by stride, each dimension of size > 1 must step
     /// over exactly the elements of the ones before it; `extent == nbytes` alone is not enough

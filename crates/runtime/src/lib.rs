@@ -14,29 +14,34 @@
 //! * [`worker`] — the owner of all of the above; the steps of a run.
 //! * [`cycle`] — the one entry point that runs a call, phase by phase, under a guard.
 //!
-//! No pyo3 here: the bindings crate maps these types to Python.
+//! No pyo3 here: the bindings crate maps these types to Python. The modules are private; the
+//! re-exports below are the crate's surface, and a run's steps are reachable only through
+//! [`run`] and the orchestrator handle [`Orch`] it gives out.
 
-pub mod addr;
-pub mod cycle;
-pub mod dtype;
-pub mod error;
-pub mod geometry;
-pub mod memory;
-pub mod resident;
-pub mod run;
-pub mod scratch;
-pub mod spec;
-pub mod staging;
-pub mod views;
-pub mod worker;
+mod addr;
+mod cycle;
+mod dtype;
+mod error;
+mod geometry;
+mod memory;
+mod resident;
+mod run;
+mod scratch;
+mod spec;
+mod staging;
+mod views;
+mod worker;
 
+// What embeddings (the bindings, the tests) use: the entry point and the handles it takes, the
+// typed boundary, the worker's own surface (buffers, resident sets, views, close).
 pub use cycle::{run, Orch, RunError, RunHost, WorkerCell};
 pub use dtype::{DType, Value};
 pub use error::{Error, Phase, Result};
-pub use geometry::Geometry;
+pub use geometry::{Geometry, MAX_DIMS};
 pub use run::{
     BatchScalar, BatchSlot, Counters, HostWindow, Phases, RunId, RunReport, TaskCall, TensorInfo,
 };
 pub use spec::{ArgValue, BufferRef, Direction, KernelRef, Param, RunArgSpec, RunCall, Signature};
 pub use staging::Staging;
+pub use views::ViewPolicy;
 pub use worker::{CloseSummary, Worker};

@@ -43,11 +43,6 @@ impl ResidentSets {
         id
     }
 
-    /// Whether `set` is still open.
-    pub fn is_open(&self, set: u64) -> bool {
-        self.sets.contains_key(&set)
-    }
-
     /// Ids of the open sets, newest first.
     pub(crate) fn ids_newest_first(&self) -> Vec<u64> {
         self.sets.keys().rev().copied().collect()
@@ -84,14 +79,7 @@ impl ResidentSets {
         if entries.iter().any(|e| e.name == name) {
             return Err(Error::Value(format!("{what} was already added")));
         }
-        if !geometry.is_contiguous() || geometry.offset() != 0 {
-            return Err(Error::Value(format!(
-                "{what}: array must be C-contiguous in native byte order (shape {:?}, element \
-                 strides {:?}); use np.ascontiguousarray",
-                geometry.shape(),
-                geometry.strides()
-            )));
-        }
+        geometry.require_contiguous(&what)?;
         let bytes = geometry.nbytes();
         if bytes == 0 {
             log::debug!("{what} has no bytes: it stays host-staged");

@@ -23,8 +23,7 @@ use crate::scratch::ScratchPool;
 use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
 use crate::staging::{Arena, Staging};
 
-/// The byte that never-written memory holds (the sim driver fills fresh allocations with it too).
-pub const POISON: u8 = simpler_driver::sim::POISON;
+use simpler_driver::POISON;
 
 /// What `close` found.
 #[derive(Debug, Default, Clone)]
@@ -59,7 +58,7 @@ pub struct Worker {
 }
 
 /// The error for a step of a run that is not in progress (a handle kept past its run).
-pub fn not_in_progress(run: RunId) -> Error {
+pub(crate) fn not_in_progress(run: RunId) -> Error {
     Error::State(format!(
         "run {} is not in progress (this handle belongs to a finished run, or the worker was closed)",
         run.0
@@ -313,25 +312,22 @@ impl Worker {
         Ok(means.kind())
     }
 
-    /// Whether `set` is still open.
-    pub fn resident_is_open(&self, set: u64) -> bool {
-        self.resident.is_open(set)
-    }
-
-    /// Releases a resident set in LIFO order (see `resident.rs`). Refused, with nothing freed,
-    /// while one of its tensors is bound to the run in progress.
-    pub fn resident_release(&mut self, set: u64) -> Vec<Error> {
+    /// Releases a resident set in LIFO order (see `resident.rs`): every free is attempted, and
+    /// the failures come back (each also logged). `Err` when the release is refused, with nothing
+    /// freed and the set still open: one of its tensors is bound to the run in progress.
+    /// Releasing a released set does nothing.
+    pub fn resident_release(&mut self, set: u64) -> Result<Vec<Error>> {
         self.enter(Phase::Release);
         if let Some((name, _)) = self
             .resident
             .buffers(set)
             .find(|(_, b)| self.bound_to_run(b.ptr))
         {
-            return vec![Error::State(format!(
+            return Err(Error::State(format!(
                 "release: resident tensor '{name}' is bound to the run in progress"
-            ))];
+            )));
         }
-        self.resident.release(&mut self.mem, set)
+        Ok(self.resident.release(&mut self.mem, set))
     }
 
     // ---- the run -------------------------------------------------------------------------
@@ -347,7 +343,7 @@ impl Worker {
     /// in order) and records device tensors as lazy view entries. `started` is when the run's
     /// call began (bind is timed from there). On failure everything this call took is released
     /// and no run is in progress.
-    pub fn begin_run(
+    pub(crate) fn begin_run(
         &mut self,
         call: &RunCall<'_>,
         hosts: &[&[u8]],
@@ -389,7 +385,7 @@ impl Worker {
     }
 
     /// Name, geometry (relative to its allocation) and direction of argument `arg` of the run.
-    pub fn run_tensor(&mut self, run: RunId, arg: u32) -> Result<TensorInfo> {
+    pub(crate) fn run_tensor(&mut self, run: RunId, arg: u32) -> Result<TensorInfo> {
         let (r, _) = self.active(run)?;
         let a = r.arg(arg)?;
         Ok(TensorInfo {
@@ -400,12 +396,12 @@ impl Worker {
     }
 
     /// Name, geometry and direction of the first `n` arguments of the run (its tensors).
-    pub fn run_tensors(&mut self, run: RunId, n: usize) -> Result<Vec<TensorInfo>> {
+    pub(crate) fn run_tensors(&mut self, run: RunId, n: usize) -> Result<Vec<TensorInfo>> {
         (0..n as u32).map(|i| self.run_tensor(run, i)).collect()
     }
 
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
-    pub fn orch_read(
+    pub(crate) fn orch_read(
         &mut self,
         run: RunId,
         arg: u32,
@@ -418,7 +414,7 @@ impl Worker {
     }
 
     /// `set_tensor_data`: writes `value` at `index` of `view`.
-    pub fn orch_write(
+    pub(crate) fn orch_write(
         &mut self,
         run: RunId,
         arg: u32,
@@ -432,7 +428,7 @@ impl Worker {
     }
 
     /// `read_tensor`: a host window over `view`'s bytes.
-    pub fn orch_read_tensor(
+    pub(crate) fn orch_read_tensor(
         &mut self,
         run: RunId,
         arg: u32,
@@ -444,7 +440,7 @@ impl Worker {
     }
 
     /// `orch.scratch`: a run-scoped tensor; returns its argument index.
-    pub fn scratch(
+    pub(crate) fn scratch(
         &mut self,
         run: RunId,
         name: Option<&str>,
@@ -461,7 +457,7 @@ impl Worker {
     }
 
     /// `submit`: one task; returns its index.
-    pub fn submit(
+    pub(crate) fn submit(
         &mut self,
         run: RunId,
         kernel: KernelRef<'_>,
@@ -473,7 +469,7 @@ impl Worker {
     }
 
     /// `submit_many`: `count` tasks of one kernel; returns the first task's index.
-    pub fn submit_many(
+    pub(crate) fn submit_many(
         &mut self,
         run: RunId,
         kernel: KernelRef<'_>,
@@ -486,27 +482,27 @@ impl Worker {
     }
 
     /// Ends orchestration; returns the number of tasks to run.
-    pub fn begin_execute(&mut self, run: RunId) -> Result<u64> {
+    pub(crate) fn begin_execute(&mut self, run: RunId) -> Result<u64> {
         let (r, _) = self.active(run)?;
         r.begin_execute()
     }
 
     /// Fills `call` with the next task; false after the last.
-    pub fn next_task(&mut self, run: RunId, call: &mut TaskCall) -> Result<bool> {
+    pub(crate) fn next_task(&mut self, run: RunId, call: &mut TaskCall) -> Result<bool> {
         self.enter(Phase::Execute);
         let (r, mem) = self.active(run)?;
         r.next_task(mem, call)
     }
 
     /// Writes back the host copies of the task that just ran.
-    pub fn finish_task(&mut self, run: RunId) -> Result<()> {
+    pub(crate) fn finish_task(&mut self, run: RunId) -> Result<()> {
         self.enter(Phase::Execute);
         let (r, mem) = self.active(run)?;
         r.finish_task(mem)
     }
 
     /// Ends execution (`ok == false` when a task failed).
-    pub fn end_execute(&mut self, run: RunId, ok: bool) -> Result<()> {
+    pub(crate) fn end_execute(&mut self, run: RunId, ok: bool) -> Result<()> {
         let (r, mem) = self.active(run)?;
         r.end_execute(mem, ok);
         Ok(())
@@ -514,27 +510,27 @@ impl Worker {
 
     /// Starts copy back: `(staged index, argument)` of every staged output to copy (none after a
     /// failure).
-    pub fn begin_copy_back(&mut self, run: RunId) -> Result<Vec<(usize, u32)>> {
+    pub(crate) fn begin_copy_back(&mut self, run: RunId) -> Result<Vec<(usize, u32)>> {
         let (r, _) = self.active(run)?;
         r.begin_copy_back()
     }
 
     /// Copies staged output `arg` into `dst`, its host byte extent.
-    pub fn copy_back_one(&mut self, run: RunId, arg: u32, dst: &mut [u8]) -> Result<()> {
+    pub(crate) fn copy_back_one(&mut self, run: RunId, arg: u32, dst: &mut [u8]) -> Result<()> {
         self.enter(Phase::CopyBack);
         let (r, mem) = self.active(run)?;
         r.copy_back_one(mem, arg, dst)
     }
 
     /// Ends copy back.
-    pub fn end_copy_back(&mut self, run: RunId) -> Result<()> {
+    pub(crate) fn end_copy_back(&mut self, run: RunId) -> Result<()> {
         let (r, _) = self.active(run)?;
         r.end_copy_back();
         Ok(())
     }
 
     /// Marks the run failed (an orchestration or kernel error): copy back will be skipped.
-    pub fn fail_run(&mut self, run: RunId) {
+    pub(crate) fn fail_run(&mut self, run: RunId) {
         if let Ok((r, _)) = self.active(run) {
             r.failed = true;
         }
@@ -542,7 +538,7 @@ impl Worker {
 
     /// Cleans up the run (always) and returns its report; a cleanup failure is returned after
     /// everything was attempted. The worker is free for the next run either way.
-    pub fn finish_run(&mut self, run: RunId) -> Result<RunReport> {
+    pub(crate) fn finish_run(&mut self, run: RunId) -> Result<RunReport> {
         self.enter(Phase::Cleanup);
         self.active(run)?;
         let Some(state) = self.run.take() else {
@@ -558,7 +554,7 @@ impl Worker {
 
     /// Abandons `run` if it is still in progress: marks it failed and cleans it up (used by the
     /// cycle's guard when a run is left by a panic).
-    pub fn abandon_run(&mut self, run: RunId) {
+    pub(crate) fn abandon_run(&mut self, run: RunId) {
         if self.run.as_ref().is_some_and(|r| r.id == run) {
             self.fail_run(run);
             if let Err(e) = self.finish_run(run) {

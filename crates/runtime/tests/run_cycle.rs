@@ -285,8 +285,8 @@ fn resident_views_mirror_refresh_and_release_order() {
         w.free(buf).is_err(),
         "resident buffers are released with their set"
     );
-    assert!(w.resident_release(set).is_empty());
-    assert!(w.resident_release(set).is_empty(), "idempotent");
+    assert!(w.resident_release(set).unwrap().is_empty());
+    assert!(w.resident_release(set).unwrap().is_empty(), "idempotent");
     assert_eq!(dev.stats().live_allocations, 0);
     let e = w.free(buf).unwrap_err();
     assert!(e.to_string().contains("is not a live allocation"), "{e}");
@@ -332,7 +332,7 @@ fn release_attempts_every_free_when_one_fails() {
             .unwrap();
     }
     dev.inject_fault(Op::Free, 2, None).unwrap();
-    let errors = w.resident_release(set);
+    let errors = w.resident_release(set).unwrap();
     assert_eq!(errors.len(), 1);
     assert!(errors[0].to_string().contains("tensor b"), "{}", errors[0]);
     assert_eq!(dev.stats().live_allocations, 1); // b, orphaned: close retries it
@@ -555,7 +555,7 @@ proptest! {
             let g = geo(DType::U8, &[8 + i as u64]);
             ptrs.push(w.resident_add(set, &format!("t{i}"), &g, Out, &vec![0u8; 8 + i]).unwrap().unwrap().ptr);
         }
-        prop_assert!(w.resident_release(set).is_empty());
+        prop_assert!(w.resident_release(set).unwrap().is_empty());
         let frees: Vec<DevPtr> = dev.call_log().iter().filter(|c| c.op == Op::Free).map(|c| DevPtr(c.addr)).collect();
         ptrs.reverse();
         prop_assert_eq!(frees, ptrs);

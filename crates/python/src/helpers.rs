@@ -1,0 +1,48 @@
+//! The numpy and DLPack plumbing written in Python (`simpler._arrays`, `simpler._dlpack`),
+//! handed to the native module once, when the package is imported (`install_helpers`). The
+//! native module never imports its own package: a module that imports `simpler._core` alone
+//! gets a clear error at the first call that needs one of these.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+
+use crate::errors::state_err;
+
+/// Declares the helpers: one field per function, and `install_helpers` taking each by keyword.
+macro_rules! helpers {
+    ($($name:ident: $doc:literal,)*) => {
+        /// The Python functions the bindings call.
+        pub struct Helpers {
+            $(#[doc = $doc] pub $name: Py<PyAny>,)*
+        }
+
+        /// Hands the native module the Python helpers it calls (``simpler._arrays`` does this
+        /// once, at import). A second call is ignored.
+        #[pyfunction]
+        #[pyo3(signature = (*, $($name),*))]
+        pub fn install_helpers(py: Python<'_>, $($name: Py<PyAny>),*) {
+            let _ = HELPERS.set(py, Helpers { $($name),* });
+        }
+    };
+}
+
+helpers! {
+    flat_bytes: "`(array, nbytes) -> uint8 array`: the bytes of an array's extent, no copy.",
+    native_copy: "`(array) -> array`: a C-contiguous, native-order copy.",
+    write_back: "`(orig, work)`: copies a staged copy's outputs into the caller's array.",
+    offset_rows: "`(offsets, rank) -> (n, rank) int64 array`.",
+    column: "`(values, dtype) -> 1-D array`: per-task scalars.",
+    window_array: "`(HostWindow) -> ndarray` over the window, no copy.",
+    dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",
+    np_dtype: "`(name) -> numpy dtype` (ml_dtypes' for bfloat16 and the fp8 kinds).",
+    dlpack_export: "`(tensor, data, device, dtype) -> capsule`: a DLPack capsule.",
+}
+
+static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
+
+/// The installed helpers.
+pub fn get(py: Python<'_>) -> PyResult<&Helpers> {
+    HELPERS.get(py).ok_or_else(|| {
+        state_err("simpler._core is used through the simpler package: import simpler first")
+    })
+}

@@ -1,0 +1,169 @@
+//! Kernels (task bodies) and callables (orchestration functions): a Python function, a name
+//! and a typed signature.
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use simpler_runtime::Signature;
+
+use crate::convert;
+use crate::errors::{type_err, PyResultExt};
+use crate::handles::ArgDirection;
+
+fn signature_py<'py>(py: Python<'py>, sig: &Signature) -> PyResult<Bound<'py, PyTuple>> {
+    let entries = sig
+        .params()
+        .iter()
+        .map(|p| {
+            let d = ArgDirection::member(py, p.dir)?;
+            let dt = p.dtype.map(|t| t.name());
+            Ok((d, dt).into_pyobject(py)?.into_any())
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyTuple::new(py, entries)
+}
+
+/// What a `Kernel` and a `Callable` are made of: the function (callable, else an error naming
+/// `class` and `arg`), the name (`name`, else the function's `__name__`, else `noun`) and the
+/// signature (errors name `noun` and the name).
+fn function_parts(
+    class: &str,
+    arg: &str,
+    noun: &str,
+    func: &Bound<'_, PyAny>,
+    signature: &Bound<'_, PyAny>,
+    name: Option<String>,
+) -> PyResult<(Py<PyAny>, String, Signature)> {
+    if !func.is_callable() {
+        return Err(type_err(format!(
+            "{class}: {arg} must be callable, not {}",
+            func.get_type().name()?
+        )));
+    }
+    let name = name.unwrap_or_else(|| {
+        func.getattr("__name__")
+            .and_then(|n| n.extract())
+            .unwrap_or_else(|_| noun.to_owned())
+    });
+    let sig = convert::signature(signature, &format!("{noun} {name}"))?;
+    Ok((func.clone().unbind(), name, sig))
+}
+
+/// `Class(name, ['IN', ...])`.
+fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
+    let dirs: Vec<&str> = sig.params().iter().map(|p| p.dir.name()).collect();
+    format!("{class}({name}, {dirs:?})")
+}
+
+/// A task body: ``fn(*arrays, *scalars)`` runs once per submitted task.
+///
+/// ``fn`` receives one numpy array per tensor (in ``signature`` order), then the scalars. On
+/// ``sim`` the arrays view device memory directly; on other platforms they are host copies
+/// (inputs copied in before, outputs copied out after), a correctness path.
+/// ``signature`` lists the direction of each tensor, optionally with a dtype:
+/// ``[IN, (OUT, "float32")]``. ``name`` defaults to ``fn.__name__``.
+#[pyclass(module = "simpler._core", name = "Kernel", frozen, subclass)]
+pub struct Kernel {
+    pub func: Py<PyAny>,
+    pub name: String,
+    pub sig: Signature,
+}
+
+#[pymethods]
+impl Kernel {
+    #[new]
+    #[pyo3(signature = (fn_, signature, name=None))]
+    fn new(
+        fn_: &Bound<'_, PyAny>,
+        signature: &Bound<'_, PyAny>,
+        name: Option<String>,
+    ) -> PyResult<Self> {
+        let (func, name, sig) = function_parts("Kernel", "fn", "kernel", fn_, signature, name)?;
+        Ok(Kernel { func, name, sig })
+    }
+
+    /// The task body.
+    #[getter(r#fn)]
+    fn func(&self, py: Python<'_>) -> Py<PyAny> {
+        self.func.clone_ref(py)
+    }
+
+    /// The kernel's name (used in messages).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// ``(ArgDirection, dtype or None)`` per tensor.
+    #[getter]
+    fn signature<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        signature_py(py, &self.sig)
+    }
+
+    fn __repr__(&self) -> String {
+        function_repr("Kernel", &self.name, &self.sig)
+    }
+}
+
+/// A device program: an orchestration function over tensor arguments.
+///
+/// ``orchestration(orch, *tensors, *scalars)`` reads and writes tensor data through ``orch``
+/// and submits kernels. ``signature`` lists the direction of each tensor argument (scalars are
+/// not listed), optionally with a dtype: ``[IN, IN, (OUT, "float32")]``. ``name`` defaults to
+/// the function's name.
+#[pyclass(module = "simpler._core", name = "Callable", frozen, subclass)]
+pub struct Callable {
+    pub func: Py<PyAny>,
+    pub name: String,
+    pub sig: Signature,
+}
+
+#[pymethods]
+impl Callable {
+    #[new]
+    #[pyo3(signature = (orchestration, signature, name=None))]
+    fn new(
+        orchestration: &Bound<'_, PyAny>,
+        signature: &Bound<'_, PyAny>,
+        name: Option<String>,
+    ) -> PyResult<Self> {
+        let (func, name, sig) = function_parts(
+            "Callable",
+            "orchestration",
+            "callable",
+            orchestration,
+            signature,
+            name,
+        )?;
+        Ok(Callable { func, name, sig })
+    }
+
+    /// The orchestration function.
+    #[getter]
+    fn orchestration(&self, py: Python<'_>) -> Py<PyAny> {
+        self.func.clone_ref(py)
+    }
+
+    /// The callable's name (used in messages and reports).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// ``(ArgDirection, dtype or None)`` per tensor argument.
+    #[getter]
+    fn signature<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        signature_py(py, &self.sig)
+    }
+
+    /// Checks that ``n`` tensor arguments fit the signature (``who`` names the caller in the
+    /// error); raises ``ArgumentError`` otherwise. The rule a run applies, for callers that
+    /// prepare arguments before running (resident setup).
+    fn check_tensor_count(&self, n: usize, who: &str) -> PyResult<()> {
+        self.sig.check_count(&who, n).py()
+    }
+
+    fn __repr__(&self) -> String {
+        function_repr("Callable", &self.name, &self.sig)
+    }
+}
