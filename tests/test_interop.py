@@ -7,12 +7,12 @@ from __future__ import annotations
 import ctypes
 import gc
 import pickle
+import weakref
 
 import numpy as np
 import pytest
 
 import simpler as sp
-from simpler import _dlpack
 
 
 @pytest.fixture
@@ -80,42 +80,82 @@ def test_cuda_array_interface_fields(cuda):
 _API = ctypes.PyDLL(None)  # the C API, as a consumer's extension module would call it
 
 
+# The consumer's view of a capsule: the structures of DLPack's dlpack.h (unversioned kind).
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _Device),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _Managed(ctypes.Structure):
+    pass
+
+
+_Managed._fields_ = [
+    ("dl_tensor", _Tensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(_Managed))),
+]
+
+
 def _managed(capsule):
     get = _API.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return _dlpack.DLManagedTensor.from_address(get(capsule, b"dltensor"))
+    return _Managed.from_address(get(capsule, b"dltensor"))
 
 
 def test_dlpack_fields_and_both_ways_the_export_ends(cuda):
+    """An export keeps its tensor (so its buffer) alive until the consumer's deleter runs, or,
+    for a capsule nobody consumed, until the capsule dies; exactly once either way."""
     buf = cuda.malloc(4096)
     t = buf.tensor((4, 8), "float32", strides=(16, 2), offset=5)
     assert t.__dlpack_device__() == (2, 0)
-    before = len(_dlpack._LIVE)
     capsule = t.__dlpack__(stream=None)
+    exported = weakref.ref(t)
+    del t
     m = _managed(capsule)
     d = m.dl_tensor
     assert (d.data, d.byte_offset) == (buf.ptr, 5 * 4)
     assert (d.device.device_type, d.device.device_id, d.ndim) == (2, 0, 2)
     assert (d.dtype.code, d.dtype.bits, d.dtype.lanes) == (2, 32, 1)
     assert (d.shape[0], d.shape[1], d.strides[0], d.strides[1]) == (4, 8, 16, 2)
-    assert len(_dlpack._LIVE) == before + 1
+    gc.collect()
+    assert exported() is not None, "the export holds its tensor"
     # A consumer renames the capsule and calls the deleter when it is done.
     rename = _API.PyCapsule_SetName
     rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
     assert rename(capsule, b"used_dltensor") == 0
     m.deleter(ctypes.pointer(m))
-    assert len(_dlpack._LIVE) == before
-    del capsule, m, d
     gc.collect()
-    assert len(_dlpack._LIVE) == before, "a consumed capsule does not delete twice"
+    assert exported() is None, "the deleter let the tensor go"
+    del capsule, m, d
+    gc.collect()  # a consumed capsule does not delete twice (a second delete would crash here)
     # A capsule nobody consumed is deleted with it.
-    capsule = buf.tensor((16,), "bfloat16").__dlpack__()
+    t = buf.tensor((16,), "bfloat16")
+    capsule = t.__dlpack__()
+    exported = weakref.ref(t)
+    del t
     m = _managed(capsule)
     assert (m.dl_tensor.dtype.code, m.dl_tensor.dtype.bits) == (4, 16)
-    assert len(_dlpack._LIVE) == before + 1
+    gc.collect()
+    assert exported() is not None
     del capsule, m
     gc.collect()
-    assert len(_dlpack._LIVE) == before
+    assert exported() is None
 
 
 def test_dlpack_refusals(cuda):

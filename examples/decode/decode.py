@@ -41,6 +41,7 @@ if __name__ == "__main__":
 import numpy as np
 
 import simpler as sp
+from simpler import runner
 from simpler.args import BuiltArgs
 
 # -- the model ------------------------------------------------------------------------------
@@ -543,8 +544,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="resident",
         help="resident weights + KV cache, or everything host-staged every step; both = compare",
     )
-    p.add_argument("-p", "--platform", default="sim", help="sim, ascend or cuda (default sim)")
-    p.add_argument("--svm", default=None, help="sim map_host policy: always, never or min bytes")
+    # The platform and --svm mean what they mean for scene tests: the runner's choices and its
+    # parser (the native core's, the one parser of the option).
+    p.add_argument("-p", "--platform", default="sim", choices=runner.PLATFORMS, help="sim, ascend or cuda")
+    p.add_argument(
+        "--svm", type=runner.parse_svm, default=None, help="sim map_host policy: always, never or min bytes"
+    )
     p.add_argument("--skip-golden", action="store_true", help="no numpy golden comparison")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     d = DecodeConfig()
@@ -561,8 +566,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     svm: str | int | None = a.svm
-    if isinstance(svm, str) and svm.isdigit():
-        svm = int(svm)
     cfg = DecodeConfig(
         layers=a.layers,
         hidden=a.hidden,

@@ -1,29 +1,47 @@
 """Type stubs for the native module ``simpler._core`` (glue over the Rust runtime).
 
-Users should use the ``simpler`` package; these names are its building blocks.
+Users should use the ``simpler`` package, which re-exports these classes; the module imports
+nothing from the package (its numpy helpers are handed over once, by ``install_helpers``).
 """
 
 from collections.abc import Callable as _Fn
-from collections.abc import Sequence
-from typing import Any, final
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final
 
 import numpy as np
 
 __all__ = [
+    "DRIVER_OPS",
     "DTYPES",
     "MODELS",
     "PLATFORMS",
     "STAGING_MODES",
     "VIEW_POLICIES",
+    "ArgDirection",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "Buffer",
+    "BuiltArgs",
     "Callable",
+    "DeviceError",
     "DeviceTensor",
+    "GeometryError",
+    "HazardError",
     "HostWindow",
     "Kernel",
+    "NoHostViewError",
     "Orchestrator",
+    "PlatformUnavailableError",
+    "ResidentSet",
+    "RunReport",
     "RunTensor",
     "RunViews",
+    "SimplerError",
+    "StateError",
     "Worker",
     "check_scalar",
+    "install_helpers",
     "parse_svm",
 ]
 
@@ -32,15 +50,176 @@ PLATFORMS: list[str]
 MODELS: list[str]
 VIEW_POLICIES: list[str]
 STAGING_MODES: list[str]
+DRIVER_OPS: list[str]
+
+_Platform = Literal["sim", "ascend", "cuda"]
+_StagingMode = Literal["arena", "fresh"]
+_ViewPolicy = Literal["auto", "mapping", "cached", "mirror"]
+_HostView = Literal["lazy", "eager", "auto", "mapping", "cached", "mirror"]
+_ViewKind = Literal["mapping", "cached", "mirror"]
+_Model = Literal["ascend-a3", "h200"]
+_DriverOp = Literal["alloc", "free", "h2d", "d2h", "map", "unmap", "memset", "pin", "unpin"]
+_Phase = Literal["bind", "orchestrate", "execute", "copy_back", "cleanup"]
 
 _Scalar = int | float | bool
 _Index = int | tuple[int, ...] | list[int]
+
+class _NamedArgs(Protocol):
+    """Named run arguments: ``(name, value)`` pairs from ``__simpler_args__()``."""
+
+    def __simpler_args__(self) -> Iterable[tuple[str, Any]]: ...
+
+# -- exceptions (re-exported by simpler.errors) --
+
+class SimplerError(Exception):
+    """Base class of every simpler error."""
+
+class ArgumentError(SimplerError, ValueError):
+    """A bad argument value: wrong count, bad index, a tensor larger than its buffer..."""
+
+class ArgumentTypeError(SimplerError, TypeError):
+    """An argument of the wrong kind: unsupported dtype, a float where an int is needed..."""
+
+class GeometryError(ArgumentError):
+    """A shape, stride, offset or size computation overflowed or is invalid for the tensor."""
+
+class StateError(SimplerError, RuntimeError):
+    """An operation invalid in the current state: use after free, release or close; a busy worker."""
+
+class HazardError(SimplerError, RuntimeError):
+    """An orchestrator access to bytes that a task submitted earlier in the run reads or writes."""
+
+class NoHostViewError(SimplerError, LookupError):
+    """An access to a device address that no host view of the run covers."""
+
+    addr: int | None
+    nbytes: int | None
+
+class PlatformUnavailableError(SimplerError, RuntimeError):
+    """The platform's vendor library is missing or failed to initialize."""
+
+class DeviceError(SimplerError, RuntimeError):
+    """A driver call failed."""
+
+    op: str | None
+    code: int | None
+    code_name: str | None
+    call: str | None
+    phase: str | None
+    tensor: str | None
+    addr: int | None
+    nbytes: int | None
+
+# -- functions --
 
 def parse_svm(value: str | int) -> str | int:
     """Parses a sim ``svm`` option: ``"always"``, ``"never"`` or a minimum byte count."""
 
 def check_scalar(value: object, what: str) -> None:
     """Raises ``ArgumentTypeError`` unless ``value`` is an int, float or bool."""
+
+def install_helpers(
+    *,
+    flat_bytes: _Fn[..., Any],
+    native_copy: _Fn[..., Any],
+    write_back: _Fn[..., Any],
+    offset_rows: _Fn[..., Any],
+    column: _Fn[..., Any],
+    window_array: _Fn[..., Any],
+    dtype_name: _Fn[..., Any],
+    np_dtype: _Fn[..., Any],
+    dlpack_export: _Fn[..., Any],
+) -> None:
+    """Hands the native module its Python helpers (``simpler._arrays`` does, at import)."""
+
+# -- handles --
+
+@final
+class ArgDirection:
+    """Direction of a tensor argument in a signature."""
+
+    IN: Final[ArgDirection]
+    OUT: Final[ArgDirection]
+    INOUT: Final[ArgDirection]
+    @property
+    def name(self) -> Literal["IN", "OUT", "INOUT"]: ...
+    @property
+    def value(self) -> Literal["IN", "OUT", "INOUT"]: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+_Direction = ArgDirection | Literal["IN", "OUT", "INOUT"]
+
+@final
+class Buffer:
+    """A device allocation made by ``Worker.malloc`` (or owned by a resident set)."""
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def tensor(
+        self,
+        shape: Sequence[int],
+        dtype: object,
+        strides: Sequence[int] | None = None,
+        offset: int | None = None,
+    ) -> DeviceTensor: ...
+    def free(self) -> None: ...
+    def copy_to(self, arr: np.ndarray, offset: int | None = None) -> None: ...
+    def copy_from(self, arr: np.ndarray, offset: int | None = None) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    def __reduce__(self) -> NoReturn: ...
+
+@final
+class DeviceTensor:
+    """A tensor over a device buffer; passed to ``Worker.run`` it is resident."""
+
+    def __new__(
+        cls,
+        buffer: Buffer,
+        shape: Sequence[int],
+        dtype: object,
+        strides: Sequence[int] | None = None,
+        offset: int | None = None,
+    ) -> DeviceTensor: ...
+    @property
+    def buffer(self) -> Buffer: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def contiguous(self) -> bool: ...
+    @property
+    def np_dtype(self) -> np.dtype[Any]: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __array__(self, dtype: object = None, copy: object = None) -> None: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: object = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object: ...
+    def __reduce__(self) -> NoReturn: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class HostWindow:
@@ -57,57 +236,60 @@ class HostWindow:
 class Kernel:
     """A task body: ``fn(*arrays, *scalars)`` runs once per submitted task."""
 
-    def __new__(cls, fn_: _Fn[..., Any], signature: Sequence[Any], name: str | None = None) -> Kernel: ...
+    def __new__(cls, fn_: _Fn[..., Any], signature: Sequence[Any], name: str | None = None) -> Self: ...
     @property
     def fn(self) -> _Fn[..., Any]: ...
     @property
     def name(self) -> str: ...
     @property
-    def signature(self) -> tuple[tuple[Any, str | None], ...]: ...
+    def signature(self) -> tuple[tuple[ArgDirection, str | None], ...]: ...
 
 class Callable:
     """A device program: an orchestration function over tensor arguments."""
 
     def __new__(
         cls, orchestration: _Fn[..., Any], signature: Sequence[Any], name: str | None = None
-    ) -> Callable: ...
+    ) -> Self: ...
     @property
     def orchestration(self) -> _Fn[..., Any]: ...
     @property
     def name(self) -> str: ...
     @property
-    def signature(self) -> tuple[tuple[Any, str | None], ...]: ...
+    def signature(self) -> tuple[tuple[ArgDirection, str | None], ...]: ...
     def check_tensor_count(self, n: int, who: str) -> None: ...
 
-class DeviceTensor:
-    """A tensor over a device buffer; passed to ``Worker.run`` it is resident."""
+@final
+class BuiltArgs:
+    """Arguments ready for ``Worker.run``: values in order, with names."""
 
-    def __new__(
-        cls,
-        buffer: Any,
-        shape: Sequence[int],
-        dtype: object,
-        strides: Sequence[int] | None = None,
-        offset: int | None = None,
-    ) -> DeviceTensor: ...
+    def __new__(cls, pairs: Iterable[tuple[str, Any]]) -> BuiltArgs: ...
     @property
-    def buffer(self) -> Any: ...
+    def names(self) -> list[str]: ...
+    def __simpler_args__(self) -> list[tuple[str, Any]]: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int | slice, /) -> Any: ...
+
+@final
+class RunReport:
+    """What one run did: ``phases`` (nanoseconds per phase) and ``counters``."""
+
     @property
-    def shape(self) -> tuple[int, ...]: ...
+    def phases(self) -> dict[_Phase, int]: ...
     @property
-    def dtype(self) -> str: ...
+    def counters(self) -> dict[str, int]: ...
     @property
-    def strides(self) -> tuple[int, ...]: ...
+    def ok(self) -> bool: ...
     @property
-    def offset(self) -> int: ...
+    def callable(self) -> str: ...
     @property
-    def nbytes(self) -> int: ...
+    def modeled(self) -> dict[_Phase, int] | None: ...
     @property
-    def contiguous(self) -> bool: ...
+    def dispatch_ns(self) -> int: ...
     @property
-    def np_dtype(self) -> np.dtype[Any]: ...
-    def __eq__(self, value: object, /) -> bool: ...
-    def __hash__(self) -> int: ...
+    def modeled_dispatch_ns(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+# -- a run --
 
 @final
 class RunTensor:
@@ -120,7 +302,7 @@ class RunTensor:
     @property
     def dtype(self) -> str: ...
     @property
-    def direction(self) -> Any: ...
+    def direction(self) -> ArgDirection: ...
     @property
     def arg_index(self) -> int: ...
     @property
@@ -147,53 +329,92 @@ class Orchestrator:
     def submit(self, kernel: Kernel, *args: Any) -> int: ...
     def submit_many(self, kernel: Kernel, *args: Any, count: int | None = None) -> int: ...
 
+# -- the worker and its resident sets --
+
 class Worker:
     """The native worker (device, allocations, view cache, run in progress)."""
 
     def __new__(
         cls,
-        platform: str,
-        staging: str | None = None,
-        svm: str | int | None = None,
+        platform: _Platform | None = None,
+        *,
+        staging: _StagingMode | None = None,
+        svm: Literal["always", "never"] | str | int | None = None,
         poison: bool | None = None,
         capacity: int | None = None,
         device_id: int | None = None,
-        malloc_policy: str | None = None,
+        malloc_policy: Literal["huge_first", "huge_only", "normal_only"] | None = None,
         reuse_addresses: bool | None = None,
-        model: str | None = None,
-        view_policy: str | None = None,
-    ) -> Worker: ...
+        model: _Model | None = None,
+        view_policy: _ViewPolicy | None = None,
+    ) -> Self: ...
     @property
-    def view_policy(self) -> str: ...
+    def platform(self) -> _Platform: ...
     @property
-    def model(self) -> str | None: ...
-    def _hint_view(self, ptr: int, gen: int, policy: str) -> None: ...
+    def device_id(self) -> int: ...
     @property
-    def platform(self) -> str: ...
+    def staging(self) -> _StagingMode: ...
     @property
-    def staging(self) -> str: ...
+    def view_policy(self) -> _ViewPolicy: ...
+    @property
+    def model(self) -> _Model | None: ...
     @property
     def closed(self) -> bool: ...
+    def close(self) -> dict[str, Any] | None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    def __reduce__(self) -> NoReturn: ...
+    def malloc(self, nbytes: int) -> Buffer: ...
+    def free(self, buf: Buffer | DeviceTensor) -> None: ...
+    def copy_to(self, buf: Buffer | DeviceTensor, arr: np.ndarray, offset: int | None = None) -> None: ...
+    def copy_from(self, arr: np.ndarray, buf: Buffer | DeviceTensor, offset: int | None = None) -> None: ...
+    def host_view_info(self, buf: Buffer | DeviceTensor) -> _ViewKind | None: ...
+    def trim_staging(self) -> None: ...
     def stats(self) -> dict[str, int]: ...
-    def inject_fault(self, op: str, nth: int | None = None, code: int | None = None) -> None: ...
+    def debug_state(self) -> dict[str, Any]: ...
+    def call_log(self) -> list[tuple[_DriverOp, int, int, int, str]]: ...
+    def inject_fault(self, op: _DriverOp, nth: int | None = None, code: int | None = None) -> None: ...
     def clear_faults(self) -> None: ...
-    def call_log(self) -> list[tuple[str, int, int, int, str]]: ...
-    def run(
-        self, callable: Callable, args: Any
-    ) -> tuple[dict[str, int], dict[str, int], bool, dict[str, int] | None]: ...
-    def _malloc(self, nbytes: int) -> tuple[int, int]: ...
-    def _free(self, ptr: int, gen: int) -> None: ...
-    def _copy_to(self, ptr: int, gen: int, offset: int, src: np.ndarray) -> None: ...
-    def _copy_from(self, ptr: int, gen: int, offset: int, dst: np.ndarray) -> None: ...
-    def _view_counts(self) -> tuple[int, int, int]: ...
-    def _arena(self) -> tuple[int, int] | None: ...
-    def _host_view_info(self, ptr: int, gen: int) -> str | None: ...
-    def _trim_staging(self) -> None: ...
-    def _close(self) -> dict[str, Any]: ...
-    def _resident_open(self) -> int: ...
-    def _resident_add(
-        self, set: int, name: str, host: Any, direction: Any
-    ) -> tuple[Any, tuple[int, int] | None]: ...
-    def _establish_view(self, ptr: int, gen: int, name: str) -> str: ...
-    def _resident_release(self, set: int) -> list[Exception]: ...
-    def _resident_is_open(self, set: int) -> bool: ...
+    def run(self, callable: Callable, args: Sequence[Any] | _NamedArgs) -> RunReport: ...
+
+class ResidentSet:
+    """Case-owned device buffers for resident tensor arguments."""
+
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    def __new__(cls, worker: Worker) -> Self: ...
+    @property
+    def released(self) -> bool: ...
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def resident_names(self) -> list[str]: ...
+    def direction(self, name: str) -> ArgDirection: ...
+    def __getitem__(self, name: str, /) -> Any: ...
+    def __contains__(self, name: object, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def add(
+        self,
+        name: str,
+        host: np.ndarray,
+        direction: _Direction | None = None,
+        host_view: _HostView | None = None,
+        eager: bool = False,
+    ) -> Any: ...
+    def build_args(
+        self, expected_count: int | None = None, scalars: Iterable[Any] | None = None
+    ) -> BuiltArgs: ...
+    def bind(self, builder: _NamedArgs) -> BuiltArgs: ...
+    def copy_back(self, builder: Any, names: str | Iterable[str] | None = None) -> None: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

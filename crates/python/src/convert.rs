@@ -326,12 +326,10 @@ fn dims(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display, field: &str) -> Py
         .iter()
         .map(|&x| {
             u64::try_from(x).map_err(|_| {
-                PyErr::from(PyRuntimeErr(
-                    simpler_runtime::Error::geometry(
-                        what.to_string(),
-                        format!("negative {field} entry {x} in {:?}", &v[..n]),
-                    ),
-                ))
+                PyErr::from(PyRuntimeErr(simpler_runtime::Error::geometry(
+                    what.to_string(),
+                    format!("negative {field} entry {x} in {:?}", &v[..n]),
+                )))
             })
         })
         .collect()

@@ -147,29 +147,29 @@ static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
 
 fn types(py: Python<'_>) -> PyResult<&Vec<Py<PyType>>> {
     TYPES.get_or_try_init(py, || {
-            let mut made: Vec<Py<PyType>> = Vec::with_capacity(CLASSES.len());
-            let type_ = py.get_type::<PyType>();
-            for c in &CLASSES {
-                let bases: Vec<Bound<'_, PyType>> = c
-                    .bases
-                    .iter()
-                    .map(|b| match b {
-                        Base::Own(e) => made[*e as usize].bind(py).clone(),
-                        Base::Builtin(f) => f(py),
-                    })
-                    .collect();
-                let ns = PyDict::new(py);
-                ns.set_item("__doc__", c.doc)?;
-                // Where users import them from (and where pickle finds them).
-                ns.set_item("__module__", "simpler.errors")?;
-                for a in c.attrs {
-                    ns.set_item(*a, py.None())?;
-                }
-                let t = type_.call1((c.name, PyTuple::new(py, bases)?, ns))?;
-                made.push(t.cast_into::<PyType>()?.unbind());
+        let mut made: Vec<Py<PyType>> = Vec::with_capacity(CLASSES.len());
+        let type_ = py.get_type::<PyType>();
+        for c in &CLASSES {
+            let bases: Vec<Bound<'_, PyType>> = c
+                .bases
+                .iter()
+                .map(|b| match b {
+                    Base::Own(e) => made[*e as usize].bind(py).clone(),
+                    Base::Builtin(f) => f(py),
+                })
+                .collect();
+            let ns = PyDict::new(py);
+            ns.set_item("__doc__", c.doc)?;
+            // Where users import them from (and where pickle finds them).
+            ns.set_item("__module__", "simpler.errors")?;
+            for a in c.attrs {
+                ns.set_item(*a, py.None())?;
             }
-            Ok::<_, PyErr>(made)
-        })
+            let t = type_.call1((c.name, PyTuple::new(py, bases)?, ns))?;
+            made.push(t.cast_into::<PyType>()?.unbind());
+        }
+        Ok::<_, PyErr>(made)
+    })
 }
 
 /// Adds the classes to the module.

@@ -83,7 +83,10 @@ impl ArgDirection {
     #[allow(clippy::type_complexity)]
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, pyo3::types::PyType>, &'static str))> {
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        (Bound<'py, pyo3::types::PyType>, &'static str),
+    )> {
         let getattr = slf.py().import("builtins")?.getattr("getattr")?;
         Ok((getattr, (slf.as_any().get_type(), slf.get().name())))
     }
@@ -291,7 +294,10 @@ impl Buffer {
 pub fn zero_or<'py>(py: Python<'py>, offset: Option<&Bound<'py, PyAny>>) -> Bound<'py, PyAny> {
     match offset {
         Some(o) => o.clone(),
-        None => 0u64.into_pyobject(py).map(|o| o.into_any()).unwrap_or_else(|e| match e {}),
+        None => 0u64
+            .into_pyobject(py)
+            .map(|o| o.into_any())
+            .unwrap_or_else(|e| match e {}),
     }
 }
 
@@ -368,7 +374,9 @@ impl DeviceTensor {
     ) -> PyResult<DeviceTensor> {
         let b = buffer.get();
         let buf = b.buf;
-        let r = b.cell.with(false, |w| w.check_tensor(buf, &geometry, &what));
+        let r = b
+            .cell
+            .with(false, |w| w.check_tensor(buf, &geometry, &what));
         done(buffer.py(), r)?;
         Ok(DeviceTensor {
             buffer: buffer.clone().unbind(),
@@ -472,7 +480,11 @@ impl DeviceTensor {
 
     /// Always a ``TypeError``: numpy cannot read device memory.
     #[pyo3(signature = (dtype=None, copy=None))]
-    fn __array__(&self, dtype: Option<&Bound<'_, PyAny>>, copy: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn __array__(
+        &self,
+        dtype: Option<&Bound<'_, PyAny>>,
+        copy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let _ = (dtype, copy);
         Err(PyTypeError::new_err(
             "a DeviceTensor lives in device memory, which numpy cannot read: copy it to the host \

@@ -19,6 +19,7 @@ macro_rules! helpers {
         /// Hands the native module the Python helpers it calls (``simpler._arrays`` does this
         /// once, at import). A second call is ignored.
         #[pyfunction]
+        #[allow(clippy::too_many_arguments)] // one keyword per helper
         #[pyo3(signature = (*, $($name),*))]
         pub fn install_helpers(py: Python<'_>, $($name: Py<PyAny>),*) {
             let _ = HELPERS.set(py, Helpers { $($name),* });

@@ -133,13 +133,11 @@ impl RunTensor {
             .filter(|a| a.shape()[1] == nd.max(1) && a.is_c_contiguous());
         let rows = match direct {
             Some(a) => a,
-            None => {
-                helpers::get(py)?
-                    .offset_rows
-                    .bind(py)
-                    .call1((offsets, nd))?
-                    .extract()?
-            }
+            None => helpers::get(py)?
+                .offset_rows
+                .bind(py)
+                .call1((offsets, nd))?
+                .extract()?,
         };
         let flat = rows.as_slice()?;
         let nd = nd.max(1);

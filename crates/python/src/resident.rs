@@ -48,7 +48,13 @@ struct Inner {
 
 /// Case-owned device buffers for resident tensor arguments (``ResidentTaskArgs``; see
 /// ``docs/concepts.md``). ``ResidentSet(worker)`` opens an empty set on the worker.
-#[pyclass(module = "simpler._core", name = "ResidentSet", subclass, frozen, weakref)]
+#[pyclass(
+    module = "simpler._core",
+    name = "ResidentSet",
+    subclass,
+    frozen,
+    weakref
+)]
 pub struct ResidentSet {
     cell: Arc<Shared>,
     set: u64,
@@ -85,7 +91,11 @@ impl ResidentSet {
     }
 
     /// Refuses a fixture whose storage overlaps a still-alive earlier one's.
-    fn check_overlap(&self, arr: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Option<(Py<PyWeakrefReference>, u64, u64)>> {
+    fn check_overlap(
+        &self,
+        arr: &Bound<'_, PyUntypedArray>,
+        what: &str,
+    ) -> PyResult<Option<(Py<PyWeakrefReference>, u64, u64)>> {
         let nbytes = arr.len() as u64 * arr.dtype().itemsize() as u64;
         if nbytes == 0 {
             return Ok(None);
@@ -96,11 +106,19 @@ impl ResidentSet {
             .get_item(0)?
             .extract()?;
         let end = start.checked_add(nbytes).ok_or_else(|| {
-            value_err(format!("{what}: host storage at {start:#x} + {nbytes} bytes wraps"))
+            value_err(format!(
+                "{what}: host storage at {start:#x} + {nbytes} bytes wraps"
+            ))
         })?;
         let mut inner = self.inner();
-        inner.fixtures.retain(|f| f.owner.bind(arr.py()).upgrade().is_some());
-        if let Some(f) = inner.fixtures.iter().find(|f| start < f.end && f.start < end) {
+        inner
+            .fixtures
+            .retain(|f| f.owner.bind(arr.py()).upgrade().is_some());
+        if let Some(f) = inner
+            .fixtures
+            .iter()
+            .find(|f| start < f.end && f.start < end)
+        {
             return Err(value_err(format!(
                 "{what}: its host storage overlaps resident fixture '{}' (an aliased layout \
                  cannot be made resident faithfully)",
@@ -170,7 +188,11 @@ impl ResidentSet {
     /// Every added name, in add order (zero-byte fixtures included).
     #[getter]
     fn names(&self) -> Vec<String> {
-        self.inner().entries.iter().map(|e| e.name.to_string()).collect()
+        self.inner()
+            .entries
+            .iter()
+            .map(|e| e.name.to_string())
+            .collect()
     }
 
     /// The names that hold a device buffer, in add order.
@@ -216,7 +238,10 @@ impl ResidentSet {
         let state = if inner.released {
             "released".to_owned()
         } else {
-            format!("{} resident", inner.entries.iter().filter(|e| e.resident).count())
+            format!(
+                "{} resident",
+                inner.entries.iter().filter(|e| e.resident).count()
+            )
         };
         format!("ResidentTaskArgs({names:?}, {state})")
     }
@@ -279,8 +304,8 @@ impl ResidentSet {
         };
         let eager = eager || view == "eager";
         let dir = direction.map_or(Direction::In, |d| d.0);
-        let geometry = convert::array_geometry(arr, &what)?
-            .ok_or_else(|| handles::not_native(arr, &what))?;
+        let geometry =
+            convert::array_geometry(arr, &what)?.ok_or_else(|| handles::not_native(arr, &what))?;
         // The bytes, when the layout is one the runtime takes (it checks contiguity itself).
         let flat = flat_bytes(py, host, geometry.extent())?;
         let ro = flat.try_readonly()?;
@@ -371,7 +396,11 @@ impl ResidentSet {
                     "ResidentTaskArgs.build_args: expected {n} tensor arguments, have {} ({}); \
                      was a fixture (e.g. an empty one) skipped instead of added?",
                     pairs.len(),
-                    if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                    if names.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
                 )));
             }
         }
@@ -439,7 +468,10 @@ impl ResidentSet {
             let what = format!("copy_back '{name}'");
             let dst = builder.get_item(&name)?;
             let arr = dst.cast::<PyUntypedArray>().map_err(|_| {
-                type_err(format!("{what}: expected a numpy array, got {}", type_name(&dst)))
+                type_err(format!(
+                    "{what}: expected a numpy array, got {}",
+                    type_name(&dst)
+                ))
             })?;
             let dtype = convert::array_dtype(&arr.dtype(), &what)?;
             let shape: Vec<u64> = arr.shape().iter().map(|&s| s as u64).collect();

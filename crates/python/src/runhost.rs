@@ -44,9 +44,7 @@ const ARGS_PROTOCOL: &str = "__simpler_args__";
 
 /// `(name, value)` pairs of run arguments: named args carry names; a plain sequence gets
 /// positions.
-pub fn named_values<'py>(
-    args: &Bound<'py, PyAny>,
-) -> PyResult<Vec<(Arc<str>, Bound<'py, PyAny>)>> {
+pub fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(Arc<str>, Bound<'py, PyAny>)>> {
     let py = args.py();
     // A plain list or tuple (the common case) is not asked for names: no failed lookup per run.
     let plain = args.is_exact_instance_of::<PyList>() || args.is_exact_instance_of::<PyTuple>();
@@ -131,7 +129,9 @@ impl RunHost for Host<'_, '_> {
             cell: &**self.cell,
             run,
         };
-        let infos = orch_handle.tensors(self.tensors).map_err(|e| to_py(py, e))?;
+        let infos = orch_handle
+            .tensors(self.tensors)
+            .map_err(|e| to_py(py, e))?;
         let mut call_args: Vec<Bound<'_, PyAny>> =
             Vec::with_capacity(1 + infos.len() + self.scalars.len());
         call_args.push(orch.into_any());
@@ -292,10 +292,7 @@ pub fn run<'py>(
     })?;
     for s in host.staged.iter().filter(|s| s.written) {
         if let Some((orig, work)) = &s.copy_of {
-            helpers::get(py)?
-                .write_back
-                .bind(py)
-                .call1((orig, work))?;
+            helpers::get(py)?.write_back.bind(py).call1((orig, work))?;
         }
     }
     Ok(report)

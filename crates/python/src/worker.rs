@@ -57,15 +57,15 @@ impl PyWorker {
         let platform = match platform {
             None => "sim".to_owned(),
             Some(platform) => platform
-            .cast::<PyString>()
-            .map_err(|_| {
-                type_err(format!(
-                    "platform must be a string, not {}",
-                    type_name(platform)
-                ))
-            })?
-            .to_cow()?
-            .into_owned(),
+                .cast::<PyString>()
+                .map_err(|_| {
+                    type_err(format!(
+                        "platform must be a string, not {}",
+                        type_name(platform)
+                    ))
+                })?
+                .to_cow()?
+                .into_owned(),
         };
         let capacity = capacity
             .map(|c| u64_arg(c, "Worker", "capacity"))
@@ -315,10 +315,7 @@ impl PyWorker {
         code: Option<i64>,
     ) -> PyResult<()> {
         let o = Op::parse(op).ok_or_else(|| {
-            value_err(format!(
-                "unknown driver operation '{op}' ({})",
-                op_names()
-            ))
+            value_err(format!("unknown driver operation '{op}' ({})", op_names()))
         })?;
         let nth = match nth {
             Some(n) => u64_arg(n, "inject_fault", "nth")?,
