@@ -89,7 +89,7 @@ device-check:
 	.ci/device-check
 
 bench: build
-	$(BENCH_ENV) $(PY) -m simpler.benchmarks
+	$(BENCH_ENV) $(PY) -m simpler.tools.benchmarks
 
 clean:
 	cargo clean

@@ -324,7 +324,7 @@ def handle_from_a_finished_run(w):
     return _orch(w, lambda o, t: o.get_tensor_data(got["t"], 0), [IN], [_f32()])
 
 
-@case(ArgumentError, r"submit add: signature takes 3 tensors, got 2")
+@case(ArgumentError, r"submit add: signature has 3 tensor arguments, got 2")
 def submit_with_wrong_tensor_count(w):
     return _orch(w, lambda o, x, y: o.submit(ADD, x, y), [IN, OUT], [_f32(), _f32()])
 

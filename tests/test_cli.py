@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import pytest
 
 import simpler as sp
-from simpler import cli
+from simpler.tools import cli
 
 ARMS = ("Residency_staged", "Residency_bulk", "Residency_all")
 RECORD_KEYS = {
@@ -285,4 +285,4 @@ def test_plot_needs_matplotlib_or_draws(bench_run, tmp_path, capsys):
 
 def test_console_script_is_declared():
     (ep,) = entry_points(group="console_scripts", name="simpler")
-    assert ep.value == "simpler.cli:main"
+    assert ep.value == "simpler.tools.cli:main"

@@ -5,7 +5,7 @@
   line, leading ``VAR=value`` assignments are skipped). Each command is checked against the real
   thing without running it: a ``make`` target exists in the Makefile; a ``simpler`` /
   ``python -m simpler`` command line parses with the CLI's parser; ``python -m
-  simpler.benchmarks``, a scene-test file (the standalone runner), ``examples/decode/decode.py``
+  simpler.tools.benchmarks``, a scene-test file (the standalone runner), ``examples/decode/decode.py``
   and ``pytest`` (its ``--simpler-*`` options) parse with theirs. A command of any other kind
   fails the test, so a new kind of command gets a check before it gets into the docs.
 * ``text`` blocks (output) are not run.
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from simpler import benchmarks, cli, runner
+from simpler.testing import runner
+from simpler.tools import benchmarks, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -104,7 +105,7 @@ def _check(words: list[str]) -> None:
         name, args = "simpler", args[2:]
     if name == "simpler":
         return _parses(cli._parser(), args)
-    if name.startswith("python") and args[:2] == ["-m", "simpler.benchmarks"]:
+    if name.startswith("python") and args[:2] == ["-m", "simpler.tools.benchmarks"]:
         p = benchmarks._parser()
         _parses(p, args[2:])
         unknown = set(p.parse_args(args[2:]).which) - set(benchmarks.BENCHES)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import simpler as sp
-from simpler import runner
 from simpler.errors import ArgumentError, ArgumentTypeError, DeviceError
+from simpler.testing import runner
 
 pytest_plugins = ["pytester"]
 
@@ -563,10 +563,10 @@ def test_plugin_sim_options_reach_the_worker(pytester, scene_file):
 
 
 def test_plugin_loaded_twice_is_harmless(pytester, scene_file):
-    pytester.makeconftest('pytest_plugins = ["simpler.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["simpler.testing.pytest_plugin"]')
     r = pytester.runpytest("-k", "TestGood", "--simpler-rounds", "2")
     r.assert_outcomes(passed=2, skipped=2)
-    r = pytester.runpytest("-p", "simpler.pytest_plugin", "-k", "TestGood")
+    r = pytester.runpytest("-p", "simpler.testing.pytest_plugin", "-k", "TestGood")
     r.assert_outcomes(passed=2, skipped=2)
 
 

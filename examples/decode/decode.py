@@ -41,8 +41,8 @@ if __name__ == "__main__":
 import numpy as np
 
 import simpler as sp
-from simpler import runner
 from simpler.args import BuiltArgs
+from simpler.testing import runner
 
 # -- the model ------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 from decode import DecodeConfig, fixtures, golden_decode, main, run_decode
 
 import simpler as sp
-from simpler import runner
+from simpler.testing import runner
 
 SMALL = DecodeConfig(layers=2, hidden=32, heads=4, kv_heads=2, ffn=64)
 

@@ -8,7 +8,11 @@ Three capabilities in one library:
 3. host views of device-resident tensors for host-side orchestration (mapping or mirror,
    established lazily and cached for the allocation's life).
 
-See ``docs/`` and the README for a tour.
+The package's parts: the library surface (this module: workers, buffers, tensors, resident
+sets, callables; :mod:`simpler.errors`), the testing harness (:mod:`simpler.testing`: scene
+tests, the standalone runner, the pytest plugin), the tools (:mod:`simpler.tools`: the
+``simpler`` command, bench and report) and the workloads shipped with it
+(:mod:`simpler.workloads`). See ``docs/`` and the README for a tour.
 """
 
 from __future__ import annotations
@@ -36,8 +40,7 @@ from .errors import (
     SimplerError,
     StateError,
 )
-from .runner import main
-from .scene import CaseRun, SceneTestCase, run_case, scene_test
+from .testing import CaseRun, SceneTestCase, main, run_case, scene_test
 from .worker import (
     ArgDirection,
     Buffer,

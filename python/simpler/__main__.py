@@ -1,7 +1,7 @@
-"""``python -m simpler``: the ``simpler`` command (see :mod:`simpler.cli`)."""
+"""``python -m simpler``: the ``simpler`` command (see :mod:`simpler.tools.cli`)."""
 
 from __future__ import annotations
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

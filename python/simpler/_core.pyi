@@ -15,6 +15,7 @@ __all__ = [
     "DRIVER_OPS",
     "DTYPES",
     "MODELS",
+    "PHASES",
     "PLATFORMS",
     "STAGING_MODES",
     "VIEW_POLICIES",
@@ -51,6 +52,7 @@ MODELS: list[str]
 VIEW_POLICIES: list[str]
 STAGING_MODES: list[str]
 DRIVER_OPS: list[str]
+PHASES: list[str]
 
 _Platform = Literal["sim", "ascend", "cuda"]
 _StagingMode = Literal["arena", "fresh"]

@@ -87,6 +87,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let policies: Vec<&str> = ViewPolicy::ALL.iter().map(|p| p.name()).collect();
     m.add("VIEW_POLICIES", policies)?;
     m.add("STAGING_MODES", Staging::ALL.map(Staging::name))?;
+    m.add("PHASES", simpler_runtime::Phases::NAMES.to_vec())?;
     let ops: Vec<&str> = simpler_driver::Op::ALL.iter().map(|o| o.name()).collect();
     m.add("DRIVER_OPS", ops)?;
     Ok(())

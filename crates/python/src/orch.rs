@@ -13,12 +13,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use simpler_runtime::{
-    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunId, Value, MAX_DIMS,
+    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunId, Signature, Value, MAX_DIMS,
 };
 
 use crate::cell::Shared;
 use crate::convert::{self, small_ints, TensorName};
-use crate::errors::{done, state_err, type_err, value_err, PyResultExt};
+use crate::errors::{done, state_err, type_err, value_err, PyResultExt, PyRuntimeErr};
 use crate::handles::{window_array, ArgDirection};
 use crate::helpers;
 use crate::kernels::Kernel;
@@ -302,6 +302,16 @@ fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<
     obj.try_iter()?.map(|v| convert::value(&v?, what)).collect()
 }
 
+/// The error for a submit whose tensors do not fill the signature: the signature's count rule
+/// when `got` tensors were given, else (the count is right, in the wrong places) a tensor after
+/// the scalars.
+fn count_err(sig: &Signature, who: &dyn fmt::Display, got: usize) -> PyErr {
+    match sig.check_count(who, got) {
+        Err(e) => PyRuntimeErr(e).into(),
+        Ok(()) => value_err(format!("{who}: a tensor after the scalars")),
+    }
+}
+
 /// The kernel argument of a submit, or an error naming the call and what it got.
 fn kernel_arg<'a, 'py>(
     kernel: &'a Bound<'py, PyAny>,
@@ -411,10 +421,7 @@ impl Orchestrator {
                         .iter()
                         .filter(|a| a.cast::<RunTensor>().is_ok())
                         .count();
-                    return Err(value_err(format!(
-                        "submit {}: signature takes {n} tensors, got {got}",
-                        k.name
-                    )));
+                    return Err(count_err(&k.sig, &format_args!("submit {}", k.name), got));
                 }
                 Err(_) => scalars.push(convert::scalar(
                     &a,
@@ -422,13 +429,9 @@ impl Orchestrator {
                 )?),
             }
         }
-        if tensors.len() < n {
-            return Err(value_err(format!(
-                "submit {}: signature takes {n} tensors, got {}",
-                k.name,
-                tensors.len()
-            )));
-        }
+        k.sig
+            .check_count(&format_args!("submit {}", k.name), tensors.len())
+            .py()?;
         let kref = self.kernel_ref(kernel);
         done(py, self.orch().submit(kref, &tensors, &scalars))
     }
@@ -452,11 +455,15 @@ impl Orchestrator {
         let k = kernel.get();
         let n = k.sig.len();
         if args.len() < n {
-            return Err(value_err(format!(
-                "submit_many {}: signature takes {n} tensors, got {} arguments",
-                k.name,
-                args.len()
-            )));
+            let got = args
+                .iter()
+                .filter(|a| a.cast::<RunTensor>().is_ok() || a.cast::<RunViews>().is_ok())
+                .count();
+            return Err(count_err(
+                &k.sig,
+                &format_args!("submit_many {}", k.name),
+                got,
+            ));
         }
         let items: Vec<Bound<'_, PyAny>> = args.iter().collect();
         let mut views: Vec<Bound<'_, RunViews>> = Vec::new();

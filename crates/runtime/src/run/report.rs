@@ -13,14 +13,18 @@ pub struct Phases {
 }
 
 impl Phases {
+    /// The phase names, in phase order: the keys of a report's phases everywhere.
+    pub const NAMES: [&'static str; 5] = ["bind", "orchestrate", "execute", "copy_back", "cleanup"];
+
     /// `(name, nanoseconds)` pairs, in phase order.
     pub fn entries(&self) -> [(&'static str, u64); 5] {
+        let [b, o, e, c, u] = Self::NAMES;
         [
-            ("bind", self.bind),
-            ("orchestrate", self.orchestrate),
-            ("execute", self.execute),
-            ("copy_back", self.copy_back),
-            ("cleanup", self.cleanup),
+            (b, self.bind),
+            (o, self.orchestrate),
+            (e, self.execute),
+            (c, self.copy_back),
+            (u, self.cleanup),
         ]
     }
 

@@ -8,8 +8,8 @@
     simpler report before.jsonl after.jsonl        # two runs side by side, with ratios
     simpler --version
 
-``bench`` runs the residency arms of a workload (:mod:`simpler.bench`) and prints round tables
-(:mod:`simpler.report`); ``--json`` writes every round's record as a JSON line (before the tables
+``bench`` runs the residency arms of a workload (:mod:`simpler.tools.bench`) and prints round tables
+(:mod:`simpler.tools.report`); ``--json`` writes every round's record as a JSON line (before the tables
 are printed, so a closed pipe does not lose it; its directory is checked before the run).
 ``report`` re-prints the tables of such a file, or compares two. Exit status: 0 on success, 1
 when a case failed or the platform is unavailable, 2 on a usage error (one line on stderr, never
@@ -28,11 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from . import __version__, runner
+from .. import __version__
+from ..errors import PlatformUnavailableError
+from ..testing import runner
+from ..workloads import WORKLOADS
 from .bench import BYTES_KEYS, PHASES, BenchError, BenchOptions, bench_records, split_arm
-from .errors import PlatformUnavailableError
 from .report import ReportError, format_compare, format_tables, plot_records, read_jsonl
-from .workloads import WORKLOADS
 
 __all__ = [
     "BYTES_KEYS",
@@ -147,7 +148,7 @@ def _bench(ns: argparse.Namespace) -> int:
         manual=ns.simpler_manual,
     )
     # One probe of the platform, so an unavailable one is one message, not one per arm.
-    from .worker import Worker
+    from ..worker import Worker
 
     try:
         Worker(opts.platform, **opts.worker_options).close()

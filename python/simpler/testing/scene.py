@@ -16,7 +16,7 @@
             args.out[...] = args.a + args.b
 
     if __name__ == "__main__":
-        sp.main()  # the standalone runner (simpler.runner)
+        sp.main()  # the standalone runner (simpler.testing.runner)
 
 Memory policy is declared per argument (``TensorArg(..., child_memory=True)``) and never depends
 on ``rounds`` (see ``docs/scene_tests.md``):
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from .args import ResidentTaskArgs, TaskArgsBuilder
-from .errors import ArgumentError, ArgumentTypeError
-from .worker import ArgDirection, Callable, RunReport, Worker
+from ..args import ResidentTaskArgs, TaskArgsBuilder
+from ..errors import ArgumentError, ArgumentTypeError
+from ..worker import ArgDirection, Callable, RunReport, Worker
 
 __all__ = ["CaseRun", "SceneTestCase", "run_case", "scene_test"]
 

@@ -9,7 +9,7 @@ Options (every one prefixed, so they never collide with another plugin's or a co
 ``--simpler-platform`` (sim, ascend or cuda; default sim), ``--simpler-rounds`` (default 1),
 ``--simpler-case`` (``Foo``, ``Class::Foo``, ``Class::``; unselected cases are deselected),
 ``--simpler-skip-golden``, ``--simpler-manual {exclude,include,only}`` (default exclude),
-``--simpler-svm``, ``--simpler-staging``. Selection and skipping follow :mod:`simpler.runner`,
+``--simpler-svm``, ``--simpler-staging``. Selection and skipping follow :mod:`simpler.testing.runner`,
 the rules every front end shares. Each case records its run reports in the item's
 ``user_properties`` (``simpler_reports``: one JSON object per round), which junit XML
 (``--junitxml``) carries. Loading the plugin twice (entry point and ``-p``/conftest) is harmless.
@@ -67,7 +67,7 @@ class SceneClass(pytest.Class):
 
 
 class SceneCase(pytest.Item):
-    """One case of a scene test, run through :func:`simpler.scene.run_case`."""
+    """One case of a scene test, run through :func:`simpler.testing.scene.run_case`."""
 
     def __init__(self, *, case: dict[str, Any], **kw: Any):
         super().__init__(**kw)

@@ -1,6 +1,6 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
-``python -m simpler.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [--quick]
+``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [--quick]
 [--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .worker import ArgDirection, Callable, Kernel, Worker
+from ..worker import ArgDirection, Callable, Kernel, Worker
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -260,7 +260,7 @@ def bench_orchestration(quick: bool) -> None:
     print("\n== orchestration: warm run, 20 resident arguments, one empty task (median) ==")
     with Worker("sim") as w:
         arrays = [np.full(256, i, np.float32) for i in range(20)]
-        from .args import ResidentTaskArgs
+        from ..args import ResidentTaskArgs
 
         with ResidentTaskArgs(w) as res:
             for i, a in enumerate(arrays):
@@ -436,7 +436,7 @@ def bench_mirrors(quick: bool, platform: str = "sim") -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m simpler.benchmarks",
+        prog="python -m simpler.tools.benchmarks",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -451,7 +451,7 @@ BENCHES = ("staging", "views", "bind", "mirrors", "orchestration")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m simpler.benchmarks``."""
+    """Entry point of ``python -m simpler.tools.benchmarks``."""
     p = _parser()
     a = p.parse_args(argv)
     unknown = sorted(set(a.which) - set(BENCHES))

@@ -12,7 +12,7 @@ in one process, each on its own worker, with their rounds interleaved (round 1 o
 round 2, ..., the order rotating from round to round), so drift of a shared machine hits every arm
 alike.
 
-**Selection** follows :mod:`simpler.runner` (the rules every front end shares); a selector also
+**Selection** follows :mod:`simpler.testing.runner` (the rules every front end shares); a selector also
 matches a case by its name without the arm, and naming a manual case (``--case B256_8K``) runs it.
 
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
@@ -38,14 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import runner, scene
-from .worker import RunReport
-from .workloads import WORKLOADS
+from .. import _core
+from ..testing import runner, scene
+from ..worker import RunReport
+from ..workloads import WORKLOADS
 
 __all__ = ["BYTES_KEYS", "PHASES", "BenchError", "BenchOptions", "bench_records", "run_metadata", "split_arm"]
 
 #: The timed phases of a run, in order.
-PHASES = ("bind", "orchestrate", "execute", "copy_back", "cleanup")
+PHASES: tuple[str, ...] = tuple(_core.PHASES)
 
 #: The counters that add up to the bytes moved per round.
 BYTES_KEYS = ("staged_bytes", "copied_back_bytes", "mirror_refresh_bytes")
@@ -137,7 +138,7 @@ def _git_commit() -> str | None:
 
 def run_metadata() -> dict[str, Any]:
     """Provenance stamped on every record: version, commit, host, python, timestamp."""
-    from . import __version__
+    from .. import __version__
 
     return {
         "version": __version__,

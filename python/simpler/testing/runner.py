@@ -1,7 +1,7 @@
 """The one case runner: options, case selection and the standalone ``main``.
 
 Three front ends run scene-test cases — the standalone runner (``python test_x.py ...``,
-:func:`main`), the pytest plugin (:mod:`simpler.pytest_plugin`) and the bench (``simpler bench``)
+:func:`main`), the pytest plugin (:mod:`simpler.testing.pytest_plugin`) and the bench (``simpler bench``)
 — and all three declare their options with :func:`add_runner_arguments` and choose cases with
 :func:`plan_cases`, so an option or a rule means the same thing everywhere:
 
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _core
-from .errors import ArgumentError
+from .. import _core
+from ..errors import ArgumentError
 from .scene import SceneTestCase, is_scene_test, run_case
 
 __all__ = [
