@@ -18,6 +18,7 @@ use simpler_runtime::{Worker, WorkerCell};
 
 /// See the module docs.
 #[derive(Debug)]
+#[repr(C)] // the lock first, as when the cell held nothing else (the hot path touches it)
 pub struct Shared {
     worker: Mutex<Worker>,
     /// The device (for what needs no worker lock: counters, the call log, fault injection).

@@ -15,6 +15,7 @@ use simpler_runtime::{
     TaskCall,
 };
 
+use crate::built::BuiltArgs;
 use crate::cell::Shared;
 use crate::convert;
 use crate::errors::{to_py, type_err, Exc};
@@ -49,6 +50,16 @@ pub fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(Arc<str>, Bo
     // A plain list or tuple (the common case) is not asked for names: no failed lookup per run.
     let plain = args.is_exact_instance_of::<PyList>() || args.is_exact_instance_of::<PyTuple>();
     if !plain {
+        if let Ok(b) = args.cast::<BuiltArgs>() {
+            // Built natively: read directly (no pairs made per run).
+            let b = b.get();
+            return Ok(b
+                .names
+                .iter()
+                .zip(&b.values)
+                .map(|(n, v)| (n.clone(), v.bind(py).clone()))
+                .collect());
+        }
         if let Ok(f) = args.getattr(intern!(py, ARGS_PROTOCOL)) {
             let pairs = f.call0()?;
             return pairs

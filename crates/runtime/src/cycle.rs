@@ -178,6 +178,7 @@ pub struct Orch<'c, C: WorkerCell> {
 impl<C: WorkerCell> Orch<'_, C> {
     /// Refuses a handle made in run `run` unless it is this one (a handle outlives its run: one
     /// of a finished run is "not in progress").
+    #[inline]
     pub fn owns(&self, run: RunId) -> Result<()> {
         if run == self.run {
             Ok(())
@@ -187,18 +188,21 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// Name, geometry and direction of the run's first `n` arguments (its tensors).
+    #[inline]
     pub fn tensors(&self, n: usize) -> Result<Vec<TensorInfo>> {
         let run = self.run;
         self.cell.with(false, |w| w.run_tensors(run, n))
     }
 
     /// Name, geometry and direction of argument `arg` (a scratch tensor is an argument too).
+    #[inline]
     pub fn tensor(&self, arg: u32) -> Result<TensorInfo> {
         let run = self.run;
         self.cell.with(false, |w| w.run_tensor(run, arg))
     }
 
     /// `get_tensor_data`.
+    #[inline]
     pub fn read(&self, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
         let run = self.run;
         self.cell
@@ -206,6 +210,7 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// `set_tensor_data`.
+    #[inline]
     pub fn write(&self, arg: u32, view: &Geometry, index: &[i64], value: Value) -> Result<()> {
         let run = self.run;
         self.cell
@@ -213,6 +218,7 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// `read_tensor`.
+    #[inline]
     pub fn read_tensor(&self, arg: u32, view: &Geometry) -> Result<HostWindow> {
         let run = self.run;
         self.cell
@@ -220,6 +226,7 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// `orch.scratch`; returns the new argument's index.
+    #[inline]
     pub fn scratch(&self, name: Option<&str>, dtype: DType, shape: &[u64]) -> Result<u32> {
         let run = self.run;
         self.cell
@@ -227,6 +234,7 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// `submit`; returns the task's index.
+    #[inline]
     pub fn submit(
         &self,
         kernel: KernelRef<'_>,
@@ -239,6 +247,7 @@ impl<C: WorkerCell> Orch<'_, C> {
     }
 
     /// `submit_many`; returns the first task's index.
+    #[inline]
     pub fn submit_many(
         &self,
         kernel: KernelRef<'_>,
