@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import simpler as sp
 
@@ -40,3 +42,37 @@ def test_native_module_is_documented():
     from simpler import _core
 
     assert _core.__doc__
+
+
+_NATIVE_SRC = Path(__file__).resolve().parent.parent / "crates" / "python" / "src"
+
+
+def test_the_native_module_imports_nothing_from_its_package():
+    """The bindings import only Python's own modules (the log bridge's `logging`, `builtins`):
+    exceptions are declared natively and the numpy helpers handed over at import."""
+    imported = {
+        m for f in _NATIVE_SRC.glob("*.rs") for m in re.findall(r'\.import\("([^"]+)"\)', f.read_text())
+    }
+    assert imported <= {"logging", "builtins"}, imported
+    assert not any("import_exception!" in f.read_text() for f in _NATIVE_SRC.glob("*.rs"))
+
+
+def test_the_native_crate_modules_form_no_cycle():
+    """`crate::` uses between the bindings' modules: each uses only modules above it."""
+    uses = {
+        f.stem: set(re.findall(r"crate::([a-z_]+)", f.read_text())) - {f.stem}
+        for f in _NATIVE_SRC.glob("*.rs")
+    }
+    assert len(uses) > 5
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, f"cycle: {' -> '.join((*path, m))}"
+        if m in done:
+            return
+        for d in uses.get(m, ()):
+            visit(d, (*path, m))
+        done.add(m)
+
+    for m in sorted(uses):
+        visit(m, ())

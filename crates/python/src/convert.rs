@@ -13,8 +13,8 @@ use simpler_runtime::{
     DType, Direction, Geometry, Param, Signature, Staging, Value, ViewPolicy, MAX_DIMS,
 };
 
+use crate::direction::ArgDirection;
 use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeErr};
-use crate::handles::ArgDirection;
 use crate::helpers;
 
 /// `tensor NAME`, formatted only when an error names it.

@@ -1,4 +1,4 @@
-//! The handles users hold between runs: directions, device buffers, device tensors, and the host
+//! The handles users hold between runs: device buffers, device tensors, and the host
 //! windows numpy arrays are made over. A buffer holds the worker it was allocated on (an `Arc`
 //! of the worker cell) and its allocation's handle (address and generation); a device tensor
 //! holds its buffer. Every rule about them (ownership, generations, extents) is the runtime's.
@@ -14,83 +14,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use simpler_runtime::{BufferRef, Direction, Error, Geometry, HostWindow, WorkerCell};
+use simpler_runtime::{BufferRef, Error, Geometry, HostWindow, WorkerCell};
 
 use crate::cell::Shared;
 use crate::convert;
 use crate::errors::{done, state_err, type_err, type_name, Exc, PyResultExt};
 use crate::helpers;
-
-/// Direction of a tensor argument in a signature: ``IN``, ``OUT`` or ``INOUT``.
-#[pyclass(module = "simpler._core", name = "ArgDirection", frozen, eq, hash)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum ArgDirection {
-    #[pyo3(name = "IN")]
-    In,
-    #[pyo3(name = "OUT")]
-    Out,
-    #[pyo3(name = "INOUT")]
-    InOut,
-}
-
-impl From<Direction> for ArgDirection {
-    fn from(d: Direction) -> Self {
-        match d {
-            Direction::In => ArgDirection::In,
-            Direction::Out => ArgDirection::Out,
-            Direction::InOut => ArgDirection::InOut,
-        }
-    }
-}
-
-impl From<ArgDirection> for Direction {
-    fn from(d: ArgDirection) -> Self {
-        match d {
-            ArgDirection::In => Direction::In,
-            ArgDirection::Out => Direction::Out,
-            ArgDirection::InOut => Direction::InOut,
-        }
-    }
-}
-
-impl ArgDirection {
-    /// The class attribute for `d` (``ArgDirection.IN`` ...): the one object per member, so
-    /// ``d is ArgDirection.IN`` holds as for a Python enum.
-    pub fn member(py: Python<'_>, d: Direction) -> PyResult<Bound<'_, PyAny>> {
-        py.get_type::<ArgDirection>().getattr(d.name())
-    }
-}
-
-#[pymethods]
-impl ArgDirection {
-    /// ``"IN"``, ``"OUT"`` or ``"INOUT"``.
-    #[getter]
-    fn name(&self) -> &'static str {
-        Direction::from(*self).name()
-    }
-
-    /// The same as ``name`` (the direction's spelling in signatures).
-    #[getter]
-    fn value(&self) -> &'static str {
-        self.name()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("ArgDirection.{}", self.name())
-    }
-
-    /// Pickled by name (``getattr(ArgDirection, "IN")``), so a member stays the member.
-    #[allow(clippy::type_complexity)]
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<(
-        Bound<'py, PyAny>,
-        (Bound<'py, pyo3::types::PyType>, &'static str),
-    )> {
-        let getattr = slf.py().import("builtins")?.getattr("getattr")?;
-        Ok((getattr, (slf.as_any().get_type(), slf.get().name())))
-    }
-}
 
 /// What a copy or a free names: a ``Buffer`` or a ``DeviceTensor`` (its buffer).
 pub struct BufferArg(pub Py<Buffer>);

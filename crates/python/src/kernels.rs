@@ -7,8 +7,8 @@ use pyo3::types::PyTuple;
 use simpler_runtime::Signature;
 
 use crate::convert;
+use crate::direction::ArgDirection;
 use crate::errors::{type_err, PyResultExt};
-use crate::handles::ArgDirection;
 
 fn signature_py<'py>(py: Python<'py>, sig: &Signature) -> PyResult<Bound<'py, PyTuple>> {
     let entries = sig

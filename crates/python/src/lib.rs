@@ -10,8 +10,9 @@
 //! * `errors` — the exception classes, and runtime errors as them;
 //! * `helpers` — the Python helpers handed over at import;
 //! * `cell` — the worker behind a lock that respects the GIL, shared by every handle;
+//! * `direction` — `ArgDirection`;
 //! * `convert` — Python values into typed runtime values and back;
-//! * `handles` — directions, buffers, device tensors, host windows;
+//! * `handles` — buffers, device tensors, host windows;
 //! * `kernels` — kernels and callables;
 //! * `built` — built run arguments;
 //! * `report` — the run report;
@@ -23,6 +24,7 @@
 mod built;
 mod cell;
 mod convert;
+mod direction;
 mod errors;
 mod handles;
 mod helpers;
@@ -64,7 +66,7 @@ fn check_scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::init();
     errors::register(m)?;
-    m.add_class::<handles::ArgDirection>()?;
+    m.add_class::<direction::ArgDirection>()?;
     m.add_class::<handles::Buffer>()?;
     m.add_class::<handles::DeviceTensor>()?;
     m.add_class::<handles::PyHostWindow>()?;

@@ -18,8 +18,9 @@ use simpler_runtime::{
 
 use crate::cell::Shared;
 use crate::convert::{self, small_ints, TensorName};
+use crate::direction::ArgDirection;
 use crate::errors::{done, state_err, type_err, value_err, PyResultExt, PyRuntimeErr};
-use crate::handles::{window_array, ArgDirection};
+use crate::handles::window_array;
 use crate::helpers;
 use crate::kernels::Kernel;
 
