@@ -191,13 +191,8 @@ impl Buffer {
 
     /// Frees the buffer, unless it was freed already (by hand, with its resident set, or by
     /// the worker's close).
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    #[pyo3(signature = (*_exc_info))]
+    fn __exit__(&self, py: Python<'_>, _exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
         let b = self.buf;
         match self.cell.with(true, |w| w.free(b)) {
             Err(Error::State(_)) => {

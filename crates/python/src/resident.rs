@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use numpy::{PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use pyo3::types::{PyString, PyWeakrefMethods, PyWeakrefReference};
+use pyo3::types::{PyString, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use pyo3::{PyTraverseError, PyVisit};
 
 use simpler_runtime::{Direction, Geometry, ViewPolicy, WorkerCell};
@@ -528,15 +528,10 @@ impl ResidentSet {
 
     /// Releases the set; after an error in the block, a failed release is logged instead of
     /// replacing that error.
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    #[pyo3(signature = (*exc_info))]
+    fn __exit__(&self, py: Python<'_>, exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
         let r = self.release(py);
-        if exc.is_none() {
+        if exc_info.get_item(1).is_ok_and(|e| e.is_none()) {
             return r;
         }
         if let Err(e) = r {

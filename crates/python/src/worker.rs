@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyString, PyTuple};
 
 use simpler_driver::{open_device, DeviceSpec, Op, OpenError};
 use simpler_runtime::{Worker, WorkerCell};
@@ -173,13 +173,8 @@ impl PyWorker {
         slf
     }
 
-    fn __exit__(
-        &self,
-        py: Python<'_>,
-        _exc_type: &Bound<'_, PyAny>,
-        _exc: &Bound<'_, PyAny>,
-        _tb: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    #[pyo3(signature = (*_exc_info))]
+    fn __exit__(&self, py: Python<'_>, _exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
         self.close(py).map(|_| ())
     }
 
