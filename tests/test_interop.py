@@ -59,6 +59,27 @@ def test_a_worker_dropped_unclosed_warns_and_closes():
         gc.collect()
 
 
+def test_handles_hold_the_device_not_the_worker_object():
+    """Buffers, tensors and resident sets hold the worker's native cell, not the Python worker:
+    a worker dropped while they live is still collected (warned about and closed), and every
+    handle then says the worker is closed, freed or released."""
+    w = sp.Worker("sim")
+    buf = w.malloc(64)
+    res = sp.ResidentTaskArgs(w)
+    t = res.add("x", np.ones(16, np.float32))
+    dev = weakref.ref(w)
+    with pytest.warns(ResourceWarning, match="unclosed Worker"):
+        del w
+        gc.collect()
+    assert dev() is None
+    with pytest.raises(sp.StateError):
+        buf.copy_to(np.zeros(16, np.float32))
+    with pytest.raises(sp.StateError):
+        t.buffer.free()
+    res.release()  # the close released the set already: nothing left to do
+    assert res.released
+
+
 def test_cuda_array_interface_fields(cuda):
     buf = cuda.malloc(4096)
     t = buf.tensor((8, 16), "float32")
