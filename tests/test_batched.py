@@ -142,3 +142,44 @@ def test_shared_positions_need_a_count_and_views_of_a_finished_run_are_refused()
 
         with pytest.raises(sp.StateError, match="is not in progress"):
             w.run(sp.Callable(later, [IN, OUT]), [x, y])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int64])
+def test_per_task_integer_scalars_arrive_as_single_submits_give_them(dtype):
+    """Every integer dtype of a per-task scalar column: the kernel receives the same Python ints
+    as from single submits (an unsigned value past 2**63 stays unsigned, never negative)."""
+    info = np.iinfo(dtype)
+    values = np.array([info.min, 0, 1, info.max], dtype)
+    got: dict[str, list[int]] = {"many": [], "single": []}
+
+    def make(arm):
+        return sp.Kernel(lambda x, s: got[arm].append(s), [IN], name=f"k_{arm}")
+
+    k_many, k_single = make("many"), make("single")
+
+    def orch(o, t):
+        o.submit_many(k_many, t, values)
+        for v in values:
+            o.submit(k_single, t, v)
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(orch, [IN]), [np.zeros(4, np.float32)])
+    assert got["many"] == got["single"] == [int(v) for v in values]
+
+
+def test_an_empty_batch_records_no_task():
+    """``submit_many(..., count=0)`` is checked like any batch and records nothing: a later
+    read of its tensor is no hazard, and no task runs."""
+    ran = []
+    k = sp.Kernel(lambda y: ran.append(1), [OUT], name="w")
+
+    def orch(o, t):
+        o.submit_many(k, t, count=0)
+        o.submit_many(k, t.views([2], np.zeros((0, 1), np.int64)))
+        assert o.read_tensor(t).tolist() == [1.0, 2.0]
+        with pytest.raises(sp.ArgumentError, match="count"):
+            o.submit_many(k, t, count=-1)
+
+    with sp.Worker("sim") as w:
+        rep = w.run(sp.Callable(orch, [INOUT]), [np.array([1, 2], np.float32)])
+    assert ran == [] and rep.counters["tasks"] == 0

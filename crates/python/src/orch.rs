@@ -291,9 +291,17 @@ fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<
                 let a: PyReadonlyArray1<'_, bool> = conv.call1((obj, "bool"))?.extract()?;
                 Ok(a.as_slice()?.iter().map(|&b| Value::Bool(b)).collect())
             }
-            b'i' | b'u' => {
+            b'i' => {
                 let a: PyReadonlyArray1<'_, i64> = conv.call1((obj, "int64"))?.extract()?;
                 Ok(a.as_slice()?.iter().map(|&i| Value::Int(i)).collect())
+            }
+            // Unsigned values past i64::MAX stay unsigned, as a single submit's do.
+            b'u' => {
+                let a: PyReadonlyArray1<'_, u64> = conv.call1((obj, "uint64"))?.extract()?;
+                Ok(a.as_slice()?
+                    .iter()
+                    .map(|&u| i64::try_from(u).map_or(Value::UInt(u), Value::Int))
+                    .collect())
             }
             b'f' => {
                 let a: PyReadonlyArray1<'_, f64> = conv.call1((obj, "float64"))?.extract()?;

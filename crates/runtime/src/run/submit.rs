@@ -277,6 +277,12 @@ impl RunState {
                 }
             }
         }
+        if count == 0 {
+            // Checked like any batch; nothing to record (no slot may name a task that is not
+            // there).
+            self.report.counters.submits += 1;
+            return Ok(first);
+        }
         // Record.
         for (i, s) in slots.iter().enumerate() {
             let dir = kernel.sig.params()[i].dir;
