@@ -147,6 +147,38 @@ def test_overlapping_writable_views_of_one_task_are_refused(kind, fake_vendor):
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
+def test_a_task_whose_input_overlaps_its_output_is_refused(kind, fake_vendor):
+    """An IN view that shares bytes with an OUT view of the same task would read the old bytes
+    through host copies and possibly the new ones in place: refused on every platform (single
+    and batched), and the run's result is the same everywhere."""
+    shift = sp.Kernel(lambda x, y: y.__setitem__(Ellipsis, x + 1), [IN, OUT], name="shift")
+    errors = []
+
+    def orch(o, t):
+        with pytest.raises(sp.HazardError) as ei:
+            o.submit(shift, t.view([4], [0]), t.view([4], [2]))
+        errors.append(str(ei.value))
+        rows = np.array([[0], [8]])
+        with pytest.raises(sp.HazardError) as ei:
+            o.submit_many(shift, t.views([4], rows), t.views([4], rows + 1))
+        errors.append(str(ei.value))
+        o.submit(shift, t.view([4], [0]), t.view([4], [4]))  # adjacent: fine
+
+    with _worker(kind, fake_vendor) as w:
+        buf = w.malloc(64)
+        w.copy_to(buf, np.arange(16, dtype=np.int32))
+        w.run(sp.Callable(orch, [INOUT]), [buf.tensor((16,), "int32")])
+        got = np.zeros(16, np.int32)
+        w.copy_from(got, buf)
+    np.testing.assert_array_equal(got, [0, 1, 2, 3, 1, 2, 3, 4, *range(8, 16)])
+    assert (
+        "submit shift: task 0 reads a view that shares bytes with a view it writes: tensor 0 "
+        "(arg0 shape [4] at element 0) and tensor 1 (arg0 shape [4] at element 2)" in errors[0]
+    ), errors[0]
+    assert "submit_many shift: task 0 reads a view that shares bytes" in errors[1], errors[1]
+
+
+@pytest.mark.parametrize("kind", PLATFORMS)
 def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(kind, fake_vendor):
     """Even columns read in bulk while a task writes the odd ones: the byte spans overlap, the
     elements do not, so no HazardError; reading the written columns still is one."""

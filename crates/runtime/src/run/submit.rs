@@ -71,11 +71,19 @@ fn check_contained(who: &dyn Display, a: &RunArg, geometry: &Geometry) -> Result
 /// Refuses a task whose writable tensors share a byte. On sim both writes would land in device
 /// memory; on a driver where kernels run over host copies one copy would overwrite the other. One
 /// rule for every platform: two outputs of one task never overlap.
+/// The pairs `(i, j)`, `i < j`, of a task's `n` slots of which at least one is written.
+fn written_pairs(n: usize, writes: impl Fn(usize) -> bool) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .flat_map(move |i| (i + 1..n).map(move |j| (i, j)))
+        .filter(move |&(i, j)| writes(i) || writes(j))
+}
+
+/// Refuses two views of one task that share bytes when one of them is written (`a.3`, `b.3`).
 fn check_outputs_disjoint(
     who: &dyn Display,
     task: u64,
-    a: (usize, &RunArg, &Geometry),
-    b: (usize, &RunArg, &Geometry),
+    a: (usize, &RunArg, &Geometry, bool),
+    b: (usize, &RunArg, &Geometry, bool),
 ) -> Result<()> {
     let (Some((pa, _)), Some((pb, _))) = (a.1.alloc, b.1.alloc) else {
         return Ok(());
@@ -83,7 +91,7 @@ fn check_outputs_disjoint(
     if pa != pb || !a.2.elements_intersect(pa.0, b.2, pb.0) {
         return Ok(());
     }
-    let view = |(i, arg, g): (usize, &RunArg, &Geometry)| {
+    let view = |(i, arg, g, _): (usize, &RunArg, &Geometry, bool)| {
         format!(
             "tensor {i} ({} shape {:?} at element {})",
             arg.name,
@@ -91,9 +99,21 @@ fn check_outputs_disjoint(
             g.offset()
         )
     };
+    let (what, why) = if a.3 && b.3 {
+        (
+            "writes two views that share bytes",
+            "the outputs of one task must not overlap (which write would win depends on the \
+             platform)",
+        )
+    } else {
+        (
+            "reads a view that shares bytes with a view it writes",
+            "a task's input must not overlap its output (whether it reads the old or the new \
+             bytes depends on the platform; pass the tensor once, as INOUT)",
+        )
+    };
     Err(Error::Hazard(format!(
-        "{who}: task {task} writes two views that share bytes: {} and {}; the outputs of one \
-         task must not overlap (which write would win depends on the platform)",
+        "{who}: task {task} {what}: {} and {}; {why}",
         view(a),
         view(b)
     )))
@@ -140,19 +160,17 @@ impl RunState {
             check_contained(&who, a, g)?;
         }
         let writes = |i: usize| kernel.sig.params()[i].dir.writes();
-        for i in (0..tensors.len()).filter(|&i| writes(i)) {
-            for j in (i + 1..tensors.len()).filter(|&j| writes(j)) {
-                let (ai, aj) = (
-                    &self.args[tensors[i].0 as usize],
-                    &self.args[tensors[j].0 as usize],
-                );
-                check_outputs_disjoint(
-                    &who,
-                    self.tasks.len(),
-                    (i, ai, &tensors[i].1),
-                    (j, aj, &tensors[j].1),
-                )?;
-            }
+        for (i, j) in written_pairs(tensors.len(), writes) {
+            let (ai, aj) = (
+                &self.args[tensors[i].0 as usize],
+                &self.args[tensors[j].0 as usize],
+            );
+            check_outputs_disjoint(
+                &who,
+                self.tasks.len(),
+                (i, ai, &tensors[i].1, writes(i)),
+                (j, aj, &tensors[j].1, writes(j)),
+            )?;
         }
         let per_task = u16::try_from(scalars.len()).map_err(|_| {
             Error::Value(format!(
@@ -245,8 +263,8 @@ impl RunState {
                 }
             }
         }
-        // Outputs of one task never overlap: checked per task for every pair of writable slots
-        // of one allocation.
+        // A task's written views overlap none of its other views: checked per task for every
+        // pair of slots of one allocation of which one is written.
         let first = self.tasks.len();
         let writes = |i: usize| kernel.sig.params()[i].dir.writes();
         let at = |s: &BatchSlot<'_>, t: usize| match s {
@@ -258,23 +276,21 @@ impl RunState {
         let arg_of = |s: &BatchSlot<'_>| match s {
             BatchSlot::One { arg, .. } | BatchSlot::Views { arg, .. } => *arg,
         };
-        for i in (0..slots.len()).filter(|&i| writes(i)) {
-            for j in (i + 1..slots.len()).filter(|&j| writes(j)) {
-                let (ai, aj) = (
-                    &self.args[arg_of(&slots[i]) as usize],
-                    &self.args[arg_of(&slots[j]) as usize],
-                );
-                if ai.alloc.map(|a| a.0) != aj.alloc.map(|a| a.0) {
-                    continue;
-                }
-                for t in 0..count as usize {
-                    check_outputs_disjoint(
-                        &who,
-                        first + t as u64,
-                        (i, ai, &at(&slots[i], t)),
-                        (j, aj, &at(&slots[j], t)),
-                    )?;
-                }
+        for (i, j) in written_pairs(slots.len(), writes) {
+            let (ai, aj) = (
+                &self.args[arg_of(&slots[i]) as usize],
+                &self.args[arg_of(&slots[j]) as usize],
+            );
+            if ai.alloc.map(|a| a.0) != aj.alloc.map(|a| a.0) {
+                continue;
+            }
+            for t in 0..count as usize {
+                check_outputs_disjoint(
+                    &who,
+                    first + t as u64,
+                    (i, ai, &at(&slots[i], t), writes(i)),
+                    (j, aj, &at(&slots[j], t), writes(j)),
+                )?;
             }
         }
         if count == 0 {
