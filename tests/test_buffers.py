@@ -181,3 +181,27 @@ def test_bfloat16_and_fp8_are_real_dtypes(w):
     for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"):
         t = buf.tensor((4,), name)
         assert t.np_dtype == np.dtype(getattr(ml_dtypes, name))
+
+
+def test_copies_through_a_tensor_honour_its_offset_and_refuse_a_strided_layout(w):
+    """``copy_to`` / ``copy_from`` given a DeviceTensor copy its elements (from its offset, within
+    its bytes); a tensor whose elements are not contiguous is refused, never copied as if it
+    were its buffer's first bytes."""
+    buf = w.malloc(64)
+    w.copy_to(buf, np.arange(16, dtype=np.float32))
+    mid = buf.tensor((4,), "float32", offset=4)
+    got = np.empty(4, np.float32)
+    w.copy_from(got, mid)
+    np.testing.assert_array_equal(got, [4, 5, 6, 7])
+    w.copy_to(mid, np.full(3, -1, np.float32), offset=4)  # bytes 4.. of the tensor
+    buf.copy_from(full := np.empty(16, np.float32))
+    np.testing.assert_array_equal(full, [0, 1, 2, 3, 4, -1, -1, -1, 8, 9, 10, 11, 12, 13, 14, 15])
+    with pytest.raises(sp.ArgumentError, match=r"run past the tensor \(16 bytes\)"):
+        w.copy_from(np.empty(8, np.float32), mid)
+    transposed = buf.tensor((4, 4), "float32", strides=(1, 4))
+    with pytest.raises(sp.ArgumentError, match="not contiguous"):
+        w.copy_from(np.empty((4, 4), np.float32), transposed)
+    with pytest.raises(sp.ArgumentError, match="not contiguous"):
+        w.copy_to(transposed, np.zeros((4, 4), np.float32))
+    buf.copy_from(after := np.empty(16, np.float32))
+    np.testing.assert_array_equal(after, full)  # the refusals wrote nothing

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
+import subprocess
+import sys
 import weakref
 
 import numpy as np
@@ -316,3 +318,60 @@ def test_release_refused_during_a_run_leaves_the_set_usable(w):
     assert res["x"] is x
     res.release()
     assert res.released and w.stats()["live_allocations"] == 0
+
+
+def test_an_add_whose_eager_view_fails_is_rolled_back():
+    """The view of ``add(..., eager=True)`` cannot be established: the error is filed under the
+    add (``resident_add``, as the call log has it), the allocation is freed and the name is free
+    for a retry."""
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        w.inject_fault("map", 1)
+        with pytest.raises(sp.DeviceError) as ei:
+            res.add("q", np.ones(1024, np.float32), eager=True)
+        assert ei.value.phase == "resident_add" and ei.value.op == "map"
+        assert [c[4] for c in w.call_log() if c[0] == "map"] == ["resident_add"]
+        assert res.names == [] and w.stats()["live_allocations"] == 0
+        t = res.add("q", np.ones(1024, np.float32), eager=True)
+        assert res.names == ["q"] and w.host_view_info(t) == "mapping"
+
+
+def test_python_code_run_by_the_collector_during_an_add_may_use_the_set():
+    """A finalizer that reads the set runs (through the garbage collector) while ``add`` works:
+    the set's own lock is never held while Python code can run, so this completes. In a
+    subprocess with a time limit: a deadlock shows as a timeout, not a hung suite."""
+    code = """if True:
+        import gc, numpy as np, simpler as sp
+        w = sp.Worker("sim")
+        res = sp.ResidentTaskArgs(w)
+        seen = []
+        class Finalized:
+            def __del__(self):
+                seen.append(list(res.names))
+        res.add("a", np.ones(4, np.float32))
+        x = np.ones(4, np.float32)
+        f = Finalized(); f.cycle = f; del f
+        gc.set_threshold(1)
+        res.add("b", x)
+        gc.set_threshold(700)
+        gc.collect()
+        assert seen and res.names == ["a", "b"], (seen, res.names)
+        res.release(); w.close()
+        print("ok")
+    """
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_copy_back_names_and_build_args_scalars_take_what_the_python_set_took():
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        res.add("a", np.ones(4, np.float32), sp.OUT)
+        res.add("b", np.ones(4, np.float32), "INOUT", eager=1)
+        builder = sp.TaskArgsBuilder(
+            sp.TensorArg("a", np.zeros(4, np.float32)), sp.TensorArg("b", np.zeros(4, np.float32))
+        )
+        res.copy_back(builder, {"a": 0, "b": 1}.keys())  # any iterable of names
+        assert builder.b.tolist() == [1.0] * 4
+        args = res.build_args(2, [sp.Scalar("n", 3), 2.5, "not a scalar"])
+        assert args.names == ["a", "b", "n", "scalar1", "scalar2"] and args[2:] == [3, 2.5, "not a scalar"]
+        assert repr(args) == "BuiltArgs(['a', 'b', 'n', 'scalar1', 'scalar2'])"
+        assert sp.ArgDirection("OUT") is sp.OUT and res.direction("b") is sp.INOUT

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -374,3 +377,23 @@ def test_negative_offsets_and_fault_counts_are_argument_errors():
             w.copy_from(np.zeros(2, np.float32), b, offset=-4)
         with pytest.raises(sp.ArgumentError, match="nth"):
             w.inject_fault("h2d", nth=-1)
+
+
+def test_kernels_and_callables_take_part_in_garbage_collection():
+    """A kernel or callable whose function refers back to it (a closure over itself) is
+    collected once unreachable: the native classes report what they hold to the collector."""
+    freed = []
+
+    class Payload:
+        def __del__(self):
+            freed.append(1)
+
+    def make():
+        p = Payload()
+        k = sp.Kernel(lambda *a: (p, k), [sp.IN])
+        c = sp.Callable(lambda o, *a: (p, c), [sp.IN])
+        return weakref.ref(k), weakref.ref(c)
+
+    refs = make()
+    gc.collect()
+    assert freed == [1] and all(r() is None for r in refs)

@@ -40,6 +40,7 @@ __all__ = [
     "SimplerError",
     "StateError",
     "Worker",
+    "check_name",
     "check_scalar",
     "install_helpers",
     "parse_svm",
@@ -119,6 +120,9 @@ def parse_svm(value: str | int) -> str | int:
 def check_scalar(value: object, what: str) -> None:
     """Raises ``ArgumentTypeError`` unless ``value`` is an int, float or bool."""
 
+def check_name(name: object, what: str) -> str:
+    """Raises ``ArgumentTypeError`` unless ``name`` is a non-empty string; returns it."""
+
 def install_helpers(
     *,
     flat_bytes: _Fn[..., Any],
@@ -142,6 +146,7 @@ class ArgDirection:
     IN: Final[ArgDirection]
     OUT: Final[ArgDirection]
     INOUT: Final[ArgDirection]
+    def __new__(cls, value: Literal["IN", "OUT", "INOUT"]) -> ArgDirection: ...
     @property
     def name(self) -> Literal["IN", "OUT", "INOUT"]: ...
     @property
@@ -394,7 +399,7 @@ class ResidentSet:
         host: np.ndarray,
         direction: _Direction | None = None,
         host_view: _HostView | None = None,
-        eager: bool = False,
+        eager: bool | None = None,
     ) -> Any: ...
     def build_args(
         self, expected_count: int | None = None, scalars: Iterable[Any] | None = None

@@ -30,12 +30,6 @@ __all__ = ["BuiltArgs", "ResidentTaskArgs", "Scalar", "TaskArgsBuilder", "Tensor
 log = logging.getLogger("simpler")
 
 
-def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise ArgumentTypeError(f"{what}: name must be a non-empty string, not {name!r}")
-    return name
-
-
 @dataclass(frozen=True, eq=False)
 class TensorArg:
     """A tensor argument.
@@ -53,7 +47,7 @@ class TensorArg:
     child_memory: bool = False
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "TensorArg")
+        _core.check_name(self.name, "TensorArg")
         if not isinstance(self.value, (np.ndarray, DeviceTensor)):
             raise ArgumentTypeError(
                 f"TensorArg '{self.name}': value must be a numpy array or DeviceTensor, "
@@ -92,7 +86,7 @@ class Scalar:
     value: Any
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "Scalar")
+        _core.check_name(self.name, "Scalar")
         _core.check_scalar(self.value, f"Scalar '{self.name}'")
 
     is_tensor = False

@@ -72,16 +72,20 @@ class Worker(_core.Worker):
     when it is missing, ``PlatformUnavailableError`` names the library and every path tried.
 
     A context manager; :meth:`close` is idempotent and frees whatever is still live (with a
-    warning naming how much). Buffers and resident sets hold the worker they came from; a worker
-    dropped without ``close`` is closed then, with a ``ResourceWarning``.
+    warning naming how much). Buffers, device tensors and resident sets hold the device they
+    belong to: a worker dropped without ``close`` warns (``ResourceWarning``) and closes, unless
+    such handles are still alive; then the device is released with the last of them (so memory
+    exported to another library never outlives it).
     """
 
     def __del__(self) -> None:
-        if not self.closed:
-            warnings.warn(
-                f"unclosed {self!r}: close it (or use it as a context manager); closing it now",
-                ResourceWarning,
-                stacklevel=2,
-                source=self,
-            )
+        if self.closed:
+            return
+        warnings.warn(
+            f"unclosed {self!r}: close it (or use it as a context manager)",
+            ResourceWarning,
+            stacklevel=2,
+            source=self,
+        )
+        if self.debug_state()["handles"] == 0:
             self.close()

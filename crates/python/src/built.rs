@@ -70,7 +70,8 @@ impl BuiltArgs {
         Ok(all.as_any().get_item(i)?.unbind())
     }
 
-    fn __repr__(&self) -> String {
-        format!("BuiltArgs({:?})", self.names())
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let names = PyList::new(py, self.names())?;
+        Ok(format!("BuiltArgs({})", names.repr()?))
     }
 }

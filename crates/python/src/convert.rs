@@ -17,6 +17,30 @@ use crate::direction::ArgDirection;
 use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeErr};
 use crate::helpers;
 
+/// `obj` as a numpy array, or the error naming `what` and what it got.
+pub fn ndarray<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &dyn std::fmt::Display,
+) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().map_err(|_| {
+        type_err(format!(
+            "{what}: expected a numpy array, got {}",
+            crate::errors::type_name(obj)
+        ))
+    })
+}
+
+/// An argument's name: a non-empty string, or the error naming `what`.
+pub fn arg_name(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) if !s.to_cow()?.is_empty() => Ok(s.to_cow()?.into_owned()),
+        _ => Err(type_err(format!(
+            "{what}: name must be a non-empty string, not {}",
+            obj.repr()?
+        ))),
+    }
+}
+
 /// `tensor NAME`, formatted only when an error names it.
 pub struct TensorName<'a>(pub &'a str);
 
@@ -35,13 +59,20 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Dir {
         if let Ok(d) = obj.cast::<ArgDirection>() {
             return Ok(Dir((*d.get()).into()));
         }
-        let s = obj.cast::<PyString>().map_err(|_| {
-            type_err(format!(
-                "direction must be an ArgDirection, not {}",
-                crate::errors::type_name(&obj)
-            ))
-        })?;
-        Direction::parse(&s.to_cow()?).map(Dir).py()
+        // A name, or an enum member of the user's whose value is one.
+        let text = match obj.cast::<PyString>() {
+            Ok(s) => s.to_cow()?.into_owned(),
+            Err(_) => obj
+                .getattr(intern!(obj.py(), "value"))
+                .and_then(|v| v.extract::<String>())
+                .map_err(|_| {
+                    type_err(format!(
+                        "direction must be an ArgDirection, not {}",
+                        crate::errors::type_name(&obj)
+                    ))
+                })?,
+        };
+        Direction::parse(&text).map(Dir).py()
     }
 }
 

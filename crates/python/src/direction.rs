@@ -46,6 +46,14 @@ impl ArgDirection {
 
 #[pymethods]
 impl ArgDirection {
+    /// ``ArgDirection("IN")``: the member of that name (as for an enum).
+    #[new]
+    fn new<'py>(py: Python<'py>, value: &str) -> PyResult<Bound<'py, ArgDirection>> {
+        let d = Direction::parse(value)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("ArgDirection: {e}")))?;
+        Ok(Self::member(py, d)?.cast_into::<ArgDirection>()?)
+    }
+
     /// ``"IN"``, ``"OUT"`` or ``"INOUT"``.
     #[getter]
     fn name(&self) -> &'static str {

@@ -21,17 +21,34 @@ use crate::convert;
 use crate::errors::{done, state_err, type_err, type_name, Exc, PyResultExt};
 use crate::helpers;
 
-/// What a copy or a free names: a ``Buffer`` or a ``DeviceTensor`` (its buffer).
-pub struct BufferArg(pub Py<Buffer>);
+/// What a copy or a free names: a ``Buffer``, or a ``DeviceTensor`` (its buffer, and for a copy
+/// its elements).
+pub struct BufferArg {
+    pub buffer: Py<Buffer>,
+    pub tensor: Option<Geometry>,
+}
+
+impl BufferArg {
+    pub fn buf(&self) -> BufferRef {
+        self.buffer.get().buf
+    }
+}
 
 impl<'a, 'py> FromPyObject<'a, 'py> for BufferArg {
     type Error = PyErr;
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(b) = obj.cast::<Buffer>() {
-            return Ok(BufferArg(b.to_owned().unbind()));
+            return Ok(BufferArg {
+                buffer: b.to_owned().unbind(),
+                tensor: None,
+            });
         }
         if let Ok(t) = obj.cast::<DeviceTensor>() {
-            return Ok(BufferArg(t.get().buffer.clone_ref(obj.py())));
+            let t = t.get();
+            return Ok(BufferArg {
+                buffer: t.buffer.clone_ref(obj.py()),
+                tensor: Some(t.geometry),
+            });
         }
         Err(type_err(format!(
             "expected a Buffer or DeviceTensor, got {}",
@@ -40,12 +57,20 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BufferArg {
     }
 }
 
-/// Copies a C-contiguous array into the allocation `buf` names at byte `offset`, through the
-/// worker behind `cell` (which refuses another worker's buffer).
+/// The byte offset in the allocation of a copy of `len` bytes `off` bytes into `target`.
+fn window(target: &BufferArg, what: &str, off: u64, len: u64) -> PyResult<u64> {
+    match &target.tensor {
+        Some(g) => g.copy_window(&what, off, len).py(),
+        None => Ok(off),
+    }
+}
+
+/// Copies a C-contiguous array into `target` at byte `offset` (from the start of a tensor's
+/// elements), through the worker behind `cell` (which refuses another worker's buffer).
 pub fn copy_to(
     py: Python<'_>,
     cell: &Shared,
-    buf: BufferRef,
+    target: &BufferArg,
     arr: &Bound<'_, PyAny>,
     offset: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
@@ -53,15 +78,18 @@ pub fn copy_to(
     let bytes = contiguous_bytes(py, arr, "copy_to")?;
     let ro: PyReadonlyArray1<'_, u8> = bytes.extract()?;
     let s = ro.as_slice()?;
+    let off = window(target, "copy_to", off, s.len() as u64)?;
+    let buf = target.buf();
     done(py, cell.with(true, |w| w.copy_to(buf, off, s)))
 }
 
-/// Fills a C-contiguous, writable array from the allocation `buf` names at byte `offset`.
+/// Fills a C-contiguous, writable array from `source` at byte `offset` (from the start of a
+/// tensor's elements).
 pub fn copy_from(
     py: Python<'_>,
     cell: &Shared,
     arr: &Bound<'_, PyAny>,
-    buf: BufferRef,
+    source: &BufferArg,
     offset: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let off = convert::u64_arg(offset, "copy_from", "byte offset")?;
@@ -71,6 +99,8 @@ pub fn copy_from(
         .try_readwrite()
         .map_err(|_| Exc::Argument.err("copy_from: destination array is read-only"))?;
     let d = rw.as_slice_mut()?;
+    let off = window(source, "copy_from", off, d.len() as u64)?;
+    let buf = source.buf();
     done(py, cell.with(true, |w| w.copy_from(buf, off, d)))
 }
 
@@ -80,12 +110,7 @@ fn contiguous_bytes<'py>(
     arr: &Bound<'py, PyAny>,
     what: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let a = arr.cast::<PyUntypedArray>().map_err(|_| {
-        type_err(format!(
-            "{what}: expected a numpy array, got {}",
-            type_name(arr)
-        ))
-    })?;
+    let a = convert::ndarray(arr, &what)?;
     let g = convert::array_geometry(a, &what)?
         .ok_or_else(|| not_native(a, &what))
         .and_then(|g| g.require_contiguous(&what).map(|_| g).py())?;
@@ -166,23 +191,33 @@ impl Buffer {
     /// Copies a C-contiguous array into the buffer at byte ``offset``.
     #[pyo3(signature = (arr, offset=None))]
     fn copy_to(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         arr: &Bound<'_, PyAny>,
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        copy_to(py, &self.cell, self.buf, arr, &zero_or(py, offset))
+        let py = slf.py();
+        let b = slf.get();
+        let me = BufferArg {
+            buffer: slf.clone().unbind(),
+            tensor: None,
+        };
+        copy_to(py, &b.cell, &me, arr, &zero_or(py, offset))
     }
 
     /// Fills a C-contiguous, writable array from the buffer at byte ``offset``.
     #[pyo3(signature = (arr, offset=None))]
     fn copy_from(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         arr: &Bound<'_, PyAny>,
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        copy_from(py, &self.cell, arr, self.buf, &zero_or(py, offset))
+        let py = slf.py();
+        let b = slf.get();
+        let me = BufferArg {
+            buffer: slf.clone().unbind(),
+            tensor: None,
+        };
+        copy_from(py, &b.cell, arr, &me, &zero_or(py, offset))
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -412,8 +447,8 @@ impl DeviceTensor {
         let _ = (dtype, copy);
         Err(PyTypeError::new_err(
             "a DeviceTensor lives in device memory, which numpy cannot read: copy it to the host \
-             (worker.copy_from(np.empty(t.shape, t.np_dtype), t)) or read it in a run \
-             (orch.read_tensor)",
+             (worker.copy_from(np.empty(t.shape, t.np_dtype), t), for a contiguous tensor) or \
+             read it in a run (orch.read_tensor)",
         ))
     }
 

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::{PyTraverseError, PyVisit};
 
 use simpler_runtime::Signature;
 
@@ -62,7 +63,7 @@ fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
 /// (inputs copied in before, outputs copied out after), a correctness path.
 /// ``signature`` lists the direction of each tensor, optionally with a dtype:
 /// ``[IN, (OUT, "float32")]``. ``name`` defaults to ``fn.__name__``.
-#[pyclass(module = "simpler._core", name = "Kernel", frozen, subclass)]
+#[pyclass(module = "simpler._core", name = "Kernel", frozen, subclass, weakref)]
 pub struct Kernel {
     pub func: Py<PyAny>,
     pub name: String,
@@ -71,6 +72,10 @@ pub struct Kernel {
 
 #[pymethods]
 impl Kernel {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.func)
+    }
+
     #[new]
     #[pyo3(signature = (fn_, signature, name=None))]
     fn new(
@@ -111,7 +116,7 @@ impl Kernel {
 /// and submits kernels. ``signature`` lists the direction of each tensor argument (scalars are
 /// not listed), optionally with a dtype: ``[IN, IN, (OUT, "float32")]``. ``name`` defaults to
 /// the function's name.
-#[pyclass(module = "simpler._core", name = "Callable", frozen, subclass)]
+#[pyclass(module = "simpler._core", name = "Callable", frozen, subclass, weakref)]
 pub struct Callable {
     pub func: Py<PyAny>,
     pub name: String,
@@ -120,6 +125,10 @@ pub struct Callable {
 
 #[pymethods]
 impl Callable {
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.func)
+    }
+
     #[new]
     #[pyo3(signature = (orchestration, signature, name=None))]
     fn new(

@@ -61,6 +61,13 @@ fn check_scalar(value: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
     convert::scalar(value, &what).map(|_| ())
 }
 
+/// Checks that ``name`` is a non-empty string (an argument's name); raises
+/// ``ArgumentTypeError`` naming ``what`` otherwise. Returns it.
+#[pyfunction]
+fn check_name(name: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    convert::arg_name(name, what)
+}
+
 /// Native core of simpler (use the `simpler` package).
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -81,6 +88,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<resident::ResidentSet>()?;
     m.add_function(wrap_pyfunction!(parse_svm, m)?)?;
     m.add_function(wrap_pyfunction!(check_scalar, m)?)?;
+    m.add_function(wrap_pyfunction!(check_name, m)?)?;
     m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use numpy::{PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyKeyError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyWeakrefMethods, PyWeakrefReference};
 use pyo3::{PyTraverseError, PyVisit};
@@ -111,22 +112,9 @@ impl ResidentSet {
                 "{what}: host storage at {start:#x} + {nbytes} bytes wraps"
             ))
         })?;
-        let mut inner = self.inner();
-        inner
-            .fixtures
-            .retain(|f| f.owner.bind(arr.py()).upgrade().is_some());
-        if let Some(f) = inner
-            .fixtures
-            .iter()
-            .find(|f| start < f.end && f.start < end)
-        {
-            return Err(value_err(format!(
-                "{what}: its host storage overlaps resident fixture '{}' (an aliased layout \
-                 cannot be made resident faithfully)",
-                f.name
-            )));
-        }
-        // The outermost array owning the storage lives as long as the storage.
+        // Python work (the root's `base` chain, the weak reference) happens before the lock is
+        // taken, and dead fixtures are dropped after it is released: nothing that can run Python
+        // code (a `__del__` touching this set) runs under it.
         let mut root = arr.as_any().clone();
         loop {
             let base = root.getattr("base")?;
@@ -135,7 +123,29 @@ impl ResidentSet {
             }
             root = base;
         }
-        Ok(Some((PyWeakrefReference::new(&root)?.unbind(), start, end)))
+        let owner = PyWeakrefReference::new(&root)?.unbind();
+        let py = arr.py();
+        let (dead, overlap) = {
+            let mut inner = self.inner();
+            let (live, dead): (Vec<Fixture>, Vec<Fixture>) = std::mem::take(&mut inner.fixtures)
+                .into_iter()
+                .partition(|f| f.owner.bind(py).upgrade().is_some());
+            inner.fixtures = live;
+            let overlap = inner
+                .fixtures
+                .iter()
+                .find(|f| start < f.end && f.start < end)
+                .map(|f| f.name.clone());
+            (dead, overlap)
+        };
+        drop(dead);
+        if let Some(other) = overlap {
+            return Err(value_err(format!(
+                "{what}: its host storage overlaps resident fixture '{other}' (an aliased layout \
+                 cannot be made resident faithfully)"
+            )));
+        }
+        Ok(Some((owner, start, end)))
     }
 }
 
@@ -261,7 +271,7 @@ impl ResidentSet {
     /// returned as is. Rejects duplicate names, non-numpy or non-contiguous arrays, unsupported
     /// dtypes, and storage that overlaps a still-alive earlier fixture. A failed upload frees
     /// what this call allocated.
-    #[pyo3(signature = (name, host, direction=None, host_view=None, eager=false))]
+    #[pyo3(signature = (name, host, direction=None, host_view=None, eager=None))]
     fn add<'py>(
         &self,
         py: Python<'py>,
@@ -269,25 +279,16 @@ impl ResidentSet {
         host: &Bound<'py, PyAny>,
         direction: Option<Dir>,
         host_view: Option<&Bound<'py, PyAny>>,
-        eager: bool,
+        eager: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        self.check_open("add")?;
-        let name: String = match name.cast::<PyString>() {
-            Ok(s) if !s.to_cow()?.is_empty() => s.to_cow()?.into_owned(),
-            _ => {
-                return Err(type_err(format!(
-                    "ResidentTaskArgs.add: name must be a non-empty string, not {}",
-                    name.repr()?
-                )))
-            }
+        let eager = match eager {
+            Some(e) => e.is_truthy()?,
+            None => false,
         };
+        self.check_open("add")?;
+        let name = convert::arg_name(name, "ResidentTaskArgs.add")?;
         let what = format!("resident tensor '{name}'");
-        let arr = host.cast::<PyUntypedArray>().map_err(|_| {
-            type_err(format!(
-                "{what}: expected a numpy array, got {}",
-                type_name(host)
-            ))
-        })?;
+        let arr = convert::ndarray(host, &what)?;
         let fixture = self.check_overlap(arr, &what)?;
         let policies = host_view_names();
         let view = match host_view {
@@ -332,33 +333,48 @@ impl ResidentSet {
             });
             return Ok(host.clone().unbind());
         };
-        let buffer = Bound::new(py, Buffer::new(self.cell.clone(), buf, geometry.nbytes()))?;
-        let shape = geometry.shape().to_vec();
-        let layout = Geometry::new(&what, geometry.dtype(), &shape, None, 0).py()?;
-        let tensor = Bound::new(py, DeviceTensor::checked(&buffer, layout, &what)?)?.into_any();
-        {
-            let mut inner = self.inner();
-            inner.entries.push(Entry {
-                name: name.clone(),
-                dir,
-                value: tensor.clone().unbind(),
-                resident: true,
-            });
-            if let Some((owner, start, end)) = fixture {
-                inner.fixtures.push(Fixture {
-                    name: name.clone(),
-                    owner,
-                    start,
-                    end,
-                });
+        // The rest of the add (the handle, a view hint, an eager view) either completes or is
+        // rolled back: the allocation freed, the name free for a retry.
+        let finish = || -> PyResult<Bound<'py, PyAny>> {
+            let buffer = Bound::new(py, Buffer::new(self.cell.clone(), buf, geometry.nbytes()))?;
+            let shape = geometry.shape().to_vec();
+            let layout = Geometry::new(&what, geometry.dtype(), &shape, None, 0).py()?;
+            let tensor = Bound::new(py, DeviceTensor::checked(&buffer, layout, &what)?)?;
+            if let Some(p) = ViewPolicy::parse(&view).filter(|_| view != "auto") {
+                done(py, self.cell.with(true, |w| w.hint_view(buf, p)))?;
             }
+            if eager {
+                done(py, self.cell.with(true, |w| w.establish_view(buf, &name)))?;
+            }
+            Ok(tensor.into_any())
+        };
+        let tensor = match finish() {
+            Ok(t) => t,
+            Err(e) => {
+                let set = self.set;
+                if let Err(undo) = self.cell.with(true, |w| w.resident_roll_back(set, &name)) {
+                    log::error!("rollback of a failed add also failed: {undo}");
+                }
+                logging::flush(py);
+                return Err(e);
+            }
+        };
+        let mut inner = self.inner();
+        inner.entries.push(Entry {
+            name: name.clone(),
+            dir,
+            value: tensor.clone().unbind(),
+            resident: true,
+        });
+        if let Some((owner, start, end)) = fixture {
+            inner.fixtures.push(Fixture {
+                name,
+                owner,
+                start,
+                end,
+            });
         }
-        if let Some(p) = ViewPolicy::parse(&view).filter(|_| view != "auto") {
-            done(py, self.cell.with(true, |w| w.hint_view(buf, p)))?;
-        }
-        if eager {
-            done(py, self.cell.with(true, |w| w.establish_view(buf, &name)))?;
-        }
+        drop(inner);
         Ok(tensor.unbind())
     }
 
@@ -408,11 +424,15 @@ impl ResidentSet {
         if let Some(scalars) = scalars {
             for (i, s) in scalars.try_iter()?.enumerate() {
                 let s = s?;
-                if convert::scalar(&s, &"").is_ok() {
-                    pairs.push((Arc::from(format!("scalar{i}")), s.unbind()));
-                } else {
-                    let name: String = s.getattr("name")?.extract()?;
-                    pairs.push((Arc::from(name), s.getattr("value")?.unbind()));
+                // A spec (a `Scalar`) has a name and a value; anything else is a value, which
+                // the run checks like every scalar.
+                let spec = s
+                    .getattr(intern!(py, "name"))
+                    .and_then(|n| n.extract::<String>())
+                    .and_then(|n| Ok((n, s.getattr(intern!(py, "value"))?)));
+                match spec {
+                    Ok((name, value)) => pairs.push((Arc::from(name), value.unbind())),
+                    Err(_) => pairs.push((Arc::from(format!("scalar{i}")), s.unbind())),
                 }
             }
         }
@@ -423,14 +443,20 @@ impl ResidentSet {
     fn bind(&self, py: Python<'_>, builder: &Bound<'_, PyAny>) -> PyResult<BuiltArgs> {
         self.check_open("bind")?;
         let named = named_values(builder)?;
-        let inner = self.inner();
+        let resident: Vec<Option<Py<PyAny>>> = {
+            let inner = self.inner();
+            named
+                .iter()
+                .map(|(n, _)| {
+                    let e = inner.entries.iter().find(|e| e.name == *n && e.resident);
+                    e.map(|e| e.value.clone_ref(py))
+                })
+                .collect()
+        };
         let pairs = named
             .into_iter()
-            .map(|(n, v)| {
-                let resident = inner.entries.iter().find(|e| e.name == n && e.resident);
-                let v = resident.map_or_else(|| v.unbind(), |e| e.value.clone_ref(py));
-                (n, v)
-            })
+            .zip(resident)
+            .map(|((n, v), r)| (n, r.unwrap_or_else(|| v.unbind())))
             .collect();
         Ok(BuiltArgs::from_pairs(pairs))
     }
@@ -458,7 +484,10 @@ impl ResidentSet {
                     .collect()
             }
             Some(n) if n.cast::<PyString>().is_ok() => vec![n.extract()?],
-            Some(n) => n.extract()?,
+            Some(n) => n
+                .try_iter()?
+                .map(|x| x?.extract::<String>())
+                .collect::<PyResult<_>>()?,
         };
         for name in names {
             let (_, value, resident) = self.entry(py, &name)?;
@@ -468,12 +497,7 @@ impl ResidentSet {
             let t = value.bind(py).cast::<DeviceTensor>()?.get();
             let what = format!("copy_back '{name}'");
             let dst = builder.get_item(&name)?;
-            let arr = dst.cast::<PyUntypedArray>().map_err(|_| {
-                type_err(format!(
-                    "{what}: expected a numpy array, got {}",
-                    type_name(&dst)
-                ))
-            })?;
+            let arr = convert::ndarray(&dst, &what)?;
             let dtype = convert::array_dtype(&arr.dtype(), &what)?;
             let shape: Vec<u64> = arr.shape().iter().map(|&s| s as u64).collect();
             if shape != t.geometry.shape() || dtype != t.geometry.dtype() {
@@ -485,7 +509,11 @@ impl ResidentSet {
                 )));
             }
             let zero = 0u64.into_pyobject(py)?;
-            handles::copy_from(py, &self.cell, &dst, t.buf, zero.as_any())?;
+            let src = handles::BufferArg {
+                buffer: t.buffer.clone_ref(py),
+                tensor: Some(t.geometry),
+            };
+            handles::copy_from(py, &self.cell, &dst, &src, zero.as_any())?;
         }
         Ok(())
     }
@@ -501,12 +529,15 @@ impl ResidentSet {
         }
         let set = self.set;
         let errors = done(py, self.cell.with(true, |w| w.resident_release(set)))?;
-        {
+        let taken = {
             let mut inner = self.inner();
             inner.released = true;
-            inner.entries.clear();
-            inner.fixtures.clear();
-        }
+            (
+                std::mem::take(&mut inner.entries),
+                std::mem::take(&mut inner.fixtures),
+            )
+        };
+        drop(taken); // outside the lock: dropping a tensor or an array may run Python code
         let mut errors = errors.into_iter();
         match errors.next() {
             None => Ok(()),

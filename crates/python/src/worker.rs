@@ -203,7 +203,7 @@ impl PyWorker {
 
     /// Frees a buffer from ``malloc`` (its host view first).
     fn free(&self, py: Python<'_>, buf: BufferArg) -> PyResult<()> {
-        let b = buf.0.get().buf;
+        let b = buf.buf();
         done(py, self.cell.with(true, |w| w.free(b)))
     }
 
@@ -217,7 +217,7 @@ impl PyWorker {
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let offset = handles::zero_or(py, offset);
-        handles::copy_to(py, &self.cell, buf.0.get().buf, arr, &offset)
+        handles::copy_to(py, &self.cell, &buf, arr, &offset)
     }
 
     /// Fills a C-contiguous, writable array from ``buf`` at byte ``offset``.
@@ -230,13 +230,13 @@ impl PyWorker {
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let offset = handles::zero_or(py, offset);
-        handles::copy_from(py, &self.cell, arr, buf.0.get().buf, &offset)
+        handles::copy_from(py, &self.cell, arr, &buf, &offset)
     }
 
     /// ``"mapping"``, ``"cached"`` or ``"mirror"`` once a host view of the allocation exists,
     /// else ``None``.
     fn host_view_info(&self, py: Python<'_>, buf: BufferArg) -> PyResult<Option<&'static str>> {
-        let b = buf.0.get().buf;
+        let b = buf.buf();
         let kind = done(py, self.cell.with(false, |w| w.host_view_info(b)))?;
         Ok(kind.filter(|k| *k != "refused"))
     }
@@ -261,7 +261,8 @@ impl PyWorker {
     /// What the worker holds now, for tests and debugging: ``arena`` (``(device address,
     /// bytes)`` of the staging arena, or ``None``), ``scratch_chunks`` (the scratch pool's
     /// ``(address, bytes)``), ``views`` (host views of allocations by kind: ``mapped``,
-    /// ``mirrored``, ``refused``), ``busy`` (a run in progress) and ``closed``.
+    /// ``mirrored``, ``refused``), ``busy`` (a run in progress), ``closed``, and ``handles``
+    /// (the buffers, tensors, resident sets and run handles that hold the worker).
     fn debug_state<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (arena, chunks, views, busy, closed) = self.cell.with(false, |w| {
             (
@@ -285,6 +286,8 @@ impl PyWorker {
         d.set_item("views", v)?;
         d.set_item("busy", busy)?;
         d.set_item("closed", closed)?;
+        // Buffers, tensors, resident sets and run handles hold the worker too.
+        d.set_item("handles", Arc::strong_count(&self.cell) - 1)?;
         Ok(d)
     }
 

@@ -239,6 +239,34 @@ impl Geometry {
         ))
     }
 
+    /// Where a copy of `len` bytes to or from this tensor, starting `offset` bytes into it, lands
+    /// in its allocation (a byte offset from the allocation's start). The tensor's elements must
+    /// be contiguous (a copy is bytes in order) and the bytes must lie within them.
+    pub fn copy_window(&self, what: &dyn std::fmt::Display, offset: u64, len: u64) -> Result<u64> {
+        if !self.is_contiguous() {
+            return Err(Error::Value(format!(
+                "{what}: the tensor is not contiguous (shape {:?}, element strides {:?}): a copy \
+                 moves bytes in order; copy a contiguous tensor (or its buffer)",
+                self.shape(),
+                self.strides()
+            )));
+        }
+        let nbytes = self.nbytes();
+        match offset.checked_add(len) {
+            Some(end) if end <= nbytes => {}
+            _ => {
+                return Err(Error::Value(format!(
+                    "{what}: {len} bytes at byte offset {offset} run past the tensor ({nbytes} \
+                     bytes)"
+                )))
+            }
+        }
+        self.offset()
+            .checked_mul(self.dtype().size())
+            .and_then(|start| start.checked_add(offset))
+            .ok_or_else(|| Error::geometry(what.to_string(), "byte offset overflows 64 bits"))
+    }
+
     /// No gaps and no overlap: every byte of the extent belongs to exactly one element (any
     /// permutation of the dimensions). Sorted by stride, each dimension of size > 1 must step
     /// over exactly the elements of the ones before it; `extent == nbytes` alone is not enough

@@ -117,6 +117,28 @@ impl ResidentSets {
         Ok(Some(buf))
     }
 
+    /// Takes back the newest entry of `set`, `name` (an add whose later steps failed): its
+    /// allocation is released (or orphaned for `close`, logged) and the name is free again.
+    pub(crate) fn roll_back(&mut self, mem: &mut Memory, set: u64, name: &str) -> Result<()> {
+        let entries = self
+            .sets
+            .get_mut(&set)
+            .filter(|e| e.last().is_some_and(|e| e.name == name))
+            .ok_or_else(|| {
+                Error::State(format!(
+                    "resident tensor '{name}': not the newest entry of its set, cannot roll back"
+                ))
+            })?;
+        let Some(Entry { buf, .. }) = entries.pop() else {
+            return Ok(());
+        };
+        if let Some(b) = buf {
+            mem.release_or_orphan(b.ptr, &format_args!("rollback of resident tensor '{name}'"))
+                .map_err(|e| Error::device(Phase::ResidentAdd, Some(name), e))?;
+        }
+        Ok(())
+    }
+
     /// Releases `set` in LIFO order, attempting every free even when one fails (each failure is
     /// logged and returned; the allocation stays as an orphan that `close` retries). Releasing
     /// a released set does nothing.

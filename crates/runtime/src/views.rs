@@ -131,6 +131,14 @@ impl ViewPolicy {
     }
 }
 
+/// Who is reaching an allocation through its view: the tensor (named in errors) and the phase
+/// the worker is in (a driver error is filed under it).
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    pub tensor: &'a str,
+    pub phase: Phase,
+}
+
 /// What establishing or refreshing a view did, for the run report.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ViewEvents {
@@ -232,13 +240,14 @@ impl ViewCache {
         base: DevPtr,
         bytes: u64,
         resident: bool,
-        tensor: &str,
+        who: Who<'_>,
         ev: &mut ViewEvents,
     ) -> Result<Means> {
+        let tensor = who.tensor;
         if let Some(e) = self.entries.get_mut(&base.0) {
             match &mut e.means {
                 Means::Mirror { mem, stale } if *stale => {
-                    fill_mirror(dev, mem, base, tensor)?;
+                    fill_mirror(dev, mem, base, who)?;
                     *stale = false;
                     ev.refreshes += 1;
                     ev.refresh_bytes += e.bytes;
@@ -272,7 +281,7 @@ impl ViewCache {
             }
         } else {
             dev.map_host(base, bytes)
-                .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))?
+                .map_err(|e| dev_err(who.phase, tensor, e))?
         };
         let means = match grant {
             MapGrant::Mapped { mem, offset } => {
@@ -313,7 +322,7 @@ impl ViewCache {
                          ({bytes} bytes): {e}"
                     ))
                 })?;
-                if let Err(e) = fill_mirror(dev, &mem, base, tensor) {
+                if let Err(e) = fill_mirror(dev, &mem, base, who) {
                     give_back_mirror(dev, &mem, base);
                     return Err(e);
                 }
@@ -497,7 +506,8 @@ fn fill_cache(
         .map_err(fail)
 }
 
-fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, tensor: &str) -> Result<()> {
+fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, who: Who<'_>) -> Result<()> {
+    let tensor = who.tensor;
     mem.with_slice_mut(0, mem.len(), |dst| dev.copy_d2h(dst, base))
         .map_err(|e| {
             Error::Value(format!(
@@ -505,5 +515,5 @@ fn fill_mirror(dev: &dyn Device, mem: &HostMem, base: DevPtr, tensor: &str) -> R
                 mem.len()
             ))
         })?
-        .map_err(|e| dev_err(Phase::Orchestrate, tensor, e))
+        .map_err(|e| dev_err(who.phase, tensor, e))
 }

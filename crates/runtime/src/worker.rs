@@ -279,6 +279,13 @@ impl Worker {
             .add(&mut self.mem, set, name, geometry, dir, host)
     }
 
+    /// Undoes the newest add of `set` (named `name`) after a later step of it failed (a view
+    /// that could not be established, say): frees its allocation and forgets the name.
+    pub fn resident_roll_back(&mut self, set: u64, name: &str) -> Result<()> {
+        self.enter(Phase::ResidentAdd);
+        self.resident.roll_back(&mut self.mem, set, name)
+    }
+
     /// Sets the host-view policy of allocations without a hint of their own.
     pub fn set_view_policy(&mut self, policy: crate::views::ViewPolicy) {
         self.mem.views.policy = policy;
@@ -305,10 +312,17 @@ impl Worker {
         self.enter(Phase::ResidentAdd);
         let info = self.mem.lookup(buf, &format_args!("tensor {tensor}"))?;
         let mut ev = crate::views::ViewEvents::default();
-        let means =
-            self.mem
-                .views
-                .ensure(&*self.mem.dev, buf.ptr, info.bytes, true, tensor, &mut ev)?;
+        let means = self.mem.views.ensure(
+            &*self.mem.dev,
+            buf.ptr,
+            info.bytes,
+            true,
+            crate::views::Who {
+                tensor,
+                phase: Phase::ResidentAdd,
+            },
+            &mut ev,
+        )?;
         Ok(means.kind())
     }
 

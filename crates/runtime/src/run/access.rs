@@ -22,7 +22,7 @@ use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage, Via};
-use crate::views::{Means, ViewEvents};
+use crate::views::{Means, ViewEvents, Who};
 
 /// Reads through a mapping are reported to the view cache in batches of this many.
 const NOTE_READS_EVERY: u64 = 16;
@@ -102,9 +102,17 @@ impl RunState {
         let staged = !matches!(a.kind, ArgKind::Device);
         let name = a.name.clone();
         let mut ev = ViewEvents::default();
-        let means = mem
-            .views
-            .ensure(&*mem.dev, base, bytes, !staged, &name, &mut ev);
+        let means = mem.views.ensure(
+            &*mem.dev,
+            base,
+            bytes,
+            !staged,
+            Who {
+                tensor: &name,
+                phase: Phase::Orchestrate,
+            },
+            &mut ev,
+        );
         self.events.add(ev);
         let resolved = match means? {
             Means::Mapped { mem: m, offset } => {
