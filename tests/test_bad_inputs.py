@@ -610,3 +610,43 @@ def test_bad_input(w, make, exc, pattern):
     out = np.zeros(8, np.float32)
     w.run(ADD_CALL, [_f32(8, 1.0), _f32(8, 2.0), out])
     np.testing.assert_array_equal(out, 3.0)
+
+
+def _views_ragged(w):
+    def orch(o, t):
+        t.views([1], [[0], [1, 2]])
+
+    w.run(sp.Callable(orch, [IN]), [_f32()])
+
+
+@pytest.mark.parametrize(
+    ("call", "exc"),
+    [
+        (lambda w: sp.Worker("sim", model=3), ArgumentTypeError),
+        (lambda w: sp.Worker("sim", poison="no"), ArgumentTypeError),
+        (lambda w: sp.Worker("sim", reuse_addresses="yes"), ArgumentTypeError),
+        (lambda w: sp.Worker("sim", malloc_policy=1), ArgumentTypeError),
+        (lambda w: w.inject_fault(1), ArgumentTypeError),
+        (lambda w: w.inject_fault("h2d", code="x"), ArgumentTypeError),
+        (lambda w: sp.Kernel(lambda x: None, [IN], name=7), ArgumentTypeError),
+        (lambda w: sp.Callable(lambda o, x: None, [IN], name=b"c"), ArgumentTypeError),
+        (_views_ragged, ArgumentError),
+    ],
+    ids=[
+        "model",
+        "poison",
+        "reuse_addresses",
+        "malloc_policy",
+        "op",
+        "code",
+        "kernel-name",
+        "callable-name",
+        "ragged",
+    ],
+)
+def test_wrong_option_values_are_simpler_errors(w, call, exc):
+    """Every constructor and call option given a value of the wrong kind raises a simpler error
+    (``ArgumentTypeError`` is a ``TypeError``, ``ArgumentError`` a ``ValueError``) naming it."""
+    with pytest.raises(exc) as ei:
+        call(w)
+    assert isinstance(ei.value, sp.SimplerError)

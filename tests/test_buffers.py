@@ -205,3 +205,20 @@ def test_copies_through_a_tensor_honour_its_offset_and_refuse_a_strided_layout(w
         w.copy_to(transposed, np.zeros((4, 4), np.float32))
     buf.copy_from(after := np.empty(16, np.float32))
     np.testing.assert_array_equal(after, full)  # the refusals wrote nothing
+
+
+def test_leaving_a_buffer_block_does_not_hide_a_refused_free(w):
+    """A buffer's block frees it unless it was freed already; a free that is refused (the buffer
+    belongs to a resident set) raises at the exit, or warns when the block raised already."""
+    res = sp.ResidentTaskArgs(w)
+    t = res.add("kv", np.zeros(16, np.float32))
+    with pytest.raises(sp.StateError, match="owned by a ResidentTaskArgs"):
+        with t.buffer:
+            pass
+    with pytest.warns(RuntimeWarning, match="owned by a ResidentTaskArgs"):
+        with pytest.raises(KeyError, match="the block's own"):
+            with t.buffer:
+                raise KeyError("the block's own")
+    res.release()
+    with t.buffer:  # released with its set: nothing to free
+        pass

@@ -81,9 +81,17 @@ def write_back(orig: np.ndarray, work: np.ndarray) -> None:
     orig[...] = work
 
 
+def _as_array(values: object, what: str) -> np.ndarray:
+    """``values`` as a numpy array; ragged or unconvertible input is an ``ArgumentError``."""
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as e:
+        raise ArgumentError(f"{what} must be a rectangular array of numbers: {e}") from None
+
+
 def offset_rows(offsets: object, rank: int) -> np.ndarray:
     """``offsets`` as a C-contiguous ``(n, rank)`` int64 array (``(n,)`` is accepted for rank 1)."""
-    a = np.asarray(offsets)
+    a = _as_array(offsets, "view offsets")
     if a.dtype.kind not in "iu":
         if a.size == 0:
             a = a.astype(np.int64)
@@ -98,7 +106,7 @@ def offset_rows(offsets: object, rank: int) -> np.ndarray:
 
 def column(values: np.ndarray, dtype: str) -> np.ndarray:
     """Per-task scalars as a 1-D C-contiguous array of ``dtype``."""
-    a = np.asarray(values)
+    a = _as_array(values, "per-task scalars")
     if a.ndim != 1:
         raise ArgumentError(f"per-task scalars must be a 1-D array, not shape {a.shape}")
     return np.ascontiguousarray(a, dtype=dtype)

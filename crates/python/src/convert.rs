@@ -17,6 +17,28 @@ use crate::direction::ArgDirection;
 use crate::errors::{type_err, value_err, PyResultExt, PyRuntimeErr};
 use crate::helpers;
 
+/// An optional argument of a user-facing call as `T`, or an ``ArgumentTypeError`` naming the
+/// call (`what`), the argument (`noun`), the kind it takes (`kind`) and what it got.
+pub fn typed<T>(
+    obj: Option<&Bound<'_, PyAny>>,
+    what: &str,
+    noun: &str,
+    kind: &str,
+) -> PyResult<Option<T>>
+where
+    for<'a, 'py> T: FromPyObject<'a, 'py>,
+{
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    obj.extract::<T>().map(Some).map_err(|_| {
+        type_err(format!(
+            "{what}: {noun} must be {kind}, not {}",
+            crate::errors::type_name(obj)
+        ))
+    })
+}
+
 /// `obj` as a numpy array, or the error naming `what` and what it got.
 pub fn ndarray<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,

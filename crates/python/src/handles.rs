@@ -9,7 +9,9 @@ use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyAttributeError, PyBufferError, PyTypeError};
+use std::ffi::CString;
+
+use pyo3::exceptions::{PyAttributeError, PyBufferError, PyRuntimeWarning, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
@@ -225,16 +227,24 @@ impl Buffer {
     }
 
     /// Frees the buffer, unless it was freed already (by hand, with its resident set, or by
-    /// the worker's close).
-    #[pyo3(signature = (*_exc_info))]
-    fn __exit__(&self, py: Python<'_>, _exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
+    /// the worker's close). A buffer that cannot be freed (owned by a resident set, bound to
+    /// the run in progress) raises, or, when the block raised already, warns and lets that
+    /// exception through.
+    #[pyo3(signature = (*exc_info))]
+    fn __exit__(&self, py: Python<'_>, exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
         let b = self.buf;
-        match self.cell.with(true, |w| w.free(b)) {
-            Err(Error::State(_)) => {
-                crate::logging::flush(py);
-                Ok(())
+        let r = done(py, self.cell.with(true, |w| w.free_if_live(b)));
+        match r {
+            Err(e) if exc_info.get_item(1).is_ok_and(|x| !x.is_none()) => {
+                let msg = format!("leaving the buffer's block: {}", e.value(py));
+                PyErr::warn(
+                    py,
+                    &py.get_type::<PyRuntimeWarning>(),
+                    &CString::new(msg)?,
+                    1,
+                )
             }
-            r => done(py, r),
+            r => r.map(|_| ()),
         }
     }
 

@@ -33,8 +33,9 @@ fn function_parts(
     noun: &str,
     func: &Bound<'_, PyAny>,
     signature: &Bound<'_, PyAny>,
-    name: Option<String>,
+    name: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Py<PyAny>, String, Signature)> {
+    let name: Option<String> = convert::typed(name, class, "name", "a string")?;
     if !func.is_callable() {
         return Err(type_err(format!(
             "{class}: {arg} must be callable, not {}",
@@ -81,7 +82,7 @@ impl Kernel {
     fn new(
         fn_: &Bound<'_, PyAny>,
         signature: &Bound<'_, PyAny>,
-        name: Option<String>,
+        name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (func, name, sig) = function_parts("Kernel", "fn", "kernel", fn_, signature, name)?;
         Ok(Kernel { func, name, sig })
@@ -134,7 +135,7 @@ impl Callable {
     fn new(
         orchestration: &Bound<'_, PyAny>,
         signature: &Bound<'_, PyAny>,
-        name: Option<String>,
+        name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (func, name, sig) = function_parts(
             "Callable",

@@ -325,6 +325,18 @@ fn count_err(sig: &Signature, who: &dyn fmt::Display, got: usize) -> PyErr {
     }
 }
 
+/// A run tensor argument of an element access, or an error naming what it got.
+#[inline]
+fn run_tensor_arg<'a>(t: &'a Bound<'_, PyAny>) -> PyResult<&'a RunTensor> {
+    match t.cast::<RunTensor>() {
+        Ok(r) => Ok(r.get()),
+        Err(_) => Err(type_err(format!(
+            "expected a tensor of the run (an orchestration argument or a view of one), not {}",
+            crate::errors::type_name(t)
+        ))),
+    }
+}
+
 /// The kernel argument of a submit, or an error naming the call and what it got.
 fn kernel_arg<'a, 'py>(
     kernel: &'a Bound<'py, PyAny>,
@@ -345,10 +357,10 @@ impl Orchestrator {
     fn get_tensor_data<'py>(
         &self,
         py: Python<'py>,
-        t: &Bound<'py, RunTensor>,
+        t: &Bound<'py, PyAny>,
         idx: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let t = t.get();
+        let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
         let (ix, n) = small_ints(idx, &TensorName(&t.name))?;
         let v = done(py, self.orch().read(t.arg, &t.geometry, &ix[..n]))?;
@@ -359,11 +371,11 @@ impl Orchestrator {
     fn set_tensor_data(
         &self,
         py: Python<'_>,
-        t: &Bound<'_, RunTensor>,
+        t: &Bound<'_, PyAny>,
         idx: &Bound<'_, PyAny>,
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let t = t.get();
+        let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
         let what = TensorName(&t.name);
         let (ix, n) = small_ints(idx, &what)?;
@@ -375,9 +387,9 @@ impl Orchestrator {
     fn read_tensor<'py>(
         &self,
         py: Python<'py>,
-        t: &Bound<'py, RunTensor>,
+        t: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let t = t.get();
+        let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
         let win = done(py, self.orch().read_tensor(t.arg, &t.geometry))?;
         window_array(py, win, true)
@@ -393,8 +405,10 @@ impl Orchestrator {
         py: Python<'_>,
         shape: &Bound<'_, PyAny>,
         dtype: &Bound<'_, PyAny>,
-        name: Option<&str>,
+        name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<RunTensor> {
+        let name: Option<String> = convert::typed(name, "scratch", "name", "a string")?;
+        let name = name.as_deref();
         let what = format!("scratch tensor {}", name.unwrap_or("(unnamed)"));
         let dt = convert::dtype(dtype, &what)?;
         let shape = convert::shape(shape, &what)?;

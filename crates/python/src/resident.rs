@@ -219,12 +219,18 @@ impl ResidentSet {
     }
 
     /// The direction ``name`` was added with.
-    fn direction<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        ArgDirection::member(py, self.entry(py, name)?.0)
+    fn direction<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let name = convert::arg_name(name, "ResidentTaskArgs.direction")?;
+        ArgDirection::member(py, self.entry(py, &name)?.0)
     }
 
     /// The device tensor of ``name`` (the host array for a zero-byte fixture).
-    fn __getitem__(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+    fn __getitem__(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let name = &*name.str()?.to_cow()?.into_owned();
         self.check_open(&format!("['{name}']"))?;
         Ok(self.entry(py, name)?.1)
     }

@@ -12,7 +12,7 @@ use simpler_driver::{open_device, DeviceSpec, Op, OpenError};
 use simpler_runtime::{Worker, WorkerCell};
 
 use crate::cell::Shared;
-use crate::convert::{u64_arg, StagingMode, Svm, ViewPolicyArg};
+use crate::convert::{typed, u64_arg, StagingMode, Svm, ViewPolicyArg};
 use crate::errors::{done, type_err, type_name, value_err, Exc};
 use crate::handles::{self, Buffer, BufferArg};
 use crate::kernels::Callable;
@@ -46,12 +46,12 @@ impl PyWorker {
         platform: Option<&Bound<'_, PyAny>>,
         staging: Option<StagingMode>,
         svm: Option<Svm>,
-        poison: Option<bool>,
+        poison: Option<&Bound<'_, PyAny>>,
         capacity: Option<&Bound<'_, PyAny>>,
         device_id: Option<&Bound<'_, PyAny>>,
-        malloc_policy: Option<String>,
-        reuse_addresses: Option<bool>,
-        model: Option<String>,
+        malloc_policy: Option<&Bound<'_, PyAny>>,
+        reuse_addresses: Option<&Bound<'_, PyAny>>,
+        model: Option<&Bound<'_, PyAny>>,
         view_policy: Option<ViewPolicyArg>,
     ) -> PyResult<Self> {
         let platform = match platform {
@@ -67,6 +67,10 @@ impl PyWorker {
                 .to_cow()?
                 .into_owned(),
         };
+        let poison: Option<bool> = typed(poison, "Worker", "poison", "a bool")?;
+        let reuse_addresses = typed(reuse_addresses, "Worker", "reuse_addresses", "a bool")?;
+        let malloc_policy = typed(malloc_policy, "Worker", "malloc_policy", "a string")?;
+        let model = typed(model, "Worker", "model", "a string")?;
         let capacity = capacity
             .map(|c| u64_arg(c, "Worker", "capacity"))
             .transpose()?;
@@ -308,11 +312,13 @@ impl PyWorker {
     #[pyo3(signature = (op, nth=None, code=None))]
     fn inject_fault(
         &self,
-        op: &str,
+        op: &Bound<'_, PyAny>,
         nth: Option<&Bound<'_, PyAny>>,
-        code: Option<i64>,
+        code: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let o = Op::parse(op).ok_or_else(|| {
+        let op: String = typed(Some(op), "inject_fault", "op", "a string")?.unwrap_or_default();
+        let code: Option<i64> = typed(code, "inject_fault", "code", "an int")?;
+        let o = Op::parse(&op).ok_or_else(|| {
             value_err(format!("unknown driver operation '{op}' ({})", op_names()))
         })?;
         let nth = match nth {

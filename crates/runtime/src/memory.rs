@@ -100,6 +100,15 @@ impl Memory {
         })
     }
 
+    /// Whether `buf` names a live allocation of this worker (its generation included).
+    pub(crate) fn names_live(&self, buf: BufferRef) -> bool {
+        buf.worker == self.id
+            && self
+                .allocs
+                .get(&buf.ptr.0)
+                .is_some_and(|i| i.gen == buf.gen)
+    }
+
     /// The live allocation a handle names. A handle from another worker, or to an allocation
     /// that was freed (even if a newer one now starts at the same address), is an error.
     pub(crate) fn lookup(&self, buf: BufferRef, what: &dyn std::fmt::Display) -> Result<AllocInfo> {

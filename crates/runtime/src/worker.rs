@@ -195,6 +195,17 @@ impl Worker {
         self.mem.release(buf.ptr).map_err(buffer_err)
     }
 
+    /// [`Worker::free`] for the end of a buffer's scope (a context manager's exit): a buffer
+    /// freed already, or one of a closed worker, is nothing to do (`Ok(false)`); every other
+    /// refusal (owned by a resident set, bound to the run in progress) is an error as for
+    /// `free`.
+    pub fn free_if_live(&mut self, buf: BufferRef) -> Result<bool> {
+        if self.closed || !self.mem.names_live(buf) {
+            return Ok(false);
+        }
+        self.free(buf).map(|()| true)
+    }
+
     /// Copies host bytes into a buffer at `offset`. A mirror of the buffer goes stale.
     pub fn copy_to(&mut self, buf: BufferRef, offset: u64, src: &[u8]) -> Result<()> {
         self.enter(Phase::Buffer);

@@ -47,13 +47,20 @@ pub struct CudaConfig {
     pub device_id: u32,
     /// Path of the driver library; overrides `SIMPLER_CUDA_LIB` and the default names.
     pub lib_path: Option<PathBuf>,
-    /// Page-lock mirrors; `None` reads `SIMPLER_CUDA_PIN_MIRRORS` (`0` turns it off; default
-    /// on). Off only to measure what pinning buys.
+    /// Page-lock mirrors; `None` reads `SIMPLER_CUDA_PIN_MIRRORS` (`0`, `false`, `no` or `off`,
+    /// in any case, turn it off; default on). Off only to measure what pinning buys.
     pub pin_mirrors: Option<bool>,
 }
 
 /// Environment switch for [`CudaConfig::pin_mirrors`].
 pub const ENV_PIN_MIRRORS: &str = "SIMPLER_CUDA_PIN_MIRRORS";
+
+/// Whether an environment switch's value turns it off: `0`, `false`, `no`, `off` (any case).
+fn is_false_word(v: &str) -> bool {
+    ["0", "false", "no", "off"]
+        .iter()
+        .any(|w| v.trim().eq_ignore_ascii_case(w))
+}
 
 #[derive(Debug)]
 struct State {
@@ -164,7 +171,7 @@ impl CudaDevice {
         }
         let pin_mirrors = config
             .pin_mirrors
-            .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| v.trim() != "0"));
+            .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| !is_false_word(&v)));
         Ok(CudaDevice {
             config,
             pin_mirrors,
@@ -589,5 +596,15 @@ mod tests {
         assert!(msg.contains("/nonexistent/libcuda.so.1"), "{msg}");
         assert!(msg.contains("SIMPLER_CUDA_LIB"), "{msg}");
         assert!(matches!(e, LoadError::Library { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn the_pin_switch_takes_the_usual_false_words() {
+        for off in ["0", "false", "FALSE", " no ", "Off"] {
+            assert!(is_false_word(off), "{off}");
+        }
+        for on in ["1", "true", "yes", "on", ""] {
+            assert!(!is_false_word(on), "{on}");
+        }
     }
 }
