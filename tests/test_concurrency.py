@@ -9,6 +9,7 @@ nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -260,3 +261,27 @@ def test_close_from_another_thread_ends_the_run_in_progress_and_leaks_nothing(ca
     assert not _replay_frees(w.call_log())
     with pytest.raises(sp.StateError, match="closed"):
         w.malloc(8)
+    # The close ended the run: its own error says so, and no cleanup failure is logged.
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records
+    ]
+
+
+def test_a_handle_of_a_finished_run_names_that_run():
+    """The orchestrator of run 1 kept and used during run 2 (with run 2's tensor) is refused
+    naming run 1, the one that is over; run 1's tensor used in run 2 names run 1 too."""
+    kept = {}
+    k = sp.Kernel(lambda x: None, [IN], name="k")
+
+    def first(o, t):
+        kept["orch"], kept["tensor"] = o, t
+
+    def second(o, t):
+        with pytest.raises(sp.StateError, match="run 1 is not in progress"):
+            kept["orch"].submit(k, t)
+        with pytest.raises(sp.StateError, match="run 1 is not in progress"):
+            o.submit(k, kept["tensor"])
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(first, [IN]), [np.zeros(4, np.float32)])
+        w.run(sp.Callable(second, [IN]), [np.zeros(4, np.float32)])

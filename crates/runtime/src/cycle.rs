@@ -123,6 +123,9 @@ pub fn run<C: WorkerCell, H: RunHost>(
     match (body, cleanup) {
         (Ok(()), r) => r.map_err(RunError::Runtime),
         (Err(e), Ok(_)) => Err(e),
+        // A close from another thread ended the run (and released what it held): the run's
+        // own error says so, and there was nothing left to clean up.
+        (Err(e), Err(_)) if cell.with(false, |w| w.is_closed()) => Err(e),
         (Err(e), Err(ce)) => {
             log::error!("cleanup after a failed run also failed: {ce}");
             Err(e)
@@ -176,15 +179,21 @@ pub struct Orch<'c, C: WorkerCell> {
 }
 
 impl<C: WorkerCell> Orch<'_, C> {
-    /// Refuses a handle made in run `run` unless it is this one (a handle outlives its run: one
-    /// of a finished run is "not in progress").
+    /// Refuses a handle made in run `run` unless it is this one (a handle outlives its run: the
+    /// error names the run that is over, this orchestrator's or the handle's).
     #[inline]
     pub fn owns(&self, run: RunId) -> Result<()> {
         if run == self.run {
-            Ok(())
-        } else {
-            Err(crate::worker::not_in_progress(run))
+            return Ok(());
         }
+        // Name the run that is over: this handle's own, or the other handle's.
+        let current = self.cell.with(false, |w| w.current_run());
+        let stale = if current == Some(self.run) {
+            run
+        } else {
+            self.run
+        };
+        Err(crate::worker::not_in_progress(stale))
     }
 
     /// Name, geometry and direction of the run's first `n` arguments (its tensors).

@@ -136,6 +136,11 @@ impl Worker {
         self.closed
     }
 
+    /// The run in progress, if any.
+    pub fn current_run(&self) -> Option<RunId> {
+        self.run.as_ref().map(|r| r.id)
+    }
+
     /// Whether a run is in progress.
     pub fn is_busy(&self) -> bool {
         self.run.is_some()
