@@ -315,3 +315,24 @@ def test_auto_never_copies_the_span_of_a_staged_tensor_past_64_mib():
     with sp.Worker("sim") as w:
         r = w.run(sp.Callable(lambda o, t: [o.get_tensor_data(t, 0) for _ in range(n)], [IN]), [host])
         assert (r.counters["mapped_reads"], r.counters["staged_view_copies"]) == (n, 0)
+
+
+@pytest.mark.parametrize("policy", ["mirror", "cached"])
+def test_a_task_that_writes_a_tensor_the_callable_declares_in_makes_its_copy_stale(policy):
+    """The callable declares the resident tensor IN, but a task writes it through an INOUT slot:
+    at the end of the run its mirror (or cache) is stale all the same, so the next run's
+    orchestrator reads the new bytes, not the copy of the old ones."""
+    bump = sp.Kernel(lambda x: x.__iadd__(1), [INOUT], name="bump")
+    seen = []
+
+    def orch(o, t):
+        seen.append(int(o.get_tensor_data(t, 0)))
+        o.submit(bump, t)
+
+    call = sp.Callable(orch, [IN])
+    with sp.Worker("sim", svm="always") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("x", np.zeros(4, np.int32), host_view=policy)
+        for _ in range(3):
+            w.run(call, [t])
+        assert w.host_view_info(t) == policy
+    assert seen == [0, 1, 2]

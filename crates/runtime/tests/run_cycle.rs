@@ -11,7 +11,7 @@ use simpler_driver::sim::SvmPolicy;
 use simpler_driver::{DevPtr, Device, Op};
 use simpler_runtime::{
     ArgValue, BatchScalar, BatchSlot, DType, Direction, Error, Geometry, RunArgSpec, RunError,
-    Staging, Value,
+    Staging, Value, ViewPolicy,
 };
 
 use Direction::{In, InOut, Out};
@@ -559,5 +559,57 @@ proptest! {
         let frees: Vec<DevPtr> = dev.call_log().iter().filter(|c| c.op == Op::Free).map(|c| DevPtr(c.addr)).collect();
         ptrs.reverse();
         prop_assert_eq!(frees, ptrs);
+    }
+}
+
+/// A task writes a resident tensor through an INOUT slot while the callable declares it IN:
+/// its mirror (sim refusing every mapping) or its cache (a mapping read through a host copy)
+/// still goes stale at the end of the run, so the next run's reads see the task's bytes.
+#[test]
+fn a_task_write_makes_the_copy_of_a_tensor_declared_in_stale() {
+    for (svm, hint) in [
+        (SvmPolicy::Never, ViewPolicy::Mirror),
+        (SvmPolicy::Always, ViewPolicy::Cached),
+    ] {
+        let (cell, _dev) = sim(svm, Staging::Arena);
+        let g = geo(DType::I32, &[4]);
+        let buf = {
+            let mut w = cell.lock().unwrap();
+            let set = w.resident_open().unwrap();
+            let b = w
+                .resident_add(set, "x", &g, In, &[0u8; 16])
+                .unwrap()
+                .unwrap();
+            w.hint_view(b, hint).unwrap();
+            b
+        };
+        let declared = sig(&[In]);
+        let writes = sig(&[InOut]);
+        let args = [RunArgSpec {
+            name: "x".into(),
+            value: ArgValue::Device {
+                buffer: buf,
+                geometry: g,
+            },
+        }];
+        for round in 0..3i64 {
+            let mut host = Host::new(vec![], |run| {
+                let o = orch(&cell, run);
+                assert_eq!(o.read(0, &g, &[0]).unwrap(), Value::Int(round), "{hint:?}");
+                o.submit(kernel(0, "bump", &writes), &[(0, g)], &[])
+                    .unwrap();
+                Ok(())
+            })
+            .kernel(|call| {
+                let b = &call.buffers[0];
+                b.mem
+                    .write(b.offset, &((round + 1) as i32).to_le_bytes())
+                    .unwrap();
+                Ok(())
+            });
+            go(&cell, "declared_in", &declared, &args, &mut host).unwrap();
+        }
+        let w = cell.lock().unwrap();
+        assert_eq!(w.host_view_info(buf).unwrap(), Some(hint.name()));
     }
 }
