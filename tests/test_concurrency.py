@@ -10,6 +10,7 @@ nothing.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -285,3 +286,48 @@ def test_a_handle_of_a_finished_run_names_that_run():
     with sp.Worker("sim") as w:
         w.run(sp.Callable(first, [IN]), [np.zeros(4, np.float32)])
         w.run(sp.Callable(second, [IN]), [np.zeros(4, np.float32)])
+
+
+@pytest.mark.parametrize("policy", ["mirror", "cached"])
+def test_other_threads_run_while_an_orchestrator_read_fills_a_large_copy(policy):
+    """Establishing (or refreshing) a mirror or cache of 256 MiB moves the bytes without the
+    GIL: another Python thread keeps running meanwhile (its longest pause stays well under the
+    copy's duration). With the GIL held it would stop for the whole copy."""
+    n = 256 << 20
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            for _ in range(200):
+                pass
+
+    window = {}
+
+    def orch(o, t):
+        th = threading.Thread(target=ticker)
+        th.start()
+        time.sleep(0.02)
+        window["start"] = time.perf_counter()
+        assert o.get_tensor_data(t, 0) == 7
+        window["end"] = time.perf_counter()
+        stop.set()
+        th.join()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.001)
+    try:
+        with sp.Worker("sim", svm="always") as w, sp.ResidentTaskArgs(w) as res:
+            host = np.zeros(n, np.uint8)
+            host[0] = 7
+            t = res.add("big", host, host_view=policy)
+            del host
+            w.run(sp.Callable(orch, [IN]), [t])
+    finally:
+        sys.setswitchinterval(old)
+    inside = [s for s in stamps if window["start"] <= s <= window["end"]]
+    duration = window["end"] - window["start"]
+    edges = [window["start"], *inside, window["end"]]
+    longest = max(b - a for a, b in zip(edges, edges[1:]))
+    assert longest < duration / 2, (longest, duration, len(inside))

@@ -210,28 +210,44 @@ impl<C: WorkerCell> Orch<'_, C> {
         self.cell.with(false, |w| w.run_tensor(run, arg))
     }
 
+    /// Runs an access to argument `arg`: at once while its view is resolved (the hot path, one
+    /// lock), else as heavy work (establishing a view or refreshing a mirror or cache moves
+    /// bulk bytes, which a host runs without its interpreter lock).
+    #[inline]
+    fn access<R: Send>(
+        &self,
+        arg: u32,
+        f: impl Fn(&mut Worker) -> Result<R> + Send + Sync,
+    ) -> Result<R> {
+        let run = self.run;
+        let quick = self
+            .cell
+            .with(false, |w| w.orch_is_resolved(run, arg).then(|| f(w)));
+        match quick {
+            Some(r) => r,
+            None => self.cell.with(true, f),
+        }
+    }
+
     /// `get_tensor_data`.
     #[inline]
     pub fn read(&self, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
         let run = self.run;
-        self.cell
-            .with(false, |w| w.orch_read(run, arg, view, index))
+        self.access(arg, |w| w.orch_read(run, arg, view, index))
     }
 
     /// `set_tensor_data`.
     #[inline]
     pub fn write(&self, arg: u32, view: &Geometry, index: &[i64], value: Value) -> Result<()> {
         let run = self.run;
-        self.cell
-            .with(false, |w| w.orch_write(run, arg, view, index, value))
+        self.access(arg, |w| w.orch_write(run, arg, view, index, value))
     }
 
     /// `read_tensor`.
     #[inline]
     pub fn read_tensor(&self, arg: u32, view: &Geometry) -> Result<HostWindow> {
         let run = self.run;
-        self.cell
-            .with(false, |w| w.orch_read_tensor(run, arg, view))
+        self.access(arg, |w| w.orch_read_tensor(run, arg, view))
     }
 
     /// `orch.scratch`; returns the new argument's index.

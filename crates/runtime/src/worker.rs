@@ -430,6 +430,12 @@ impl Worker {
         (0..n as u32).map(|i| self.run_tensor(run, i)).collect()
     }
 
+    /// Whether an orchestrator access to argument `arg` of `run` needs no bulk work (see
+    /// `RunState::is_resolved`); `false` for a run not in progress (the access reports that).
+    pub(crate) fn orch_is_resolved(&self, run: RunId, arg: u32) -> bool {
+        matches!(&self.run, Some(r) if r.id == run && r.is_resolved(&self.mem, arg))
+    }
+
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
     pub(crate) fn orch_read(
         &mut self,

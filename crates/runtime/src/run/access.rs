@@ -300,6 +300,17 @@ impl RunState {
         Ok(switched)
     }
 
+    /// Whether an access to argument `arg` reaches its bytes without bulk work: its view is
+    /// resolved for the view cache's current epoch (no view to establish, no mirror or cache to
+    /// refresh). A host releases its interpreter lock for the other accesses.
+    pub(crate) fn is_resolved(&self, mem: &Memory, arg: u32) -> bool {
+        let epoch = mem.views.epoch();
+        self.args
+            .get(arg as usize)
+            .and_then(|a| a.resolved.as_ref())
+            .is_some_and(|r| r.epoch == epoch)
+    }
+
     /// The resolution `locate` just made for `arg`.
     fn resolved(&self, arg: u32) -> &Resolved {
         match &self.args[arg as usize].resolved {
