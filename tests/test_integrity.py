@@ -179,6 +179,36 @@ def test_a_task_whose_input_overlaps_its_output_is_refused(kind, fake_vendor):
 
 
 @pytest.mark.parametrize("kind", PLATFORMS)
+def test_host_copies_during_orchestration_are_checked_against_pending_tasks(kind, fake_vendor):
+    """``w.copy_to`` into bytes a submitted task reads, or ``w.copy_from`` out of bytes one
+    writes, happens before the task runs (tasks run after orchestration): refused as a hazard on
+    every platform. Copies of bytes no pending task touches go through."""
+    shift = sp.Kernel(lambda x, y: y.__setitem__(Ellipsis, x + 1), [IN, OUT], name="shift")
+    errors = []
+
+    def orch(o, t):
+        o.submit(shift, t.view([4], [0]), t.view([4], [8]))
+        with pytest.raises(sp.HazardError) as ei:
+            w.copy_to(buf, np.full(2, 50, np.int32), offset=8)  # elements 2, 3: read by the task
+        errors.append(str(ei.value))
+        with pytest.raises(sp.HazardError) as ei:
+            w.copy_from(np.empty(1, np.int32), buf, offset=40)  # element 10: written by the task
+        errors.append(str(ei.value))
+        w.copy_to(buf, np.full(2, 60, np.int32), offset=16)  # elements 4, 5: untouched
+
+    with _worker(kind, fake_vendor) as w:
+        buf = w.malloc(64)
+        w.copy_to(buf, np.arange(16, dtype=np.int32))
+        w.run(sp.Callable(orch, [INOUT]), [buf.tensor((16,), "int32")])
+        got = np.zeros(16, np.int32)
+        w.copy_from(got, buf)
+    np.testing.assert_array_equal(got, [0, 1, 2, 3, 60, 60, 6, 7, 1, 2, 3, 4, 12, 13, 14, 15])
+    assert "copy_to into the buffer of tensor arg0: writing 8 bytes" in errors[0], errors[0]
+    assert "task 0 (kernel shift)" in errors[0] and "reads" in errors[0], errors[0]
+    assert "copy_from out of the buffer of tensor arg0: reading 4 bytes" in errors[1], errors[1]
+
+
+@pytest.mark.parametrize("kind", PLATFORMS)
 def test_read_tensor_of_columns_interleaved_with_written_ones_is_not_a_hazard(kind, fake_vendor):
     """Even columns read in bulk while a task writes the odd ones: the byte spans overlap, the
     elements do not, so no HazardError; reading the written columns still is one."""

@@ -220,6 +220,9 @@ impl Worker {
         if src.is_empty() {
             return Ok(());
         }
+        if let Some(r) = self.run.as_mut() {
+            r.check_host_copy(buf.ptr, offset, src.len() as u64, true, "copy_to")?;
+        }
         let r = self.mem.dev.copy_h2d(DevPtr(buf.ptr.0 + offset), src);
         // Even a failed copy may have moved some bytes.
         self.mem.views.mark_stale(buf.ptr);
@@ -234,6 +237,9 @@ impl Worker {
             .check_span(buf, offset, dst.len() as u64, "copy_from")?;
         if dst.is_empty() {
             return Ok(());
+        }
+        if let Some(r) = self.run.as_mut() {
+            r.check_host_copy(buf.ptr, offset, dst.len() as u64, false, "copy_from")?;
         }
         self.mem
             .dev

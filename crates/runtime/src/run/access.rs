@@ -17,10 +17,11 @@ use std::sync::Arc;
 
 use simpler_driver::{DevPtr, HostMem};
 
-use crate::dtype::Value;
+use crate::dtype::{DType, Value};
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
+use crate::run::hazards::Conflict;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage, Via};
 use crate::views::{Means, ViewEvents, Who};
 
@@ -75,23 +76,8 @@ impl RunState {
             .hazards
             .conflict(a.region, access, write, &self.tasks, &place)
         {
-            let (verb, task_does) = if write {
-                ("writing", if c.writes { "writes" } else { "reads" })
-            } else {
-                ("reading", "writes")
-            };
-            let why = if write {
-                "so the task would see the wrong bytes"
-            } else {
-                "so this read would see stale bytes"
-            };
-            return Err(Error::Hazard(format!(
-                "tensor {}: {verb} {len} bytes at {addr:#x}, which task {} (kernel {}) submitted \
-                 earlier in this run {task_does}; tasks execute after orchestration, {why}",
-                a.name,
-                c.task,
-                self.tasks.kernel_name(c.task)
-            )));
+            let who = format!("tensor {}", a.name);
+            return Err(self.hazard(&who, &c, write, len, addr));
         }
         let epoch = mem.views.epoch();
         if a.resolved.as_ref().is_some_and(|r| r.epoch == epoch) {
@@ -298,6 +284,70 @@ impl RunState {
             self.args[arg as usize].resolved = None;
         }
         Ok(switched)
+    }
+
+    /// The error for a host access (`who`: the tensor, or the copy) of `len` bytes at `addr`
+    /// that conflicts with task `c.task`.
+    fn hazard(&self, who: &str, c: &Conflict, write: bool, len: u64, addr: u64) -> Error {
+        let (verb, task_does) = if write {
+            ("writing", if c.writes { "writes" } else { "reads" })
+        } else {
+            ("reading", "writes")
+        };
+        let why = if write {
+            "so the task would see the wrong bytes"
+        } else {
+            "so this read would see stale bytes"
+        };
+        Error::Hazard(format!(
+            "{who}: {verb} {len} bytes at {addr:#x}, which task {} (kernel {}) submitted earlier \
+             in this run {task_does}; tasks execute after orchestration, {why}",
+            c.task,
+            self.tasks.kernel_name(c.task)
+        ))
+    }
+
+    /// Refuses a host copy into (`write`) or out of bytes `[offset, offset + len)` of the
+    /// allocation at `base` (`what`: `copy_to` / `copy_from`) while a task of this run that
+    /// reads or writes them is pending: the task runs after orchestration, so the copy would
+    /// change its input, or read bytes it is about to write. Copies outside orchestration, or
+    /// into allocations the run does not bind, are not this run's business.
+    pub(crate) fn check_host_copy(
+        &mut self,
+        base: DevPtr,
+        offset: u64,
+        len: u64,
+        write: bool,
+        what: &str,
+    ) -> Result<()> {
+        if self.stage != Stage::Orchestrate || len == 0 {
+            return Ok(());
+        }
+        let Some(a) = self
+            .args
+            .iter()
+            .find(|a| a.alloc.is_some_and(|(p, _)| p == base))
+        else {
+            return Ok(());
+        };
+        let (region, name) = (a.region, a.name.clone());
+        let access = Geometry::new(&what, DType::U8, &[len], None, offset)?;
+        let args = &self.args;
+        let place = |i: u32| {
+            let a = &args[i as usize];
+            a.alloc.map(|(p, _)| (a.region, p.0))
+        };
+        match self
+            .hazards
+            .conflict(region, &access, write, &self.tasks, &place)
+        {
+            Some(c) => {
+                let dir = if write { "into" } else { "out of" };
+                let who = format!("{what} {dir} the buffer of tensor {name}");
+                Err(self.hazard(&who, &c, write, len, base.0 + offset))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Whether an access to argument `arg` reaches its bytes without bulk work: its view is
