@@ -5,7 +5,9 @@ is free for the next one; and the worker lock never deadlocks against the GIL.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -93,6 +95,35 @@ def test_sigint_during_a_large_bind_ends_the_run_and_leaves_the_worker_usable():
             called.clear()
         assert not called, "the interrupt never landed during bind"
         assert _settled(w) == (0, 0)  # the 512 MiB fresh staging buffer was freed
+        _works(w)
+
+
+def test_ctrl_c_during_a_huge_submit_many_is_answered_within_a_chunk():
+    """A batch of 30 million tasks takes most of a second to record; Ctrl+C during it ends the
+    call within a chunk of tasks (not at its end), and the run is cleaned up."""
+    n = 30_000_000
+    per_task = np.arange(n, dtype=np.int64)
+    k = sp.Kernel(lambda x, s: None, [IN], name="k")
+    timing = {}
+
+    def orch(o, t):
+        # A real Ctrl+C comes from outside the interpreter (a Python timer thread could not
+        # run while the native call holds the GIL): another process sends it.
+        timing["sender"] = subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -INT {os.getpid()}"])
+        try:
+            o.submit_many(k, t, per_task)
+        finally:
+            timing["returned"] = time.perf_counter()
+        timing["completed"] = True
+
+    with sp.Worker("sim") as w:
+        start = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            w.run(sp.Callable(orch, [IN]), [np.zeros(4, np.float32)])
+        timing["sender"].wait(10)
+        assert "completed" not in timing, "the batch was recorded to its end before the interrupt"
+        assert timing["returned"] - start < 0.6
+        assert w.debug_state()["busy"] is False
         _works(w)
 
 

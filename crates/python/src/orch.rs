@@ -144,6 +144,9 @@ impl RunTensor {
         let nd = nd.max(1);
         let mut starts = Vec::with_capacity(flat.len() / nd);
         for (k, row) in flat.chunks_exact(nd).enumerate() {
+            if k % INTERRUPT_EVERY == INTERRUPT_EVERY - 1 {
+                py.check_signals()?;
+            }
             let row = &row[..self.geometry.ndim()];
             let start = self
                 .geometry
@@ -275,37 +278,82 @@ impl Orchestrator {
     }
 }
 
+/// Work items between checks for a pending Ctrl+C in long per-task loops (a batch of a billion
+/// tasks takes tens of seconds; each check is one call into the interpreter).
+const INTERRUPT_EVERY: usize = 1 << 20;
+
+/// `items` mapped by `f`, checking for a pending interrupt every [`INTERRUPT_EVERY`] items.
+fn map_interruptible<T: Copy>(
+    py: Python<'_>,
+    items: &[T],
+    f: impl Fn(T) -> Value,
+) -> PyResult<Vec<Value>> {
+    let mut out = Vec::with_capacity(items.len());
+    for chunk in items.chunks(INTERRUPT_EVERY) {
+        out.extend(chunk.iter().map(|&x| f(x)));
+        py.check_signals()?;
+    }
+    Ok(out)
+}
+
+/// The task count of a batch when every per-task position (and `count`, if given) agrees on
+/// it; `None` otherwise (the runtime then reports the disagreement).
+fn batch_len(
+    slots: &[BatchSlot<'_>],
+    scalars: &[BatchScalar<'_>],
+    count: Option<u64>,
+) -> Option<usize> {
+    let lens = slots
+        .iter()
+        .filter_map(|s| match s {
+            BatchSlot::Views { starts, .. } => Some(starts.len()),
+            BatchSlot::One { .. } => None,
+        })
+        .chain(scalars.iter().filter_map(|s| match s {
+            BatchScalar::PerTask(v) => Some(v.len()),
+            BatchScalar::One(_) => None,
+        }));
+    let mut n = count.map(usize::try_from).transpose().ok()?;
+    for len in lens {
+        match n {
+            None => n = Some(len),
+            Some(m) if m != len => return None,
+            Some(_) => {}
+        }
+    }
+    n
+}
+
 /// Per-task values of a ``submit_many`` scalar position.
 fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<Vec<Value>> {
+    let py = obj.py();
     if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
         if let Ok(v) = a.as_slice() {
-            return Ok(v.iter().map(|&i| Value::Int(i)).collect());
+            return map_interruptible(py, v, Value::Int);
         }
     }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
-        let py = obj.py();
         let conv = helpers::get(py)?.column.bind(py);
         return match kind {
             b'b' => {
                 let a: PyReadonlyArray1<'_, bool> = conv.call1((obj, "bool"))?.extract()?;
-                Ok(a.as_slice()?.iter().map(|&b| Value::Bool(b)).collect())
+                map_interruptible(py, a.as_slice()?, Value::Bool)
             }
             b'i' => {
                 let a: PyReadonlyArray1<'_, i64> = conv.call1((obj, "int64"))?.extract()?;
-                Ok(a.as_slice()?.iter().map(|&i| Value::Int(i)).collect())
+                map_interruptible(py, a.as_slice()?, Value::Int)
             }
             // Unsigned values past i64::MAX stay unsigned, as a single submit's do.
             b'u' => {
                 let a: PyReadonlyArray1<'_, u64> = conv.call1((obj, "uint64"))?.extract()?;
-                Ok(a.as_slice()?
-                    .iter()
-                    .map(|&u| i64::try_from(u).map_or(Value::UInt(u), Value::Int))
-                    .collect())
+                map_interruptible(py, a.as_slice()?, |u| {
+                    i64::try_from(u).map_or(Value::UInt(u), Value::Int)
+                })
             }
             b'f' => {
                 let a: PyReadonlyArray1<'_, f64> = conv.call1((obj, "float64"))?.extract()?;
-                Ok(a.as_slice()?.iter().map(|&f| Value::Float(f)).collect())
+                map_interruptible(py, a.as_slice()?, Value::Float)
             }
             _ => Err(type_err(format!(
                 "{what}: per-task scalars must be an int, float or bool array"
@@ -564,6 +612,42 @@ impl Orchestrator {
             .map(|c| convert::u64_arg(c, "submit_many", "count"))
             .transpose()?;
         let kref = self.kernel_ref(kernel);
-        done(py, self.orch().submit_many(kref, &slots, &scalars, count))
+        // A large batch is recorded in chunks (each checked and recorded like a batch of its
+        // own, in order), with a check for Ctrl+C between them.
+        let n = batch_len(&slots, &scalars, count);
+        let Some(n) = n.filter(|&n| n > INTERRUPT_EVERY) else {
+            return done(py, self.orch().submit_many(kref, &slots, &scalars, count));
+        };
+        let mut first = None;
+        for lo in (0..n).step_by(INTERRUPT_EVERY) {
+            let hi = (lo + INTERRUPT_EVERY).min(n);
+            let part: Vec<BatchSlot<'_>> = slots
+                .iter()
+                .map(|s| match *s {
+                    BatchSlot::Views {
+                        arg,
+                        geometry,
+                        starts,
+                    } => BatchSlot::Views {
+                        arg,
+                        geometry,
+                        starts: &starts[lo..hi],
+                    },
+                    one => one,
+                })
+                .collect();
+            let cols: Vec<BatchScalar<'_>> = scalars
+                .iter()
+                .map(|s| match *s {
+                    BatchScalar::PerTask(v) => BatchScalar::PerTask(&v[lo..hi]),
+                    one => one,
+                })
+                .collect();
+            let count = Some((hi - lo) as u64);
+            let f = done(py, self.orch().submit_many(kref, &part, &cols, count))?;
+            first.get_or_insert(f);
+            py.check_signals()?;
+        }
+        Ok(first.unwrap_or_default())
     }
 }
