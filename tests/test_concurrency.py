@@ -9,6 +9,7 @@ nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -329,5 +330,5 @@ def test_other_threads_run_while_an_orchestrator_read_fills_a_large_copy(policy)
     inside = [s for s in stamps if window["start"] <= s <= window["end"]]
     duration = window["end"] - window["start"]
     edges = [window["start"], *inside, window["end"]]
-    longest = max(b - a for a, b in zip(edges, edges[1:]))
+    longest = max(b - a for a, b in itertools.pairwise(edges))
     assert longest < duration / 2, (longest, duration, len(inside))
