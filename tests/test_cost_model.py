@@ -74,6 +74,25 @@ def test_a_mapped_read_costs_1_7_us_and_a_write_0_09_us():
         assert r.modeled["orchestrate"] == 1_700 + 90
 
 
+@pytest.mark.parametrize("policy", ["mapping", "cached"])
+def test_the_cumulative_modeled_time_is_the_sum_of_the_reports(policy):
+    """``stats()["modeled_ns"]`` accumulates what the reports model, mapped accesses and cache
+    fills included: over several runs, its growth equals the sum of every modeled phase."""
+
+    def orch(o, t):
+        for i in range(64):
+            o.get_tensor_data(t, i)
+        o.set_tensor_data(t, 1, 2.0)
+
+    call = sp.Callable(orch, [INOUT])
+    with sp.Worker("sim", model="h200", view_policy=policy) as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.zeros(1024, np.float32), INOUT)
+        before = _modeled(w)
+        reports = [w.run(call, [t]) for _ in range(3)]
+        assert reports[0].modeled["orchestrate"] > 0
+        assert _modeled(w) - before == sum(sum(r.modeled.values()) for r in reports)
+
+
 def test_reports_carry_modeled_time_beside_measured_time():
     k = sp.Kernel(lambda x, y: np.copyto(y, x), [IN, OUT])
     call = sp.Callable(lambda o, x, y: o.submit(k, x, y), [IN, OUT])

@@ -157,6 +157,12 @@ pub trait Device: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// Charges `ns` modeled nanoseconds of host-side work on device memory (reads and writes
+    /// through a mapping, bulk reads out of one) to the phase labelled `phase`, so the
+    /// cumulative `modeled_ns` counter and a run's modeled phases agree. Nothing without a
+    /// cost model.
+    fn charge_modeled(&self, _phase: &'static str, _ns: u64) {}
+
     /// The memory a kernel running "on the device" sees at `ptr` (`bytes` long), when the device
     /// is host memory (sim). `None` on real hardware, where kernels run on the host over copies.
     fn kernel_memory(&self, _ptr: DevPtr, _bytes: u64) -> Option<(Arc<HostMem>, usize)> {

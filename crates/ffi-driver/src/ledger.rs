@@ -320,7 +320,11 @@ impl Ledger {
 
     /// Adds `ns` modeled nanoseconds to the current phase.
     pub fn charge(&mut self, ns: u64) {
-        let phase = self.phase;
+        self.charge_to(self.phase, ns);
+    }
+
+    /// Adds `ns` modeled nanoseconds to the phase labelled `phase`.
+    pub fn charge_to(&mut self, phase: &'static str, ns: u64) {
         match self.modeled.iter_mut().find(|(p, _)| *p == phase) {
             Some((_, t)) => *t += ns,
             None => self.modeled.push((phase, ns)),

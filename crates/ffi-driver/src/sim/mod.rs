@@ -497,6 +497,12 @@ impl Device for SimDevice {
         self.lock().ledger.modeled()
     }
 
+    fn charge_modeled(&self, phase: &'static str, ns: u64) {
+        if self.config.model.is_some() {
+            self.lock().ledger.charge_to(phase, ns);
+        }
+    }
+
     /// A plain mirror; under a model whose platform page-locks mirrors, it counts as pinned
     /// (its copies run at pinned bandwidth and its locking is charged).
     fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {

@@ -116,9 +116,12 @@ impl RunState {
             let c = &self.report.counters;
             let host_side = model.mapped_access_ns(c.mapped_reads, c.mapped_writes)
                 + model.mapped_bulk_read_ns(c.cache_fill_bytes);
+            let orchestrate = delta("orchestrate") + host_side;
+            // The device's cumulative figure (`stats()["modeled_ns"]`) includes it too.
+            mem.dev.charge_modeled(Phase::Orchestrate.name(), host_side);
             self.report.modeled = Some(Phases {
                 bind: delta("bind"),
-                orchestrate: delta("orchestrate") + host_side,
+                orchestrate,
                 execute: delta("execute"),
                 copy_back: delta("copy_back"),
                 cleanup: delta("cleanup"),
