@@ -141,11 +141,25 @@ def _run(argv, tmp_path=None):
         (["bench", "paged_attention", "--rounds", "0"], "must be a positive int"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["report", "a", "b", "c"], "one file (tables) or two"),
+        (["report", "typed"], "'phases' must map names to numbers"),
+        (["bench", "paged_attention", "--json", "adir"], "--json adir: is a directory"),
+        (
+            ["bench", "paged_attention", "--platform", "cuda", "--svm", "never"],
+            "sim options; platform 'cuda'",
+        ),
+        (
+            ["bench", "paged_attention", "--platform", "ascend", "--model", "h200"],
+            "sim options; platform 'ascend'",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line_and_no_traceback(tmp_path, argv, message):
     (tmp_path / "{bad}").write_text("{not json}\n")
     (tmp_path / "foreign").write_text('{"some": "json"}\n')
+    (tmp_path / "typed").write_text(
+        '{"phases": "x", "counters": {}, "arm": "a", "case": "c", "dispatch_ns": 1}\n'
+    )
+    (tmp_path / "adir").mkdir()
     status, _out, err = _run(argv, tmp_path)
     assert status == 2, err
     assert message in err, err
@@ -286,3 +300,9 @@ def test_plot_needs_matplotlib_or_draws(bench_run, tmp_path, capsys):
 def test_console_script_is_declared():
     (ep,) = entry_points(group="console_scripts", name="simpler")
     assert ep.value == "simpler.tools.cli:main"
+
+
+def test_bench_help_shows_plain_metavars():
+    status, out, _ = _run(["bench", "--help"])
+    assert status == 0
+    assert "--rounds N" in out and "--case CASE" in out and "SIMPLER_" not in out

@@ -651,3 +651,11 @@ def test_run_reports_reach_junit_user_properties(pytester, scene_file, tmp_path)
     rounds = json.loads(props["simpler_reports"])
     assert [r["round"] for r in rounds] == [1, 2]
     assert all(r["ok"] and "bind" in r["phases"] and "staged_bytes" in r["counters"] for r in rounds)
+
+
+def test_the_plugin_refuses_a_sim_option_on_a_vendor_platform_once(pytester, scene_file):
+    """A sim-only option on a vendor platform is one usage error, before any case runs."""
+    r = pytester.runpytest("--simpler-platform", "cuda", "--simpler-svm", "never")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*simpler: svm / capacity / reuse_addresses / model are sim options*"])
+    assert "passed" not in r.stdout.str() and "failed" not in r.stdout.str()

@@ -44,93 +44,102 @@ pub enum OpenError {
     Unavailable(String),
 }
 
-/// Opens the device `spec` names.
-pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
-    match spec.platform.as_str() {
-        "sim" => {
-            if spec.malloc_policy.is_some() {
-                return Err(OpenError::Invalid(
-                    "malloc_policy is an ascend option".into(),
-                ));
-            }
-            if spec.device_id.is_some_and(|d| d != 0) {
+impl DeviceSpec {
+    /// Checks the options against the platform without opening anything (front ends check
+    /// before they run, so a bad combination is one usage error, not a failure per case): an
+    /// unknown platform, a sim option on a vendor platform, an ascend option elsewhere, an
+    /// unknown model or malloc policy, a second sim device.
+    pub fn validate(&self) -> Result<(), OpenError> {
+        let platform = self.platform.as_str();
+        if !PLATFORMS.contains(&platform) {
+            return Err(OpenError::Invalid(format!(
+                "unknown platform '{platform}' (expected one of {})",
+                PLATFORMS.join(", ")
+            )));
+        }
+        if platform != "ascend" && self.malloc_policy.is_some() {
+            return Err(OpenError::Invalid(
+                "malloc_policy is an ascend option".into(),
+            ));
+        }
+        if platform == "sim" {
+            if self.device_id.is_some_and(|d| d != 0) {
                 return Err(OpenError::Invalid(
                     "sim has a single device (device_id=0)".into(),
                 ));
             }
-            let mut cfg = SimConfig::default();
-            if let Some(s) = spec.svm {
-                cfg.svm = s;
-            }
-            if let Some(p) = spec.poison {
-                cfg.poison = p.then_some(POISON);
-            }
-            if let Some(c) = spec.capacity {
-                cfg.capacity = c;
-            }
-            if let Some(r) = spec.reuse_addresses {
-                cfg.reuse_addresses = r;
-            }
-            if let Some(name) = &spec.model {
-                cfg.model = Some(crate::CostModel::named(name).ok_or_else(|| {
-                    OpenError::Invalid(format!(
+            if let Some(name) = &self.model {
+                if crate::CostModel::named(name).is_none() {
+                    return Err(OpenError::Invalid(format!(
                         "model must be one of {}, not '{name}'",
                         crate::model::MODELS.join(", ")
-                    ))
-                })?);
+                    )));
+                }
             }
-            Ok(Arc::new(SimDevice::new(cfg)))
+        } else if self.svm.is_some()
+            || self.capacity.is_some()
+            || self.reuse_addresses.is_some()
+            || self.model.is_some()
+        {
+            return Err(OpenError::Invalid(format!(
+                "svm / capacity / reuse_addresses / model are sim options; platform '{platform}' \
+                 does not take them (its driver reuses addresses by itself, and it is measured, \
+                 not modeled)"
+            )));
         }
-        other => {
-            if spec.svm.is_some()
-                || spec.capacity.is_some()
-                || spec.reuse_addresses.is_some()
-                || spec.model.is_some()
-            {
+        if let Some(p) = &self.malloc_policy {
+            if MallocPolicy::parse(p).is_none() {
                 return Err(OpenError::Invalid(format!(
-                    "svm / capacity / reuse_addresses / model are sim options; platform '{other}' \
-                     does not take them (its driver reuses addresses by itself, and it is \
-                     measured, not modeled)"
+                    "malloc_policy must be huge_first, huge_only or normal_only, not '{p}'"
                 )));
             }
-            open_vendor(other, spec)
         }
+        Ok(())
     }
 }
 
+/// Opens the device `spec` names (after [`DeviceSpec::validate`]).
+pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
+    spec.validate()?;
+    if spec.platform != "sim" {
+        return open_vendor(&spec.platform, spec);
+    }
+    let mut cfg = SimConfig::default();
+    if let Some(s) = spec.svm {
+        cfg.svm = s;
+    }
+    if let Some(p) = spec.poison {
+        cfg.poison = p.then_some(POISON);
+    }
+    if let Some(c) = spec.capacity {
+        cfg.capacity = c;
+    }
+    if let Some(r) = spec.reuse_addresses {
+        cfg.reuse_addresses = r;
+    }
+    cfg.model = spec.model.as_deref().and_then(crate::CostModel::named);
+    Ok(Arc::new(SimDevice::new(cfg)))
+}
+
+/// Opens a vendor device; `spec` is valid (checked by [`DeviceSpec::validate`]).
 fn open_vendor(platform: &str, spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
     let unavailable =
         |e: crate::LoadError| OpenError::Unavailable(format!("platform '{platform}': {e}"));
-    match platform {
-        "ascend" => {
-            let mut cfg = AscendConfig {
-                device_id: spec.device_id.unwrap_or(0),
-                ..AscendConfig::default()
-            };
-            if let Some(p) = &spec.malloc_policy {
-                cfg.malloc_policy = MallocPolicy::parse(p).ok_or_else(|| {
-                    OpenError::Invalid(format!(
-                        "malloc_policy must be huge_first, huge_only or normal_only, not '{p}'"
-                    ))
-                })?;
-            }
-            Ok(Arc::new(AscendDevice::open(cfg).map_err(unavailable)?))
+    let device_id = spec.device_id.unwrap_or(0);
+    if platform == "ascend" {
+        let mut cfg = AscendConfig {
+            device_id,
+            ..AscendConfig::default()
+        };
+        if let Some(p) = spec.malloc_policy.as_deref().and_then(MallocPolicy::parse) {
+            cfg.malloc_policy = p;
         }
-        "cuda" => {
-            if spec.malloc_policy.is_some() {
-                return Err(OpenError::Invalid(
-                    "malloc_policy is an ascend option".into(),
-                ));
-            }
-            let cfg = CudaConfig {
-                device_id: spec.device_id.unwrap_or(0),
-                ..CudaConfig::default()
-            };
-            Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
-        }
-        _ => Err(OpenError::Invalid(format!(
-            "unknown platform '{platform}' (known: {})",
-            PLATFORMS.join(", ")
-        ))),
+        Ok(Arc::new(AscendDevice::open(cfg).map_err(unavailable)?))
+    } else {
+        let cfg = CudaConfig {
+            device_id,
+            ..CudaConfig::default()
+        };
+        Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
     }
 }

@@ -89,6 +89,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_svm, m)?)?;
     m.add_function(wrap_pyfunction!(check_scalar, m)?)?;
     m.add_function(wrap_pyfunction!(check_name, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::check_worker_options, m)?)?;
     m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use simpler_driver::{open_device, DeviceSpec, Op, OpenError};
-use simpler_runtime::{Worker, WorkerCell};
+use simpler_runtime::{Staging, Worker, WorkerCell};
 
 use crate::cell::Shared;
 use crate::convert::{typed, u64_arg, StagingMode, Svm, ViewPolicyArg};
@@ -36,6 +36,108 @@ fn op_names() -> String {
         .join(", ")
 }
 
+/// A worker's options, converted and checked (nothing opened).
+struct Options {
+    spec: DeviceSpec,
+    staging: Staging,
+    view_policy: Option<ViewPolicyArg>,
+}
+
+/// The keyword options of ``simpler.Worker`` (also what ``check_worker_options`` checks).
+#[allow(clippy::too_many_arguments)]
+fn options(
+    platform: Option<&Bound<'_, PyAny>>,
+    staging: Option<StagingMode>,
+    svm: Option<Svm>,
+    poison: Option<&Bound<'_, PyAny>>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    device_id: Option<&Bound<'_, PyAny>>,
+    malloc_policy: Option<&Bound<'_, PyAny>>,
+    reuse_addresses: Option<&Bound<'_, PyAny>>,
+    model: Option<&Bound<'_, PyAny>>,
+    view_policy: Option<ViewPolicyArg>,
+) -> PyResult<Options> {
+    let platform = match platform {
+        None => "sim".to_owned(),
+        Some(platform) => platform
+            .cast::<PyString>()
+            .map_err(|_| {
+                type_err(format!(
+                    "platform must be a string, not {}",
+                    type_name(platform)
+                ))
+            })?
+            .to_cow()?
+            .into_owned(),
+    };
+    let device_id = device_id
+        .map(|d| {
+            u64_arg(d, "Worker", "device_id").and_then(|v| {
+                u32::try_from(v)
+                    .map_err(|_| value_err(format!("Worker: device_id {v} is out of range")))
+            })
+        })
+        .transpose()?;
+    let spec = DeviceSpec {
+        platform,
+        svm: svm.map(|s| s.0),
+        poison: typed(poison, "Worker", "poison", "a bool")?,
+        capacity: capacity
+            .map(|c| u64_arg(c, "Worker", "capacity"))
+            .transpose()?,
+        device_id,
+        malloc_policy: typed(malloc_policy, "Worker", "malloc_policy", "a string")?,
+        reuse_addresses: typed(reuse_addresses, "Worker", "reuse_addresses", "a bool")?,
+        model: typed(model, "Worker", "model", "a string")?,
+    };
+    spec.validate().map_err(open_err)?;
+    Ok(Options {
+        spec,
+        staging: staging.map_or(Staging::Arena, |s| s.0),
+        view_policy,
+    })
+}
+
+fn open_err(e: OpenError) -> PyErr {
+    match e {
+        OpenError::Invalid(m) => value_err(m),
+        other => Exc::PlatformUnavailable.err(other.to_string()),
+    }
+}
+
+/// Checks worker options (the keywords of ``simpler.Worker``) against the platform without
+/// opening anything: raises what ``Worker(...)`` would raise for them (``ArgumentError``,
+/// ``ArgumentTypeError``); a missing vendor library is not checked.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (platform=None, *, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None, reuse_addresses=None, model=None, view_policy=None))]
+pub fn check_worker_options(
+    platform: Option<&Bound<'_, PyAny>>,
+    staging: Option<StagingMode>,
+    svm: Option<Svm>,
+    poison: Option<&Bound<'_, PyAny>>,
+    capacity: Option<&Bound<'_, PyAny>>,
+    device_id: Option<&Bound<'_, PyAny>>,
+    malloc_policy: Option<&Bound<'_, PyAny>>,
+    reuse_addresses: Option<&Bound<'_, PyAny>>,
+    model: Option<&Bound<'_, PyAny>>,
+    view_policy: Option<ViewPolicyArg>,
+) -> PyResult<()> {
+    options(
+        platform,
+        staging,
+        svm,
+        poison,
+        capacity,
+        device_id,
+        malloc_policy,
+        reuse_addresses,
+        model,
+        view_policy,
+    )
+    .map(|_| ())
+}
+
 #[pymethods]
 impl PyWorker {
     #[new]
@@ -54,57 +156,28 @@ impl PyWorker {
         model: Option<&Bound<'_, PyAny>>,
         view_policy: Option<ViewPolicyArg>,
     ) -> PyResult<Self> {
-        let platform = match platform {
-            None => "sim".to_owned(),
-            Some(platform) => platform
-                .cast::<PyString>()
-                .map_err(|_| {
-                    type_err(format!(
-                        "platform must be a string, not {}",
-                        type_name(platform)
-                    ))
-                })?
-                .to_cow()?
-                .into_owned(),
-        };
-        let poison: Option<bool> = typed(poison, "Worker", "poison", "a bool")?;
-        let reuse_addresses = typed(reuse_addresses, "Worker", "reuse_addresses", "a bool")?;
-        let malloc_policy = typed(malloc_policy, "Worker", "malloc_policy", "a string")?;
-        let model = typed(model, "Worker", "model", "a string")?;
-        let capacity = capacity
-            .map(|c| u64_arg(c, "Worker", "capacity"))
-            .transpose()?;
-        let device_id = device_id
-            .map(|d| {
-                u64_arg(d, "Worker", "device_id").and_then(|v| {
-                    u32::try_from(v)
-                        .map_err(|_| value_err(format!("Worker: device_id {v} is out of range")))
-                })
-            })
-            .transpose()?;
-        let spec = DeviceSpec {
-            platform: platform.clone(),
-            svm: svm.map(|s| s.0),
+        let o = options(
+            platform,
+            staging,
+            svm,
             poison,
             capacity,
             device_id,
             malloc_policy,
             reuse_addresses,
             model,
-        };
-        let dev = py.detach(|| open_device(&spec));
+            view_policy,
+        )?;
+        let dev = py.detach(|| open_device(&o.spec));
         logging::flush(py);
-        let dev = dev.map_err(|e| match e {
-            OpenError::Invalid(m) => value_err(m),
-            other => Exc::PlatformUnavailable.err(other.to_string()),
-        })?;
-        let staging = staging.map_or(simpler_runtime::Staging::Arena, |s| s.0);
-        let mut worker = Worker::new(dev, staging, poison.unwrap_or(true));
-        if let Some(p) = view_policy {
+        let dev = dev.map_err(open_err)?;
+        let mut worker = Worker::new(dev, o.staging, o.spec.poison.unwrap_or(true));
+        if let Some(p) = o.view_policy {
             worker.set_view_policy(p.0);
         }
+        let id = o.spec.device_id.unwrap_or(0);
         Ok(PyWorker {
-            cell: Arc::new(Shared::new(worker, &platform, device_id.unwrap_or(0))),
+            cell: Arc::new(Shared::new(worker, &o.spec.platform, id)),
         })
     }
 

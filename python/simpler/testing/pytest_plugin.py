@@ -48,6 +48,14 @@ def _opts(config: pytest.Config) -> runner.RunnerOptions:
     return runner.RunnerOptions.from_getter(config.getoption)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuses worker options that do not fit the platform once, as a usage error (instead of
+    failing every case)."""
+    problem = _opts(config).check()
+    if problem:
+        raise pytest.UsageError(f"simpler: {problem}")
+
+
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
     """Collects a scene-test class defined in the module being collected."""
     if not scene.is_scene_test(obj):

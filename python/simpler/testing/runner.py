@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _core
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from .scene import SceneTestCase, is_scene_test, run_case
 
 __all__ = [
@@ -90,6 +90,15 @@ class RunnerOptions:
     manual: str = "exclude"
     worker_options: dict[str, Any] = field(default_factory=dict)
 
+    def check(self) -> str | None:
+        """Why the worker options do not fit the platform (a sim option on a vendor platform,
+        an unknown model, ...), checked without opening a device; ``None`` when they fit."""
+        try:
+            _core.check_worker_options(self.platform, **self.worker_options)
+        except (ArgumentError, ArgumentTypeError) as e:
+            return str(e)
+        return None
+
     @classmethod
     def from_getter(cls, get: Fn[[str], Any]) -> RunnerOptions:
         """From ``get(dest)`` over the destinations :func:`add_runner_arguments` declares."""
@@ -125,11 +134,12 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
         choices=PLATFORMS,
         help="platform to run on: sim, ascend or cuda (default sim)",
     )
-    flag("rounds", type=parse_rounds, default=rounds, help=f"rounds per case (default {rounds})")
+    flag("rounds", type=parse_rounds, default=rounds, metavar="N", help=f"rounds per case (default {rounds})")
     flag(
         "case",
         action="append",
         default=None,
+        metavar="CASE",
         help="select cases: 'Foo', 'Class::Foo' or 'Class::' (repeatable, comma-separated)",
     )
     flag("skip-golden", action="store_true", default=False, help="run without golden validation")
@@ -139,7 +149,13 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
         default="exclude",
         help="manual cases: exclude (default; run when --case names them), include, or only them",
     )
-    flag("svm", type=parse_svm, default=None, help="sim map_host policy: always, never or min bytes")
+    flag(
+        "svm",
+        type=parse_svm,
+        default=None,
+        metavar="{always,never,BYTES}",
+        help="sim map_host policy: always, never or min bytes",
+    )
     flag("staging", choices=_core.STAGING_MODES, default=None, help="staging path: arena (default) or fresh")
     flag(
         "model",
@@ -263,6 +279,9 @@ def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
     ns = parser.parse_args(argv)
     opts = RunnerOptions.from_getter(lambda dest: getattr(ns, dest))
+    problem = opts.check()
+    if problem:
+        parser.error(problem)
     if module is None:
         module = sys.modules["__main__"]
     classes = scene_classes(module)

@@ -100,6 +100,8 @@ def _check_output(path: str | None, what: str) -> str | None:
     """Why ``path`` cannot be written (checked before a long run), or ``None``."""
     if path is None:
         return None
+    if Path(path).is_dir():
+        return f"{what} {path}: is a directory (name a file)"
     parent = Path(path).resolve().parent
     if not parent.is_dir():
         return f"{what} {path}: directory {parent} does not exist"
@@ -147,6 +149,9 @@ def _bench(ns: argparse.Namespace) -> int:
         ),
         manual=ns.simpler_manual,
     )
+    problem = opts.runner_options().check()
+    if problem:
+        return _usage(problem)
     # One probe of the platform, so an unavailable one is one message, not one per arm.
     from ..worker import Worker
 

@@ -59,6 +59,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                         f"{path}:{i}: not a bench record (no {', '.join(missing)}); "
                         "expected the output of 'simpler bench --json'"
                     )
+                wrong = _wrong_types(rec)
+                if wrong:
+                    raise ReportError(f"{path}:{i}: not a bench record ({wrong})")
                 out.append(rec)
     except OSError as e:
         raise ReportError(f"cannot read {path}: {e.strerror or e}") from None
@@ -67,6 +70,27 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if not out:
         raise ReportError(f"{path} holds no records")
     return out
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _wrong_types(rec: Mapping[str, Any]) -> str | None:
+    """What in a record that has the required keys has the wrong type, or ``None``."""
+    for key in ("phases", "counters"):
+        table = rec[key]
+        if not isinstance(table, dict) or not all(_is_number(v) for v in table.values()):
+            return f"'{key}' must map names to numbers, not {type(table).__name__} {table!r:.60}"
+    for key in ("arm", "case"):
+        if not isinstance(rec[key], str):
+            return f"'{key}' must be a string, not {type(rec[key]).__name__}"
+    if not _is_number(rec["dispatch_ns"]):
+        return f"'dispatch_ns' must be a number, not {type(rec['dispatch_ns']).__name__}"
+    for key in ("round", "rounds"):
+        if key in rec and not _is_number(rec[key]):
+            return f"'{key}' must be a number, not {type(rec[key]).__name__}"
+    return None
 
 
 def _group(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], dict[str, list[Mapping]]]:
