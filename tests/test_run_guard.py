@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -211,3 +212,32 @@ def test_close_during_a_run_from_another_thread_ends_it():
     assert not r.is_alive() and not c.is_alive(), "a thread hung"
     assert len(errors) == 1 and "not in progress" in str(errors[0]), errors
     assert _settled(w) == (0, 0)
+
+
+_DAEMON_AT_EXIT = """if True:
+    import sys, threading, time, numpy as np, simpler as sp
+    w = sp.Worker("sim")
+    k = sp.Kernel(lambda x: time.sleep(0.001), [sp.IN], name="k")
+    def orch(o, t):
+        for _ in range(20):
+            o.submit(k, t)
+    big = np.zeros(64 << 20, np.uint8)  # bind copies 64 MiB without the GIL
+    def loop(arg):
+        while True:
+            w.run(sp.Callable(orch, [sp.IN]), [arg])
+    threading.Thread(target=loop, args=(np.zeros(1 << 20, np.float32),), daemon=True).start()
+    threading.Thread(target=loop, args=(big,), daemon=True).start()
+    time.sleep(0.3)
+    print("exiting", flush=True)
+"""
+
+
+def test_the_process_exits_normally_with_daemon_threads_inside_runs():
+    """Daemon threads in the middle of runs (in a kernel, in a bulk copy) when the interpreter
+    exits: the process exits with status 0 (they must not take the GIL back during
+    finalization, which would unwind through native frames and abort)."""
+    for _ in range(3):
+        p = subprocess.run(
+            [sys.executable, "-c", _DAEMON_AT_EXIT], capture_output=True, text=True, timeout=60
+        )
+        assert (p.returncode, p.stdout.strip()) == (0, "exiting"), (p.returncode, p.stderr[-2000:])

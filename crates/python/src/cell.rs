@@ -57,6 +57,6 @@ impl WorkerCell for Shared {
             }
         }
         // Heavy work, or the lock is held elsewhere: wait (and work) without the GIL.
-        Python::attach(|py| py.detach(|| f(&mut relock(&self.worker))))
+        Python::attach(|py| crate::shutdown::without_gil(py, || f(&mut relock(&self.worker))))
     }
 }

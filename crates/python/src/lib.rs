@@ -7,6 +7,7 @@
 //! Modules, each using only those above it:
 
 //! * `logging` — Rust log records queued and emitted into Python's `logging`;
+//! * `shutdown` — threads in a run at interpreter exit park instead of taking the GIL back;
 //! * `errors` — the exception classes, and runtime errors as them;
 //! * `helpers` — the Python helpers handed over at import;
 //! * `cell` — the worker behind a lock that respects the GIL, shared by every handle;
@@ -34,6 +35,7 @@ mod orch;
 mod report;
 mod resident;
 mod runhost;
+mod shutdown;
 mod worker;
 
 use pyo3::prelude::*;
@@ -72,6 +74,7 @@ fn check_name(name: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::init();
+    shutdown::register(m)?;
     errors::register(m)?;
     m.add_class::<direction::ArgDirection>()?;
     m.add_class::<handles::Buffer>()?;

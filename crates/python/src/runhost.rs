@@ -24,6 +24,7 @@ use crate::helpers;
 use crate::kernels::{Callable, Kernel};
 use crate::logging;
 use crate::orch::{KernelTable, Orchestrator, RunTensor};
+use crate::shutdown;
 
 /// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
 pub fn flat_bytes<'py>(
@@ -158,7 +159,9 @@ impl RunHost for Host<'_, '_> {
             call_args.push(Bound::new(py, t)?.into_any());
         }
         call_args.extend(self.scalars.iter().cloned());
+        let in_python = shutdown::enter_python(py);
         let ret = self.orchestration.call1(PyTuple::new(py, call_args)?);
+        drop(in_python);
         logging::flush(py);
         let ret = ret?;
         if !ret.is_none() && ret.hasattr("send")? && ret.hasattr("throw")? {
@@ -188,7 +191,9 @@ impl RunHost for Host<'_, '_> {
         for v in &call.scalars {
             args.push(convert::value_py(py, *v)?);
         }
+        let in_python = shutdown::enter_python(py);
         let r = k.func.bind(py).call1(PyTuple::new(py, args)?);
+        drop(in_python);
         match r {
             Ok(_) => Ok(()),
             Err(e) => {

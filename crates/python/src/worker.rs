@@ -19,6 +19,7 @@ use crate::kernels::Callable;
 use crate::logging;
 use crate::report::PyRunReport;
 use crate::runhost;
+use crate::shutdown;
 
 /// The native worker: a device and everything allocated on it (``simpler.Worker`` adds the
 /// ``ResourceWarning`` of an unclosed worker).
@@ -168,7 +169,7 @@ impl PyWorker {
             model,
             view_policy,
         )?;
-        let dev = py.detach(|| open_device(&o.spec));
+        let dev = shutdown::without_gil(py, || open_device(&o.spec));
         logging::flush(py);
         let dev = dev.map_err(open_err)?;
         let mut worker = Worker::new(dev, o.staging, o.spec.poison.unwrap_or(true));
@@ -327,7 +328,7 @@ impl PyWorker {
 
     /// Cumulative driver counters (see ``docs/concepts.md``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = py.detach(|| self.cell.dev.stats());
+        let s = shutdown::without_gil(py, || self.cell.dev.stats());
         let d = PyDict::new(py);
         for (k, v) in s.entries() {
             d.set_item(k, v)?;
@@ -373,7 +374,7 @@ impl PyWorker {
     /// ``phase`` is what the worker was doing: ``buffer``, ``resident_add``, ``release``,
     /// ``bind``, ``orchestrate``, ``execute``, ``copy_back``, ``cleanup`` or ``close``.
     fn call_log(&self, py: Python<'_>) -> Vec<(&'static str, u64, u64, i64, &'static str)> {
-        py.detach(|| self.cell.dev.call_log())
+        shutdown::without_gil(py, || self.cell.dev.call_log())
             .iter()
             .map(|c| (c.op.name(), c.addr, c.bytes, c.code, c.phase))
             .collect()

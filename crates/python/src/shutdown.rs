@@ -1,0 +1,96 @@
+//! Threads in a run at interpreter exit.
+//!
+//! When the interpreter finalizes, CPython 3.11-3.13 end a daemon thread that takes the GIL back
+//! with `pthread_exit`, a forced unwind. Unwinding through the native frames of a run (the
+//! run cycle, the bindings) aborts the process ("FATAL: exception not rethrown"). So a thread
+//! that is in a run when the interpreter exits must never take the GIL back:
+//!
+//! * an `atexit` hook (registered at import; it runs on the exiting thread before finalization)
+//!   marks the exit and waits, without the GIL, for the threads running a run's Python code
+//!   (the orchestration, a kernel) to come back into native code (up to [`EXIT_WAIT`]);
+//! * a thread that would take the GIL back afterwards (after a bulk step run without it, or
+//!   before calling into Python) parks instead, without the GIL, until the process ends: what
+//!   CPython 3.14 does with such threads.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::thread::{self, ThreadId};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+/// How long the exit waits for a run's Python code to return to native code.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The thread running the exit (it is never parked: it finalizes the interpreter).
+static EXIT_THREAD: OnceLock<ThreadId> = OnceLock::new();
+/// Threads in a run's Python code now.
+static IN_PYTHON: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether this thread must not take the GIL back: the interpreter is exiting and this is not
+/// the thread that exits it.
+fn must_park() -> bool {
+    EXITING.load(Ordering::Acquire) && EXIT_THREAD.get() != Some(&thread::current().id())
+}
+
+/// Parks the calling thread for good when the interpreter is exiting (see the module docs).
+/// Call without the GIL.
+pub fn park_if_exiting() {
+    if must_park() {
+        loop {
+            thread::park();
+        }
+    }
+}
+
+/// Runs `f` without the GIL, and takes the GIL back only if the interpreter is not exiting
+/// (else parks; see the module docs). Every bulk or blocking step of the bindings runs here.
+pub fn without_gil<T: Send>(py: Python<'_>, f: impl FnOnce() -> T + Send) -> T {
+    py.detach(|| {
+        let r = f();
+        park_if_exiting();
+        r
+    })
+}
+
+/// Before a run calls into Python: parks (releasing the GIL) when the interpreter is exiting,
+/// else counts the thread as in Python until the guard drops.
+pub fn enter_python(py: Python<'_>) -> InPython {
+    if must_park() {
+        py.detach(park_if_exiting);
+    }
+    IN_PYTHON.fetch_add(1, Ordering::AcqRel);
+    InPython(())
+}
+
+/// A thread in a run's Python code (see [`enter_python`]).
+pub struct InPython(());
+
+impl Drop for InPython {
+    fn drop(&mut self) {
+        IN_PYTHON.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The `atexit` hook: marks the exit, then waits (without the GIL, so they can finish) for the
+/// threads in a run's Python code to return to native code, where they park.
+#[pyfunction]
+pub fn _at_exit(py: Python<'_>) {
+    let _ = EXIT_THREAD.set(thread::current().id());
+    EXITING.store(true, Ordering::Release);
+    // This thread's own Python code (the hook itself) is not counted: it is not in a run.
+    py.detach(|| {
+        let start = Instant::now();
+        while IN_PYTHON.load(Ordering::Acquire) > 0 && start.elapsed() < EXIT_WAIT {
+            thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// Registers [`_at_exit`] with the interpreter's `atexit`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let hook = wrap_pyfunction!(_at_exit, m)?;
+    m.py().import("atexit")?.call_method1("register", (hook,))?;
+    Ok(())
+}
