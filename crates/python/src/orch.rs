@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use numpy::{
-    PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -224,9 +226,48 @@ pub struct Orchestrator {
     pub cell: Arc<Shared>,
     pub run: RunId,
     pub kernels: Arc<Mutex<KernelTable>>,
+    /// The bytes the run uploaded for each staged argument: what the orchestrator reads them
+    /// from (a staged tensor is never mapped nor read back).
+    pub staged: Vec<StagedBytes>,
+}
+
+/// The bytes a run uploaded for staged argument `arg`, and whether they were given to the
+/// runtime yet (once per run).
+pub struct StagedBytes {
+    arg: u32,
+    bytes: Py<PyArray1<u8>>,
+    given: AtomicBool,
+}
+
+impl StagedBytes {
+    pub fn new(arg: u32, bytes: Py<PyArray1<u8>>) -> StagedBytes {
+        StagedBytes {
+            arg,
+            bytes,
+            given: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Orchestrator {
+    /// Before the first access to staged argument `arg` this run: gives the runtime the bytes
+    /// the run uploaded for it, when it wants them (an uploaded tensor, not read yet).
+    #[inline]
+    fn stage_source(&self, py: Python<'_>, arg: u32) -> PyResult<()> {
+        let Some(s) = self.staged.iter().find(|s| s.arg == arg) else {
+            return Ok(());
+        };
+        if s.given.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let orch = self.orch();
+        if !orch.wants_staged(arg) {
+            return Ok(());
+        }
+        let bytes = s.bytes.bind(py).try_readonly()?;
+        done(py, orch.supply_staged(arg, bytes.as_slice()?))
+    }
+
     /// The runtime's handle on this run.
     fn orch(&self) -> Orch<'_, Shared> {
         Orch {
@@ -410,6 +451,7 @@ impl Orchestrator {
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
+        self.stage_source(py, t.arg)?;
         let (ix, n) = small_ints(idx, &TensorName(&t.name))?;
         let v = done(py, self.orch().read(t.arg, &t.geometry, &ix[..n]))?;
         convert::value_py(py, v)
@@ -425,6 +467,7 @@ impl Orchestrator {
     ) -> PyResult<()> {
         let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
+        self.stage_source(py, t.arg)?;
         let what = TensorName(&t.name);
         let (ix, n) = small_ints(idx, &what)?;
         let v = convert::value(value, &what)?;
@@ -439,6 +482,7 @@ impl Orchestrator {
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = run_tensor_arg(t)?;
         self.check(&t.cell, t.run, &t.name)?;
+        self.stage_source(py, t.arg)?;
         let win = done(py, self.orch().read_tensor(t.arg, &t.geometry))?;
         window_array(py, win, true)
     }

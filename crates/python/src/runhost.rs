@@ -23,7 +23,7 @@ use crate::handles::{window_array, DeviceTensor};
 use crate::helpers;
 use crate::kernels::{Callable, Kernel};
 use crate::logging;
-use crate::orch::{KernelTable, Orchestrator, RunTensor};
+use crate::orch::{KernelTable, Orchestrator, RunTensor, StagedBytes};
 use crate::shutdown;
 
 /// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
@@ -86,6 +86,8 @@ pub fn named_values<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<(Arc<str>, Bo
 /// A staged array: the caller's, or a contiguous native-order copy of it (for layouts the runtime
 /// cannot take byte for byte), written back after the run when the runtime wrote its bytes.
 struct Staged<'py> {
+    /// The argument's position.
+    arg: u32,
     bytes: Bound<'py, PyArray1<u8>>,
     /// `(caller's array, copy)` when a copy was staged.
     copy_of: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
@@ -135,6 +137,11 @@ impl RunHost for Host<'_, '_> {
                 cell: self.cell.clone(),
                 run,
                 kernels: self.kernels.clone(),
+                staged: self
+                    .staged
+                    .iter()
+                    .map(|s| StagedBytes::new(s.arg, s.bytes.clone().unbind()))
+                    .collect(),
             },
         )?;
         let orch_handle = Orch {
@@ -275,6 +282,7 @@ pub fn run<'py>(
             };
             let writable: bool = v.getattr("flags")?.getattr("writeable")?.extract()?;
             staged.push(Staged {
+                arg: specs.len() as u32,
                 bytes: flat_bytes(py, &work, geometry.extent())?,
                 copy_of,
                 written: false,

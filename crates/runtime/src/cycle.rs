@@ -210,6 +210,24 @@ impl<C: WorkerCell> Orch<'_, C> {
         self.cell.with(false, |w| w.run_tensor(run, arg))
     }
 
+    /// Whether staged argument `arg` wants the bytes the run uploaded from the host before its
+    /// first access: a staged tensor is read from them (never mapped, never read back); the
+    /// host supplies them with [`Orch::supply_staged`].
+    #[inline]
+    pub fn wants_staged(&self, arg: u32) -> bool {
+        let run = self.run;
+        self.cell.with(false, |w| w.orch_wants_staged(run, arg))
+    }
+
+    /// Gives staged argument `arg` the bytes of its extent that the run uploaded (what the host
+    /// lent at bind): its orchestrator reads are served from a copy of them.
+    pub fn supply_staged(&self, arg: u32, host: &[u8]) -> Result<()> {
+        let run = self.run;
+        self.cell.with(host.len() > (1 << 20), |w| {
+            w.orch_supply_staged(run, arg, host)
+        })
+    }
+
     /// Runs an access to argument `arg`: at once while its view is resolved (the hot path, one
     /// lock), else as heavy work (establishing a view or refreshing a mirror or cache moves
     /// bulk bytes, which a host runs without its interpreter lock).

@@ -13,11 +13,12 @@
 //!   it; it goes stale by the mirror's rule and the next read refreshes it. A mapping is a poor
 //!   place to read from (write-combined device memory behind the bus: every read is an uncached
 //!   round trip), so read-heavy allocations are better served from host memory.
-//! * `Refused` — a staging allocation the driver refused to map (or that the mirror policy keeps
-//!   unmapped). Staged tensors are small and live one run, so they get a per-run copy of their
-//!   own span (one D2H) instead of a mirror of the whole arena; the refusal is cached so the
-//!   driver is asked once per allocation. A staged tensor read often through a granted mapping
-//!   gets a per-run copy of its span too, filled out of the mapping (`run/access.rs`).
+//! * `Refused` — a chunk of the scratch pool the driver refused to map (or that the mirror policy
+//!   keeps unmapped). Scratch tensors live one run, so they get a per-run copy of their own span
+//!   (one D2H) instead of a mirror of the whole chunk; the refusal is cached so the driver is
+//!   asked once per allocation. A scratch tensor read often through a granted mapping gets a
+//!   per-run copy of its span too, filled out of the mapping (`run/access.rs`). (Staged tensors
+//!   never come here: they are read from the bytes the run uploaded.)
 //!
 //! Which of mapping, cached and mirror an allocation gets is its [`ViewPolicy`]: the worker's
 //! default or a per-allocation hint. Under `Auto` a granted mapping starts as `Mapped` and is
@@ -231,8 +232,8 @@ impl ViewCache {
 
     /// Returns the means for the allocation at `base` (`bytes` long), establishing it on first
     /// use. `resident`: a resident allocation (its policy applies; a refused mapping becomes a
-    /// whole-allocation mirror), else a staging allocation (a mapping or a cached refusal,
-    /// never a cache: it changes every run). A stale mirror or cache is refreshed here, once.
+    /// whole-allocation mirror), else a run-scoped allocation, a scratch chunk (a mapping or a
+    /// cached refusal, never a cache: it changes every run). A stale mirror or cache is refreshed here, once.
     /// `tensor` names the accessing tensor.
     pub fn ensure(
         &mut self,
@@ -267,8 +268,8 @@ impl ViewCache {
             }
             return Ok(e.means.clone());
         }
-        // A staging allocation is mapped unless the worker's policy is the mirror one; what a
-        // staged tensor's reads go through from there is the run's choice (`run/access.rs`).
+        // A scratch chunk is mapped unless the worker's policy is the mirror one; what a scratch
+        // tensor's reads go through from there is the run's choice (`run/access.rs`).
         let policy = match (resident, self.policy) {
             (true, _) => self.policy_of(base),
             (false, ViewPolicy::Mirror) => ViewPolicy::Mirror,
@@ -331,7 +332,7 @@ impl ViewCache {
             }
             MapGrant::Refused { code, reason } => {
                 log::debug!(
-                    "no mapping of staging allocation {base} (code {code}: {reason}); staged \
+                    "no mapping of scratch allocation {base} (code {code}: {reason}); scratch \
                      tensors read through per-run copies of their spans"
                 );
                 Means::Refused
@@ -350,11 +351,11 @@ impl ViewCache {
                     }
                 );
             } else if matches!(means, Means::Mapped { .. }) {
-                // A staged tensor's view maps the whole staging allocation it lives in, once for
-                // that allocation's life: say how large it is.
+                // A scratch tensor's view maps the whole chunk it lives in, once for that
+                // chunk's life: say how large it is.
                 log::warn!(
-                    "mapped the whole staging allocation {base} ({bytes} bytes) to reach staged \
-                     tensor {tensor}; host views of staged tensors map the arena they share"
+                    "mapped the whole scratch allocation {base} ({bytes} bytes) to reach scratch \
+                     tensor {tensor}; host views of scratch tensors map the chunk they share"
                 );
             }
         }

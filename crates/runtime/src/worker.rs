@@ -442,6 +442,20 @@ impl Worker {
         matches!(&self.run, Some(r) if r.id == run && r.is_resolved(&self.mem, arg))
     }
 
+    /// Whether staged argument `arg` of `run` wants the bytes the run uploaded for its reads
+    /// (see `RunState::wants_staged_bytes`).
+    pub(crate) fn orch_wants_staged(&self, run: RunId, arg: u32) -> bool {
+        matches!(&self.run, Some(r) if r.id == run && r.wants_staged_bytes(arg))
+    }
+
+    /// Serves staged argument `arg`'s reads from `host`, the bytes of its extent the run
+    /// uploaded (see `RunState::supply_staged`).
+    pub(crate) fn orch_supply_staged(&mut self, run: RunId, arg: u32, host: &[u8]) -> Result<()> {
+        self.enter(Phase::Orchestrate);
+        let (r, _) = self.active(run)?;
+        r.supply_staged(arg, host)
+    }
+
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
     pub(crate) fn orch_read(
         &mut self,

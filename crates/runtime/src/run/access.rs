@@ -83,6 +83,28 @@ impl RunState {
         if a.resolved.as_ref().is_some_and(|r| r.epoch == epoch) {
             return Ok(addr);
         }
+        // A staged tensor is never mapped: the host already holds its bytes. Its reads come
+        // from a copy of its span, filled from the bytes the run uploaded (given by the host,
+        // see `supply_staged`) or, for an output that was not uploaded, by one read of the
+        // span from the device; writes update the copy and go to the device at once.
+        if matches!(a.kind, ArgKind::Staged { .. }) {
+            let (span_start, _) = a.span().unwrap_or_default();
+            let name = a.name.clone();
+            let dev = &mem.dev;
+            let (copy, _) = self.span_copy(arg, |dst| {
+                dev.copy_d2h(dst, DevPtr(span_start))
+                    .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))
+            })?;
+            self.args[arg as usize].resolved = Some(Resolved {
+                mem: copy,
+                dev_start: span_start,
+                host_start: 0,
+                via: Via::SpanCopy,
+                epoch,
+                pending_reads: 0,
+            });
+            return Ok(addr);
+        }
         // Reads through the mapping not yet noted carry over to the new resolution.
         let carried = a.resolved.as_ref().map_or(0, |r| r.pending_reads);
         let staged = !matches!(a.kind, ArgKind::Device);
@@ -155,6 +177,44 @@ impl RunState {
         };
         self.args[arg as usize].resolved = Some(resolved);
         Ok(addr)
+    }
+
+    /// Whether orchestrator reads of argument `arg` would be served from the host bytes the
+    /// run uploaded, once the host supplies them (`supply_staged`): a staged tensor that was
+    /// uploaded (not an output only), not read yet this run.
+    pub(crate) fn wants_staged_bytes(&self, arg: u32) -> bool {
+        self.stage == Stage::Orchestrate
+            && self.args.get(arg as usize).is_some_and(|a| {
+                matches!(a.kind, ArgKind::Staged { .. })
+                    && a.dir.reads()
+                    && a.span_copy.mem.is_none()
+            })
+    }
+
+    /// Makes the copy that serves staged argument `arg`'s orchestrator reads from `host`, the
+    /// bytes of its extent that the run uploaded (no device read, no mapping). Nothing when
+    /// `arg` does not want them (see `wants_staged_bytes`).
+    pub(crate) fn supply_staged(&mut self, arg: u32, host: &[u8]) -> Result<()> {
+        if !self.wants_staged_bytes(arg) {
+            return Ok(());
+        }
+        let a = &self.args[arg as usize];
+        let (_, span_len) = a.span().unwrap_or_default();
+        if host.len() as u64 != span_len {
+            return Err(Error::Value(format!(
+                "tensor {}: {} host bytes for a staged span of {span_len} bytes",
+                a.name,
+                host.len()
+            )));
+        }
+        self.span_copy(arg, |dst| {
+            dst.copy_from_slice(host);
+            Ok(())
+        })?;
+        let a = &mut self.args[arg as usize];
+        a.span_copy.from_host = true;
+        a.resolved = None;
+        Ok(())
     }
 
     /// Whether a staged or scratch argument reached through a mapping should read from a host
@@ -439,6 +499,7 @@ impl RunState {
                 } else {
                     a.resolved = None;
                     a.span_copy.mem = None;
+                    a.span_copy.from_host = false;
                 }
                 return Err(Error::device(Phase::Orchestrate, Some(&name), e));
             }

@@ -67,6 +67,8 @@ pub(crate) struct SpanCopy {
     pub reads: u64,
     /// The copy could not be made this run: the argument is read through the mapping.
     pub failed: bool,
+    /// Filled from the host bytes the run uploaded (a staged IN/INOUT tensor): no device read.
+    pub from_host: bool,
 }
 
 impl RunArg {
