@@ -650,3 +650,13 @@ def test_wrong_option_values_are_simpler_errors(w, call, exc):
     with pytest.raises(exc) as ei:
         call(w)
     assert isinstance(ei.value, sp.SimplerError)
+
+
+def test_the_unknown_operation_error_and_the_docstring_list_every_driver_operation(w):
+    """One table of driver operations: the error for an unknown one and ``inject_fault``'s
+    docstring name all of them (memset, pin and unpin included)."""
+    with pytest.raises(ArgumentError) as ei:
+        w.inject_fault("teleport")
+    for op in ("alloc", "free", "h2d", "d2h", "map", "unmap", "memset", "pin", "unpin"):
+        assert op in str(ei.value) and op in sp.Worker.inject_fault.__doc__, op
+    assert "cached" in sp.Worker.host_view_info.__doc__

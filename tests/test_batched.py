@@ -183,3 +183,59 @@ def test_an_empty_batch_records_no_task():
     with sp.Worker("sim") as w:
         rep = w.run(sp.Callable(orch, [INOUT]), [np.array([1, 2], np.float32)])
     assert ran == [] and rep.counters["tasks"] == 0
+
+
+_K = sp.Kernel(lambda x, *s: None, [IN], name="k")
+
+_EDGES = {
+    # name: (call over a 0-d tensor t0 and an 8-element tensor t1, exception or None)
+    "0-d view": (lambda o, t0, t1: t0.view([], []), None),
+    "0-d views, (n, 0) offsets": (
+        lambda o, t0, t1: o.submit_many(_K, t0.views([], np.zeros((3, 0), np.int64))),
+        None,
+    ),
+    "0-d element": (lambda o, t0, t1: o.get_tensor_data(t0, ()), None),
+    "0-d read_tensor": (lambda o, t0, t1: o.read_tensor(t0), None),
+    "numpy integer index": (lambda o, t0, t1: o.get_tensor_data(t1, np.int64(2)), None),
+    "0-d array index": (lambda o, t0, t1: o.get_tensor_data(t1, np.array(2)), None),
+    "numpy count": (lambda o, t0, t1: o.submit_many(_K, t1, count=np.int64(2)), None),
+    "numpy array shape": (
+        lambda o, t0, t1: o.submit_many(_K, t1.views(np.array([2]), np.array([[0], [1]]))),
+        None,
+    ),
+    "numpy array scratch shape": (lambda o, t0, t1: o.scratch(np.array([2, 2]), "int32"), None),
+    "bool count": (lambda o, t0, t1: o.submit_many(_K, t1, count=True), sp.ArgumentTypeError),
+    "count past 2**32": (lambda o, t0, t1: o.submit_many(_K, t1, count=2**40), sp.ArgumentError),
+    "2-d scalar column": (
+        lambda o, t0, t1: o.submit_many(_K, t1, np.zeros((2, 2), np.int64)),
+        sp.ArgumentError,
+    ),
+    "uint64 offset past int64": (
+        lambda o, t0, t1: o.submit_many(_K, t1.views([2], np.array([[2**63]], np.uint64))),
+        sp.ArgumentError,
+    ),
+    "70000 scalars": (lambda o, t0, t1: o.submit(_K, t1, *([1] * 70000)), sp.ArgumentError),
+}
+
+
+@pytest.mark.parametrize("edge", sorted(_EDGES))
+def test_edges_of_the_view_and_batch_api_work_or_say_what_is_wrong(edge):
+    """0-d tensors, zero and huge counts, numpy integers and arrays where ints are expected,
+    counts past the task store's integer widths: each works, or is an error of the right class
+    that names the problem (never a wrapped number or a run of 2**40 tasks)."""
+    call, exc = _EDGES[edge]
+    errors = []
+
+    def orch(o, t0, t1):
+        try:
+            call(o, t0, t1)
+        except sp.SimplerError as e:
+            errors.append(e)
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(orch, [IN, IN]), [np.array(5, np.int32), np.arange(8, dtype=np.int32)])
+    if exc is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and isinstance(errors[0], exc), errors
+        assert "-9223372036854775808" not in str(errors[0])

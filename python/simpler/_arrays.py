@@ -97,8 +97,12 @@ def offset_rows(offsets: object, rank: int) -> np.ndarray:
             a = a.astype(np.int64)
         else:
             raise ArgumentTypeError(f"view offsets must be integers, not {a.dtype}")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise ArgumentError(f"view offset {int(a.max())} is out of range (at most 2**63 - 1)")
     if a.ndim == 1 and rank == 1:
         a = a.reshape(-1, 1)
+    if a.ndim == 2 and rank == 0 and a.shape[1] == 0:
+        a = np.zeros((a.shape[0], 1), np.int64)  # a 0-d view has no offsets: one column of 0
     if a.ndim != 2 or a.shape[1] != max(rank, 1):
         raise ArgumentError(f"view offsets must have shape (n, {rank}), not {a.shape}")
     return np.ascontiguousarray(a, dtype=np.int64)

@@ -347,6 +347,9 @@ pub fn small_ints(
         len
     } else if let Ok(l) = obj.cast::<PyList>() {
         fill(&mut l.iter(), l.len())?
+    } else if let Some(list) = array_items(obj)? {
+        // A numpy array of integers (not 0-d): its entries, as a list.
+        fill(&mut list.iter(), list.len())?
     } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr(intern!(obj.py(), "__index__"))? {
         out[0] = int_entry(&obj.as_borrowed(), name)?;
         1
@@ -361,6 +364,17 @@ pub fn small_ints(
         )));
     };
     Ok((out, n))
+}
+
+/// The entries of a numpy array of one or more dimensions, as a list; `None` for anything else
+/// (a 0-d array is one integer).
+fn array_items<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
+    match obj.cast::<PyUntypedArray>() {
+        Ok(a) if a.ndim() > 0 => Ok(Some(
+            obj.call_method0(intern!(obj.py(), "tolist"))?.cast_into::<PyList>()?,
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// A shape: non-negative entries.

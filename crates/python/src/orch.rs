@@ -659,7 +659,8 @@ impl Orchestrator {
         // A large batch is recorded in chunks (each checked and recorded like a batch of its
         // own, in order), with a check for Ctrl+C between them.
         let n = batch_len(&slots, &scalars, count);
-        let Some(n) = n.filter(|&n| n > INTERRUPT_EVERY) else {
+        // (A count past what one batch may hold goes to the runtime whole: it refuses it.)
+        let Some(n) = n.filter(|&n| n > INTERRUPT_EVERY && u32::try_from(n).is_ok()) else {
             return done(py, self.orch().submit_many(kref, &slots, &scalars, count));
         };
         let mut first = None;
