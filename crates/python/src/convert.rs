@@ -371,7 +371,8 @@ pub fn small_ints(
 fn array_items<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyList>>> {
     match obj.cast::<PyUntypedArray>() {
         Ok(a) if a.ndim() > 0 => Ok(Some(
-            obj.call_method0(intern!(obj.py(), "tolist"))?.cast_into::<PyList>()?,
+            obj.call_method0(intern!(obj.py(), "tolist"))?
+                .cast_into::<PyList>()?,
         )),
         _ => Ok(None),
     }
