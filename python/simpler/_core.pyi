@@ -124,20 +124,9 @@ def check_scalar(value: object, what: str) -> None:
 def check_name(name: object, what: str) -> str:
     """Raises ``ArgumentTypeError`` unless ``name`` is a non-empty string; returns it."""
 
-def check_worker_options(
-    platform: _Platform | None = None,
-    *,
-    staging: _StagingMode | None = None,
-    svm: Literal["always", "never"] | str | int | None = None,
-    poison: bool | None = None,
-    capacity: int | None = None,
-    device_id: int | None = None,
-    malloc_policy: Literal["huge_first", "huge_only", "normal_only"] | None = None,
-    reuse_addresses: bool | None = None,
-    model: _Model | None = None,
-    view_policy: _ViewPolicy | None = None,
-) -> None:
-    """Raises what ``Worker(...)`` would for these options, without opening a device."""
+def check_worker_options(platform: _Platform | None = None, **options: Any) -> None:
+    """Raises what ``Worker(platform, **options)`` would for these options, without opening a
+    device."""
 
 def install_helpers(
     *,

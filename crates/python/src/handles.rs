@@ -31,6 +31,14 @@ pub struct BufferArg {
 }
 
 impl BufferArg {
+    /// The whole of `buffer`.
+    fn of(buffer: &Bound<'_, Buffer>) -> BufferArg {
+        BufferArg {
+            buffer: buffer.clone().unbind(),
+            tensor: None,
+        }
+    }
+
     pub fn buf(&self) -> BufferRef {
         self.buffer.get().buf
     }
@@ -40,10 +48,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for BufferArg {
     type Error = PyErr;
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(b) = obj.cast::<Buffer>() {
-            return Ok(BufferArg {
-                buffer: b.to_owned().unbind(),
-                tensor: None,
-            });
+            return Ok(BufferArg::of(&b.to_owned()));
         }
         if let Ok(t) = obj.cast::<DeviceTensor>() {
             let t = t.get();
@@ -197,12 +202,7 @@ impl Buffer {
         arr: &Bound<'_, PyAny>,
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let py = slf.py();
-        let b = slf.get();
-        let me = BufferArg {
-            buffer: slf.clone().unbind(),
-            tensor: None,
-        };
+        let (py, b, me) = (slf.py(), slf.get(), BufferArg::of(slf));
         copy_to(py, &b.cell, &me, arr, &zero_or(py, offset))
     }
 
@@ -213,12 +213,7 @@ impl Buffer {
         arr: &Bound<'_, PyAny>,
         offset: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let py = slf.py();
-        let b = slf.get();
-        let me = BufferArg {
-            buffer: slf.clone().unbind(),
-            tensor: None,
-        };
+        let (py, b, me) = (slf.py(), slf.get(), BufferArg::of(slf));
         copy_from(py, &b.cell, arr, &me, &zero_or(py, offset))
     }
 

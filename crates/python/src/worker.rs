@@ -110,31 +110,46 @@ fn open_err(e: OpenError) -> PyErr {
 /// opening anything: raises what ``Worker(...)`` would raise for them (``ArgumentError``,
 /// ``ArgumentTypeError``); a missing vendor library is not checked.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (platform=None, *, staging=None, svm=None, poison=None, capacity=None, device_id=None, malloc_policy=None, reuse_addresses=None, model=None, view_policy=None))]
+#[pyo3(signature = (platform=None, **options))]
 pub fn check_worker_options(
     platform: Option<&Bound<'_, PyAny>>,
-    staging: Option<StagingMode>,
-    svm: Option<Svm>,
-    poison: Option<&Bound<'_, PyAny>>,
-    capacity: Option<&Bound<'_, PyAny>>,
-    device_id: Option<&Bound<'_, PyAny>>,
-    malloc_policy: Option<&Bound<'_, PyAny>>,
-    reuse_addresses: Option<&Bound<'_, PyAny>>,
-    model: Option<&Bound<'_, PyAny>>,
-    view_policy: Option<ViewPolicyArg>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
-    options(
+    const KNOWN: [&str; 9] = [
+        "staging",
+        "svm",
+        "poison",
+        "capacity",
+        "device_id",
+        "malloc_policy",
+        "reuse_addresses",
+        "model",
+        "view_policy",
+    ];
+    let mut given: [Option<Bound<'_, PyAny>>; 9] = Default::default();
+    for (k, v) in options.into_iter().flat_map(|d| d.iter()) {
+        let k: String = k.extract()?;
+        let i = KNOWN.iter().position(|n| *n == k).ok_or_else(|| {
+            type_err(format!(
+                "Worker: unknown option '{k}' (options: {})",
+                KNOWN.join(", ")
+            ))
+        })?;
+        given[i] = Some(v).filter(|v| !v.is_none());
+    }
+    let [staging, svm, poison, capacity, device_id, malloc_policy, reuse, model, view_policy] =
+        given;
+    self::options(
         platform,
-        staging,
-        svm,
-        poison,
-        capacity,
-        device_id,
-        malloc_policy,
-        reuse_addresses,
-        model,
-        view_policy,
+        staging.map(|v| v.extract()).transpose()?,
+        svm.map(|v| v.extract()).transpose()?,
+        poison.as_ref(),
+        capacity.as_ref(),
+        device_id.as_ref(),
+        malloc_policy.as_ref(),
+        reuse.as_ref(),
+        model.as_ref(),
+        view_policy.map(|v| v.extract()).transpose()?,
     )
     .map(|_| ())
 }

@@ -88,21 +88,8 @@ impl RunState {
         // see `supply_staged`) or, for an output that was not uploaded, by one read of the
         // span from the device; writes update the copy and go to the device at once.
         if matches!(a.kind, ArgKind::Staged { .. }) {
-            let (span_start, _) = a.span().unwrap_or_default();
-            let name = a.name.clone();
-            let dev = &mem.dev;
-            let (copy, _) = self.span_copy(arg, |dst| {
-                dev.copy_d2h(dst, DevPtr(span_start))
-                    .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))
-            })?;
-            self.args[arg as usize].resolved = Some(Resolved {
-                mem: copy,
-                dev_start: span_start,
-                host_start: 0,
-                via: Via::SpanCopy,
-                epoch,
-                pending_reads: 0,
-            });
+            let resolved = self.span_copy_resolved(mem, arg, epoch)?;
+            self.args[arg as usize].resolved = Some(resolved);
             return Ok(addr);
         }
         // Reads through the mapping not yet noted carry over to the new resolution.
@@ -157,26 +144,34 @@ impl RunState {
                 pending_reads: 0,
             },
             Means::Refused => {
-                // A staged tensor whose staging allocation is not mapped: a per-run copy of its
-                // own span, filled once from the device.
-                let (span_start, _) = self.args[arg as usize].span().unwrap_or_default();
-                let dev = &mem.dev;
-                let (copy, _) = self.span_copy(arg, |dst| {
-                    dev.copy_d2h(dst, DevPtr(span_start))
-                        .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))
-                })?;
-                Resolved {
-                    mem: copy,
-                    dev_start: span_start,
-                    host_start: 0,
-                    via: Via::SpanCopy,
-                    epoch,
-                    pending_reads: 0,
-                }
+                // A scratch tensor whose chunk is not mapped: a per-run copy of its own span.
+                self.span_copy_resolved(mem, arg, epoch)?
             }
         };
         self.args[arg as usize].resolved = Some(resolved);
         Ok(addr)
+    }
+
+    /// The resolution of argument `arg` through the run's copy of its span: the copy there is
+    /// (one supplied from the host bytes the run uploaded), else one filled by a single read of
+    /// the span from the device.
+    fn span_copy_resolved(&mut self, mem: &Memory, arg: u32, epoch: u64) -> Result<Resolved> {
+        let a = &self.args[arg as usize];
+        let (span_start, _) = a.span().unwrap_or_default();
+        let name = a.name.clone();
+        let dev = &mem.dev;
+        let (copy, _) = self.span_copy(arg, |dst| {
+            dev.copy_d2h(dst, DevPtr(span_start))
+                .map_err(|e| Error::device(Phase::Orchestrate, Some(&name), e))
+        })?;
+        Ok(Resolved {
+            mem: copy,
+            dev_start: span_start,
+            host_start: 0,
+            via: Via::SpanCopy,
+            epoch,
+            pending_reads: 0,
+        })
     }
 
     /// Whether orchestrator reads of argument `arg` would be served from the host bytes the
