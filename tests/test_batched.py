@@ -239,3 +239,25 @@ def test_edges_of_the_view_and_batch_api_work_or_say_what_is_wrong(edge):
     else:
         assert len(errors) == 1 and isinstance(errors[0], exc), errors
         assert "-9223372036854775808" not in str(errors[0])
+
+
+def test_a_refused_large_batch_records_none_of_its_tasks():
+    """A batch of a million tasks and more is recorded in parts (to answer Ctrl+C between them);
+    when its last task is refused, the parts before it go too: the call is all or nothing, as
+    for a small batch, and the next task is task 0."""
+    k = sp.Kernel(lambda x, y: None, [IN, (OUT, "float32")], name="k")
+    n = (1 << 20) + 5
+    seen = {}
+
+    def orch(o, x):
+        ri = np.arange(n, dtype=np.int64)[:, None]
+        ro = ri + n
+        ro[-1] = ri[-1]  # the last task's input is its output
+        with pytest.raises(sp.HazardError, match=f"task {n - 1} reads a view that shares bytes"):
+            o.submit_many(k, x.views([1], ri), x.views([1], ro))
+        seen["next"] = o.submit(k, x.view([1], [0]), x.view([1], [n]))
+
+    with sp.Worker("sim") as w:
+        r = w.run(sp.Callable(orch, [INOUT]), [np.zeros(2 * n, np.float32)])
+    assert seen["next"] == 0
+    assert (r.counters["tasks"], r.counters["submits"]) == (1, 1)

@@ -241,3 +241,41 @@ def test_the_process_exits_normally_with_daemon_threads_inside_runs():
             [sys.executable, "-c", _DAEMON_AT_EXIT], capture_output=True, text=True, timeout=60
         )
         assert (p.returncode, p.stdout.strip()) == (0, "exiting"), (p.returncode, p.stderr[-2000:])
+
+
+_HOOK_JOINS_A_DAEMON = """if True:
+    import atexit, threading, time
+    stop = threading.Event()
+    threads = []
+
+    def stop_workers():
+        stop.set()
+        for t in threads:
+            t.join()
+        print("joined", flush=True)
+
+    atexit.register(stop_workers)  # before simpler is imported: it runs after simpler's hook
+    import numpy as np, simpler as sp
+
+    def loop():
+        k = sp.Kernel(lambda a: time.sleep(0.001), [sp.IN], name="k")
+        c = sp.Callable(lambda o, t: o.submit(k, t), [sp.IN])
+        with sp.Worker("sim") as w:
+            while not stop.is_set():
+                w.run(c, [np.zeros(16, np.float32)])
+
+    t = threading.Thread(target=loop, daemon=True)
+    threads.append(t)
+    t.start()
+    time.sleep(0.3)
+"""
+
+
+def test_an_exit_hook_that_joins_a_daemon_thread_in_runs_still_returns():
+    """A daemon thread in runs waits at exit for the interpreter to finalize (so it never takes
+    the GIL back then); an exit hook that stops and joins it still gets it back (after a grace
+    period), and the process exits normally."""
+    p = subprocess.run(
+        [sys.executable, "-c", _HOOK_JOINS_A_DAEMON], capture_output=True, text=True, timeout=60
+    )
+    assert (p.returncode, p.stdout.strip()) == (0, "joined"), p.stderr[-2000:]

@@ -13,6 +13,7 @@ pub mod ascend;
 pub mod cuda;
 mod device;
 mod error;
+mod host;
 mod hostmem;
 mod ledger;
 mod loader;
@@ -22,6 +23,7 @@ pub mod sim;
 
 pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 pub use error::{codes, DeviceError, Op, Status};
+pub use host::python_finalizing;
 pub use hostmem::{HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};

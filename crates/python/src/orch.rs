@@ -689,9 +689,16 @@ impl Orchestrator {
                 })
                 .collect();
             let count = Some((hi - lo) as u64);
-            let f = done(py, self.orch().submit_many(kref, &part, &cols, count))?;
-            first.get_or_insert(f);
-            py.check_signals()?;
+            let part = done(py, self.orch().submit_many(kref, &part, &cols, count))
+                .map(|f| *first.get_or_insert(f))
+                .and_then(|_| py.check_signals());
+            if let Err(e) = part {
+                // All or nothing: the parts recorded before this one go too.
+                if let Some(f) = first {
+                    done(py, self.orch().discard_tasks(f))?;
+                }
+                return Err(e);
+            }
         }
         Ok(first.unwrap_or_default())
     }

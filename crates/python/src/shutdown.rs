@@ -3,14 +3,16 @@
 //! When the interpreter finalizes, CPython 3.11-3.13 end a daemon thread that takes the GIL back
 //! with `pthread_exit`, a forced unwind. Unwinding through the native frames of a run (the
 //! run cycle, the bindings) aborts the process ("FATAL: exception not rethrown"). So a thread
-//! that is in a run when the interpreter exits must never take the GIL back:
+//! that is in a run when the interpreter exits must not take the GIL back once it finalizes:
 //!
 //! * an `atexit` hook (registered at import; it runs on the exiting thread before finalization)
 //!   marks the exit and waits, without the GIL, for the threads running a run's Python code
 //!   (the orchestration, a kernel) to come back into native code (up to [`EXIT_WAIT`]);
-//! * a thread that would take the GIL back afterwards (after a bulk step run without it, or
-//!   before calling into Python) parks instead, without the GIL, until the process ends: what
-//!   CPython 3.14 does with such threads.
+//! * from then on a thread that would take the GIL back (after a bulk step run without it, or
+//!   before calling into Python) waits, without the GIL, for the interpreter to finalize, and
+//!   then parks for good (what CPython 3.14 does with such threads). If finalization does not
+//!   come within [`GRACE`] (a later exit hook is waiting for this very thread, say), it goes
+//!   on.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -22,25 +24,35 @@ use pyo3::prelude::*;
 /// How long the exit waits for a run's Python code to return to native code.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a thread in a run waits for finalization once the exit has begun.
+const GRACE: Duration = Duration::from_secs(2);
+
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// The thread running the exit (it is never parked: it finalizes the interpreter).
 static EXIT_THREAD: OnceLock<ThreadId> = OnceLock::new();
 /// Threads in a run's Python code now.
 static IN_PYTHON: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether this thread must not take the GIL back: the interpreter is exiting and this is not
-/// the thread that exits it.
+/// Whether this thread is to wait before taking the GIL back: the interpreter is exiting and
+/// this is not the thread that exits it.
 fn must_park() -> bool {
     EXITING.load(Ordering::Acquire) && EXIT_THREAD.get() != Some(&thread::current().id())
 }
 
-/// Parks the calling thread for good when the interpreter is exiting (see the module docs).
-/// Call without the GIL.
+/// Once the exit has begun (see the module docs): waits for the interpreter to finalize and
+/// then parks the calling thread for good, or returns after [`GRACE`]. Call without the GIL.
 pub fn park_if_exiting() {
-    if must_park() {
-        loop {
-            thread::park();
+    if !must_park() {
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < GRACE {
+        if simpler_driver::python_finalizing() == Some(true) {
+            loop {
+                thread::park();
+            }
         }
+        thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -289,6 +289,14 @@ impl<C: WorkerCell> Orch<'_, C> {
             .with(false, |w| w.submit(run, kernel, tensors, scalars))
     }
 
+    /// Takes back the tasks submitted from task `first` on: a host that records one call in
+    /// parts (to answer an interrupt between them) undoes the earlier parts when a later one
+    /// is refused, so the call is all or nothing.
+    pub fn discard_tasks(&self, first: u64) -> Result<()> {
+        let run = self.run;
+        self.cell.with(false, |w| w.orch_discard_tasks(run, first))
+    }
+
     /// `submit_many`; returns the first task's index.
     #[inline]
     pub fn submit_many(

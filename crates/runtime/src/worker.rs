@@ -442,6 +442,12 @@ impl Worker {
         matches!(&self.run, Some(r) if r.id == run && r.is_resolved(&self.mem, arg))
     }
 
+    /// Takes back the tasks of `run` from task `first` on (see `RunState::discard_tasks`).
+    pub(crate) fn orch_discard_tasks(&mut self, run: RunId, first: u64) -> Result<()> {
+        let (r, _) = self.active(run)?;
+        r.discard_tasks(first)
+    }
+
     /// Whether staged argument `arg` of `run` wants the bytes the run uploaded for its reads
     /// (see `RunState::wants_staged_bytes`).
     pub(crate) fn orch_wants_staged(&self, run: RunId, arg: u32) -> bool {

@@ -182,6 +182,7 @@ impl RunState {
             && self.args.get(arg as usize).is_some_and(|a| {
                 matches!(a.kind, ArgKind::Staged { .. })
                     && a.dir.reads()
+                    && a.alloc.is_some()
                     && a.span_copy.mem.is_none()
             })
     }

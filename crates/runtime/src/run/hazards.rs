@@ -92,6 +92,19 @@ impl HazardIndex {
         (self.regions.len() - 1) as u32
     }
 
+    /// Forgets what was indexed (the regions stay): the next access indexes the task store
+    /// again from its first slot (after tasks were taken back).
+    pub fn reindex(&mut self) {
+        for r in &mut self.regions {
+            r.spans.clear();
+            r.runs.clear();
+            r.sorted = true;
+            r.max_len = 0;
+            r.written = false;
+        }
+        self.indexed = 0;
+    }
+
     /// Forgets everything, keeping the region table's memory for the next run.
     pub fn clear(&mut self) {
         self.regions.clear();

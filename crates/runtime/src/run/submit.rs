@@ -333,6 +333,24 @@ impl RunState {
         Ok(first)
     }
 
+    /// Takes back the tasks submitted from task `first` on (a batch recorded in parts whose
+    /// later part was refused: the whole call is undone, as one batch would be).
+    pub(crate) fn discard_tasks(&mut self, first: u64) -> Result<()> {
+        self.expect(
+            Stage::Orchestrate,
+            "tasks can be taken back only during orchestration",
+        )?;
+        let before = self.tasks.len();
+        if first >= before {
+            return Ok(());
+        }
+        let batches = self.tasks.truncate(first) as u64;
+        self.hazards.reindex();
+        self.report.counters.tasks -= before - self.tasks.len();
+        self.report.counters.submits = self.report.counters.submits.saturating_sub(batches);
+        Ok(())
+    }
+
     /// `orch.scratch`: a run-scoped contiguous tensor of `shape` and `dtype`, carved from the
     /// worker's scratch pool; returns its argument index. It lives until the run's cleanup.
     pub(crate) fn scratch(

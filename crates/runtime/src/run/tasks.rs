@@ -106,6 +106,36 @@ impl TaskStore {
         self.tasks = 0;
     }
 
+    /// Takes back every task from `first` on (`first` starts a batch): the batches, their
+    /// slots, start offsets and scalars. Returns how many batches went.
+    pub fn truncate(&mut self, first: u64) -> usize {
+        let keep = self
+            .batches
+            .iter()
+            .scan(0u64, |task, b| {
+                let at = *task;
+                *task += u64::from(b.count);
+                Some(at)
+            })
+            .take_while(|&at| at < first)
+            .count();
+        let gone = self.batches.len() - keep;
+        if let Some(b) = self.batches.get(keep) {
+            let first_slot = b.first_slot as usize;
+            let first_start = self.slots[first_slot..]
+                .iter()
+                .filter_map(|s| s.starts)
+                .min()
+                .unwrap_or(self.starts.len());
+            self.starts.truncate(first_start);
+            self.scalars.truncate(b.first_scalar);
+            self.slots.truncate(first_slot);
+            self.batches.truncate(keep);
+        }
+        self.tasks = self.tasks.min(first);
+        gone
+    }
+
     /// The geometry of slot `i` for the `index`-th task of its batch.
     pub fn task_geometry(&self, i: u32, index: u32) -> Geometry {
         let s = &self.slots[i as usize];
