@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use crate::ascend::{AscendConfig, AscendDevice, MallocPolicy};
 use crate::cuda::{CudaConfig, CudaDevice};
-use crate::sim::{SimConfig, SimDevice, SvmPolicy, POISON};
+use crate::sim::{SimConfig, SimDevice, SvmPolicy};
 use crate::Device;
+use crate::POISON;
 
 /// The platforms [`open_device`] knows.
 pub const PLATFORMS: [&str; 3] = ["sim", "ascend", "cuda"];

@@ -15,7 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use simpler_runtime::{
-    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunId, Signature, Value, MAX_DIMS,
+    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunError, RunId, Signature,
+    Value, BATCH_PART, MAX_DIMS,
 };
 
 use crate::cell::Shared;
@@ -25,6 +26,7 @@ use crate::errors::{done, state_err, type_err, value_err, PyResultExt, PyRuntime
 use crate::handles::window_array;
 use crate::helpers;
 use crate::kernels::Kernel;
+use crate::logging;
 
 /// The kernels a run's tasks use, by the id the runtime records.
 #[derive(Default)]
@@ -320,8 +322,9 @@ impl Orchestrator {
 }
 
 /// Work items between checks for a pending Ctrl+C in long per-task loops (a batch of a billion
-/// tasks takes tens of seconds; each check is one call into the interpreter).
-const INTERRUPT_EVERY: usize = 1 << 20;
+/// tasks takes tens of seconds; each check is one call into the interpreter): as often as the
+/// runtime records a large batch's parts.
+const INTERRUPT_EVERY: usize = BATCH_PART;
 
 /// `items` mapped by `f`, checking for a pending interrupt every [`INTERRUPT_EVERY`] items.
 fn map_interruptible<T: Copy>(
@@ -335,34 +338,6 @@ fn map_interruptible<T: Copy>(
         py.check_signals()?;
     }
     Ok(out)
-}
-
-/// The task count of a batch when every per-task position (and `count`, if given) agrees on
-/// it; `None` otherwise (the runtime then reports the disagreement).
-fn batch_len(
-    slots: &[BatchSlot<'_>],
-    scalars: &[BatchScalar<'_>],
-    count: Option<u64>,
-) -> Option<usize> {
-    let lens = slots
-        .iter()
-        .filter_map(|s| match s {
-            BatchSlot::Views { starts, .. } => Some(starts.len()),
-            BatchSlot::One { .. } => None,
-        })
-        .chain(scalars.iter().filter_map(|s| match s {
-            BatchScalar::PerTask(v) => Some(v.len()),
-            BatchScalar::One(_) => None,
-        }));
-    let mut n = count.map(usize::try_from).transpose().ok()?;
-    for len in lens {
-        match n {
-            None => n = Some(len),
-            Some(m) if m != len => return None,
-            Some(_) => {}
-        }
-    }
-    n
 }
 
 /// Per-task values of a ``submit_many`` scalar position.
@@ -656,50 +631,15 @@ impl Orchestrator {
             .map(|c| convert::u64_arg(c, "submit_many", "count"))
             .transpose()?;
         let kref = self.kernel_ref(kernel);
-        // A large batch is recorded in chunks (each checked and recorded like a batch of its
-        // own, in order), with a check for Ctrl+C between them.
-        let n = batch_len(&slots, &scalars, count);
-        // (A count past what one batch may hold goes to the runtime whole: it refuses it.)
-        let Some(n) = n.filter(|&n| n > INTERRUPT_EVERY && u32::try_from(n).is_ok()) else {
-            return done(py, self.orch().submit_many(kref, &slots, &scalars, count));
-        };
-        let mut first = None;
-        for lo in (0..n).step_by(INTERRUPT_EVERY) {
-            let hi = (lo + INTERRUPT_EVERY).min(n);
-            let part: Vec<BatchSlot<'_>> = slots
-                .iter()
-                .map(|s| match *s {
-                    BatchSlot::Views {
-                        arg,
-                        geometry,
-                        starts,
-                    } => BatchSlot::Views {
-                        arg,
-                        geometry,
-                        starts: &starts[lo..hi],
-                    },
-                    one => one,
-                })
-                .collect();
-            let cols: Vec<BatchScalar<'_>> = scalars
-                .iter()
-                .map(|s| match *s {
-                    BatchScalar::PerTask(v) => BatchScalar::PerTask(&v[lo..hi]),
-                    one => one,
-                })
-                .collect();
-            let count = Some((hi - lo) as u64);
-            let part = done(py, self.orch().submit_many(kref, &part, &cols, count))
-                .map(|f| *first.get_or_insert(f))
-                .and_then(|_| py.check_signals());
-            if let Err(e) = part {
-                // All or nothing: the parts recorded before this one go too.
-                if let Some(f) = first {
-                    done(py, self.orch().discard_tasks(f))?;
-                }
-                return Err(e);
-            }
-        }
-        Ok(first.unwrap_or_default())
+        // A batch of millions of tasks is recorded in parts with a check for Ctrl+C between
+        // them, all or nothing (the runtime's rule).
+        let r = self
+            .orch()
+            .submit_many_checked(kref, &slots, &scalars, count, || py.check_signals());
+        logging::flush(py);
+        r.map_err(|e| match e {
+            RunError::Runtime(e) => PyRuntimeErr(e).into(),
+            RunError::Host(e) => e,
+        })
     }
 }

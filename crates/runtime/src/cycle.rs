@@ -18,7 +18,10 @@ use std::time::Instant;
 use crate::dtype::{DType, Value};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
-use crate::run::{BatchScalar, BatchSlot, HostWindow, RunId, RunReport, TaskCall, TensorInfo};
+use crate::run::submit::batch_count;
+use crate::run::{
+    BatchScalar, BatchSlot, HostWindow, RunId, RunReport, TaskCall, TensorInfo, BATCH_PART,
+};
 use crate::spec::{KernelRef, RunCall};
 use crate::worker::Worker;
 
@@ -289,14 +292,6 @@ impl<C: WorkerCell> Orch<'_, C> {
             .with(false, |w| w.submit(run, kernel, tensors, scalars))
     }
 
-    /// Takes back the tasks submitted from task `first` on: a host that records one call in
-    /// parts (to answer an interrupt between them) undoes the earlier parts when a later one
-    /// is refused, so the call is all or nothing.
-    pub fn discard_tasks(&self, first: u64) -> Result<()> {
-        let run = self.run;
-        self.cell.with(false, |w| w.orch_discard_tasks(run, first))
-    }
-
     /// `submit_many`; returns the first task's index.
     #[inline]
     pub fn submit_many(
@@ -309,5 +304,50 @@ impl<C: WorkerCell> Orch<'_, C> {
         let run = self.run;
         self.cell
             .with(false, |w| w.submit_many(run, kernel, slots, scalars, count))
+    }
+
+    /// `submit_many`, with `checkpoint` called between the parts of a batch of more than
+    /// [`BATCH_PART`] tasks (a host answers an interrupt there; the worker is not locked
+    /// meanwhile). The call records all of its tasks or none: a refused part, or a checkpoint's
+    /// error, takes the parts before it back. Returns the first task's index.
+    pub fn submit_many_checked<E>(
+        &self,
+        kernel: KernelRef<'_>,
+        slots: &[BatchSlot<'_>],
+        scalars: &[BatchScalar<'_>],
+        count: Option<u64>,
+        mut checkpoint: impl FnMut() -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, RunError<E>> {
+        let run = self.run;
+        let who = format_args!("submit_many {}", kernel.name);
+        let n = match batch_count(&who, slots, scalars, count) {
+            Ok(n) if n as usize > BATCH_PART => n as usize,
+            // One part (or a count the runtime refuses, with its own message).
+            _ => return Ok(self.submit_many(kernel, slots, scalars, count)?),
+        };
+        let mut first = None;
+        for lo in (0..n).step_by(BATCH_PART) {
+            let hi = (lo + BATCH_PART).min(n);
+            let part: Vec<BatchSlot<'_>> = slots.iter().map(|s| s.part(lo, hi)).collect();
+            let cols: Vec<BatchScalar<'_>> = scalars.iter().map(|s| s.part(lo, hi)).collect();
+            let new_call = first.is_none();
+            let recorded = self
+                .cell
+                .with(false, |w| {
+                    w.submit_batch(run, kernel, &part, &cols, Some((hi - lo) as u64), new_call)
+                })
+                .map_err(RunError::Runtime)
+                .and_then(|f| {
+                    first.get_or_insert(f);
+                    checkpoint().map_err(RunError::Host)
+                });
+            if let Err(e) = recorded {
+                if let Some(f) = first {
+                    self.cell.with(false, |w| w.orch_discard_tasks(run, f))?;
+                }
+                return Err(e);
+            }
+        }
+        Ok(first.unwrap_or_default())
     }
 }

@@ -40,6 +40,7 @@ pub use error::{Error, Phase, Result};
 pub use geometry::{Geometry, MAX_DIMS};
 pub use run::{
     BatchScalar, BatchSlot, Counters, HostWindow, Phases, RunId, RunReport, TaskCall, TensorInfo,
+    BATCH_PART,
 };
 pub use spec::{ArgValue, BufferRef, Direction, KernelRef, Param, RunArgSpec, RunCall, Signature};
 pub use staging::Staging;

@@ -539,8 +539,21 @@ impl Worker {
         scalars: &[BatchScalar<'_>],
         count: Option<u64>,
     ) -> Result<u64> {
+        self.submit_batch(run, kernel, slots, scalars, count, true)
+    }
+
+    /// `submit_many`, or a further part of one call (see `RunState::submit_batch`).
+    pub(crate) fn submit_batch(
+        &mut self,
+        run: RunId,
+        kernel: KernelRef<'_>,
+        slots: &[BatchSlot<'_>],
+        scalars: &[BatchScalar<'_>],
+        count: Option<u64>,
+        new_call: bool,
+    ) -> Result<u64> {
         let (r, _) = self.active(run)?;
-        r.submit_many(kernel, slots, scalars, count)
+        r.submit_batch(kernel, slots, scalars, count, new_call)
     }
 
     /// Ends orchestration; returns the number of tasks to run.

@@ -28,7 +28,7 @@ pub const SIM_BASE: u64 = 0x8d00_0000_0000_0000;
 pub const SIM_ALIGN: u64 = 4096;
 /// Unmapped gap left after every allocation.
 const GUARD: u64 = 4096;
-pub use crate::POISON;
+use crate::POISON;
 /// Default simulated device capacity.
 pub const DEFAULT_CAPACITY: u64 = 16 << 30;
 

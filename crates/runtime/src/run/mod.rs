@@ -13,9 +13,9 @@ mod execute;
 mod hazards;
 mod report;
 mod state;
-mod submit;
+pub(crate) mod submit;
 mod tasks;
 
 pub use report::{Counters, Phases, RunReport};
 pub use state::{HostWindow, Records, RunId, RunState, TaskCall, TensorInfo};
-pub use submit::{BatchScalar, BatchSlot};
+pub use submit::{BatchScalar, BatchSlot, BATCH_PART};

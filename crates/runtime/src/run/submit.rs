@@ -42,6 +42,79 @@ pub enum BatchScalar<'a> {
     PerTask(&'a [Value]),
 }
 
+/// Tasks a batched submit records at once: a larger batch is recorded in parts of this many,
+/// so a host can answer an interrupt between them (`Orch::submit_many_checked`), and a host
+/// converting per-task values checks for one as often.
+pub const BATCH_PART: usize = 1 << 20;
+
+impl<'a> BatchSlot<'a> {
+    /// This position for tasks `lo..hi` of its batch.
+    pub(crate) fn part(self, lo: usize, hi: usize) -> BatchSlot<'a> {
+        match self {
+            BatchSlot::Views {
+                arg,
+                geometry,
+                starts,
+            } => BatchSlot::Views {
+                arg,
+                geometry,
+                starts: &starts[lo..hi],
+            },
+            one => one,
+        }
+    }
+}
+
+impl<'a> BatchScalar<'a> {
+    /// This position for tasks `lo..hi` of its batch.
+    pub(crate) fn part(self, lo: usize, hi: usize) -> BatchScalar<'a> {
+        match self {
+            BatchScalar::PerTask(v) => BatchScalar::PerTask(&v[lo..hi]),
+            one => one,
+        }
+    }
+}
+
+/// The task count of a batched submit: `count`, or the length of its per-task positions, which
+/// must all agree (and fit one batch).
+pub(crate) fn batch_count(
+    who: &dyn Display,
+    slots: &[BatchSlot<'_>],
+    scalars: &[BatchScalar<'_>],
+    count: Option<u64>,
+) -> Result<u32> {
+    let mut n = count;
+    let lens = slots
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            BatchSlot::Views { starts, .. } => Some(("tensor", i, starts.len())),
+            BatchSlot::One { .. } => None,
+        })
+        .chain(scalars.iter().enumerate().filter_map(|(i, s)| match s {
+            BatchScalar::PerTask(v) => Some(("scalar", i, v.len())),
+            BatchScalar::One(_) => None,
+        }));
+    for (what, i, len) in lens {
+        match n {
+            None => n = Some(len as u64),
+            Some(m) if m != len as u64 => {
+                return Err(Error::Value(format!(
+                    "{who}: {what} {i} has {len} rows, expected {m} (one per task)"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let n = n.ok_or_else(|| {
+        Error::Value(format!(
+            "{who}: no per-task tensor or scalar, so the task count must be given (count=...)"
+        ))
+    })?;
+    u32::try_from(n)
+        .map_err(|_| Error::Value(format!("{who}: {n} tasks in one call exceeds 2**32 - 1")))
+}
+
 fn run_past(who: &dyn Display, a: &RunArg, addr: u64, len: u64) -> Error {
     Error::NoHostView {
         addr,
@@ -205,46 +278,20 @@ impl RunState {
     /// `submit_many`: `count` tasks of `kernel` (when `None`, the length of the per-task slots
     /// and scalars, which must agree). Returns the first task's index; the tasks run in order,
     /// after every task submitted before them.
-    pub(crate) fn submit_many(
+    /// `new_call == false`: a further part of a call recorded in parts, which does not count as
+    /// another submit.
+    pub(crate) fn submit_batch(
         &mut self,
         kernel: KernelRef<'_>,
         slots: &[BatchSlot<'_>],
         scalars: &[BatchScalar<'_>],
         count: Option<u64>,
+        new_call: bool,
     ) -> Result<u64> {
         self.check_submit(&kernel, slots.len())?;
         let who = format_args!("submit_many {}", kernel.name);
-        // The task count: given, or from the per-task positions, which must all agree.
-        let mut n = count;
-        let lens = slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| match s {
-                BatchSlot::Views { starts, .. } => Some(("tensor", i, starts.len())),
-                BatchSlot::One { .. } => None,
-            })
-            .chain(scalars.iter().enumerate().filter_map(|(i, s)| match s {
-                BatchScalar::PerTask(v) => Some(("scalar", i, v.len())),
-                BatchScalar::One(_) => None,
-            }));
-        for (what, i, len) in lens {
-            match n {
-                None => n = Some(len as u64),
-                Some(m) if m != len as u64 => {
-                    return Err(Error::Value(format!(
-                        "{who}: {what} {i} has {len} rows, expected {m} (one per task)"
-                    )))
-                }
-                Some(_) => {}
-            }
-        }
-        let n = n.ok_or_else(|| {
-            Error::Value(format!(
-                "{who}: no per-task tensor or scalar, so the task count must be given (count=...)"
-            ))
-        })?;
-        let count = u32::try_from(n)
-            .map_err(|_| Error::Value(format!("{who}: {n} tasks in one call exceeds 2**32 - 1")))?;
+        let count = batch_count(&who, slots, scalars, count)?;
+        let n = u64::from(count);
         let per_task = u16::try_from(scalars.len())
             .map_err(|_| Error::Value(format!("{who}: too many scalars ({})", scalars.len())))?;
         for (i, s) in slots.iter().enumerate() {
@@ -296,7 +343,7 @@ impl RunState {
         if count == 0 {
             // Checked like any batch; nothing to record (no slot may name a task that is not
             // there).
-            self.report.counters.submits += 1;
+            self.report.counters.submits += u64::from(new_call);
             return Ok(first);
         }
         // Record.
@@ -329,12 +376,12 @@ impl RunState {
         self.tasks
             .push_batch(kernel, count, slots.len() as u16, per_task, rows);
         self.report.counters.tasks += n;
-        self.report.counters.submits += 1;
+        self.report.counters.submits += u64::from(new_call);
         Ok(first)
     }
 
-    /// Takes back the tasks submitted from task `first` on (a batch recorded in parts whose
-    /// later part was refused: the whole call is undone, as one batch would be).
+    /// Takes back the tasks submitted from task `first` on, as one call (a batch recorded in
+    /// parts whose later part was refused: the whole call is undone, as one batch would be).
     pub(crate) fn discard_tasks(&mut self, first: u64) -> Result<()> {
         self.expect(
             Stage::Orchestrate,
@@ -344,10 +391,10 @@ impl RunState {
         if first >= before {
             return Ok(());
         }
-        let batches = self.tasks.truncate(first) as u64;
+        self.tasks.truncate(first);
         self.hazards.reindex();
         self.report.counters.tasks -= before - self.tasks.len();
-        self.report.counters.submits = self.report.counters.submits.saturating_sub(batches);
+        self.report.counters.submits = self.report.counters.submits.saturating_sub(1);
         Ok(())
     }
 

@@ -107,8 +107,8 @@ impl TaskStore {
     }
 
     /// Takes back every task from `first` on (`first` starts a batch): the batches, their
-    /// slots, start offsets and scalars. Returns how many batches went.
-    pub fn truncate(&mut self, first: u64) -> usize {
+    /// slots, start offsets and scalars.
+    pub fn truncate(&mut self, first: u64) {
         let keep = self
             .batches
             .iter()
@@ -119,7 +119,6 @@ impl TaskStore {
             })
             .take_while(|&at| at < first)
             .count();
-        let gone = self.batches.len() - keep;
         if let Some(b) = self.batches.get(keep) {
             let first_slot = b.first_slot as usize;
             let first_start = self.slots[first_slot..]
@@ -133,7 +132,6 @@ impl TaskStore {
             self.batches.truncate(keep);
         }
         self.tasks = self.tasks.min(first);
-        gone
     }
 
     /// The geometry of slot `i` for the `index`-th task of its batch.
