@@ -554,9 +554,9 @@ def unknown_svm_policy(w):
     return lambda: sp.Worker("sim", svm="sometimes")
 
 
-@case(ArgumentError, r"unknown driver operation 'launch'")
+@case(ArgumentError, r"unknown driver operation 'teleport'")
 def unknown_fault_operation(w):
-    return lambda: w.inject_fault("launch")
+    return lambda: w.inject_fault("teleport")
 
 
 @case(PlatformUnavailableError, r"libascend_hal\.so.*/nonexistent-simpler-lib")

@@ -171,7 +171,7 @@ def test_unknown_platform_and_options():
         sp.Worker("sim", staging="pool")
     with pytest.raises(sp.ArgumentError):
         with sp.Worker("sim") as w:
-            w.inject_fault("launch")
+            w.inject_fault("teleport")
 
 
 def test_bfloat16_and_fp8_are_real_dtypes(w):

@@ -18,7 +18,7 @@ try:  # ml_dtypes supplies bfloat16 and the fp8/fp4 kinds (the dtypes JAX uses).
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency
     ml_dtypes = None
 
-from . import _core, _dlpack
+from . import _core, _cuda, _dlpack
 from .errors import ArgumentError, ArgumentTypeError
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_core.DTYPES)
@@ -139,4 +139,6 @@ _core.install_helpers(
     dtype_name=dtype_name,
     np_dtype=np_dtype,
     dlpack_export=_dlpack.export,
+    nvrtc_dirs=_cuda.nvrtc_dirs,
+    device_array=_cuda.device_array,
 )

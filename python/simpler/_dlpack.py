@@ -4,7 +4,8 @@
 holding a ``DLManagedTensor`` that describes the tensor's device memory, without a copy. The
 structures live in :data:`_LIVE` until whoever owns them lets go: the consumer calls the
 ``deleter`` after renaming the capsule ``used_dltensor``; a capsule never consumed is deleted by
-its destructor. Either way the entry (and with it the tensor, so its buffer) is released once.
+its destructor. Either way the entry (and with it the tensor, so its buffer, and the export
+that keeps the buffer from being freed meanwhile) is released once.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def dl_dtype(dtype: np.dtype) -> DLDataType:
     return DLDataType(code, dtype.itemsize * 8, 1)
 
 
-def export(tensor: Any, data: int, device: tuple[int, int], dtype: np.dtype) -> object:
-    """A ``dltensor`` capsule for ``tensor`` (shape, element strides and offset from it) whose
-    memory starts at device address ``data`` on ``device``."""
+def export(tensor: Any, data: int, device: tuple[int, int], dtype: np.dtype, guard: object) -> object:
+    """A ``dltensor`` capsule for ``tensor`` (shape and element strides from it) whose first
+    element is at device address ``data`` on ``device`` (0 when it has none); ``guard`` (the
+    export) is kept until the capsule's tensor is deleted."""
     ndim = len(tensor.shape)
     shape = (ctypes.c_int64 * max(ndim, 1))(*tensor.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*tensor.strides)
@@ -106,9 +108,9 @@ def export(tensor: Any, data: int, device: tuple[int, int], dtype: np.dtype) -> 
         dl_dtype(dtype),
         ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
         ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)),
-        tensor.offset * dtype.itemsize,
+        0,
     )
     managed.deleter = _deleter
     addr = ctypes.addressof(managed)
-    _LIVE[addr] = (managed, shape, strides, tensor)
+    _LIVE[addr] = (managed, shape, strides, tensor, guard)
     return _api.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))

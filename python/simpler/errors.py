@@ -12,6 +12,7 @@ from __future__ import annotations
 from ._core import (
     ArgumentError,
     ArgumentTypeError,
+    CompileError,
     DeviceError,
     GeometryError,
     HazardError,
@@ -24,6 +25,7 @@ from ._core import (
 __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
+    "CompileError",
     "DeviceError",
     "GeometryError",
     "HazardError",

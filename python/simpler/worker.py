@@ -2,7 +2,8 @@
 
 Every class here is native (``simpler._core``), re-exported: the run cycle itself (bind,
 orchestrate, execute, copy back, clean up) is one native call that calls back into Python only
-for the orchestration function and the kernels. :class:`Worker` is a short subclass that adds
+for the orchestration function and the kernels (and not even for a kernel's device code,
+:class:`CudaCode`, which the runtime launches natively on cuda). :class:`Worker` is a short subclass that adds
 the ``ResourceWarning`` of a worker that was never closed.
 """
 
@@ -16,22 +17,28 @@ __all__ = [
     "ArgDirection",
     "Buffer",
     "Callable",
+    "CudaCode",
     "DeviceTensor",
     "Kernel",
+    "Launch",
     "Orchestrator",
     "RunReport",
     "RunTensor",
     "Worker",
+    "device_code_stats",
 ]
 
 ArgDirection = _core.ArgDirection
 Buffer = _core.Buffer
 Callable = _core.Callable
+CudaCode = _core.CudaCode
 DeviceTensor = _core.DeviceTensor
 Kernel = _core.Kernel
+Launch = _core.Launch
 Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
 RunTensor = _core.RunTensor
+device_code_stats = _core.device_code_stats
 
 
 class Worker(_core.Worker):

@@ -1,20 +1,28 @@
 //! Control and observation functions for tests (C ABI, not part of `cuda.h`).
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 
-use crate::{with_state, CUdevice};
+use crate::{exec, with_state, CUdevice, HostKernel};
 
-/// Clears the call log, pending injections and the violation count, and re-reads the
-/// environment (`FAKE_CUDA_DEVICES`, `FAKE_CUDA_INJECT`, `FAKE_CUDA_REUSE`). Initialization,
-/// live allocations, registrations and retain counts are kept.
+/// Clears the call log, pending injections, the violation count and the launch, module-load
+/// and compile counters, releases a stream hold, and re-reads the environment
+/// (`FAKE_CUDA_DEVICES`, `FAKE_CUDA_INJECT`, `FAKE_CUDA_REUSE`, `FAKE_CUDA_CC`,
+/// `FAKE_CUDA_STREAM_LATENCY_US`). Initialization, live allocations, registrations, retain
+/// counts, streams, events, modules, programs, sticky errors and registered host kernels are
+/// kept.
 #[no_mangle]
 pub extern "C" fn fake_cuda_reset() {
     with_state(|st| {
         st.log.clear();
         st.injections.clear();
         st.violations = 0;
+        st.launches = 0;
+        st.module_loads = 0;
+        st.compiles = 0;
+        exec::lock().held = false;
         st.apply_env();
-    })
+    });
+    exec::notify();
 }
 
 /// Makes the `nth` (>= 1) next call of function `name` (its exact C name) return `code` without
@@ -101,4 +109,111 @@ pub extern "C" fn fake_cuda_set_devices(n: c_int) {
 #[no_mangle]
 pub extern "C" fn fake_cuda_set_reuse(on: c_int) {
     with_state(|st| st.heap.reuse = on != 0);
+}
+
+/// `int fake_cuda_register_kernel(const char *entry, fake_cuda_host_kernel fn, void *user)`:
+/// makes `fn` the host implementation of kernel entry `entry` (replacing an earlier one; a
+/// null `fn` removes it). Launches of `entry` call `fn(user, entry, params, n_params, grid,
+/// block, shared_bytes)` on the stream's thread with no lock of the fake held. Returns 0, or
+/// -1 for a null `entry`.
+///
+/// # Safety
+/// `entry` must be null or NUL-terminated; `fn` must stay callable, and `user` valid for it,
+/// until removed (launches already queued may still call it).
+#[no_mangle]
+pub unsafe extern "C" fn fake_cuda_register_kernel(
+    entry: *const c_char,
+    f: Option<HostKernel>,
+    user: *mut c_void,
+) -> c_int {
+    if entry.is_null() {
+        return -1;
+    }
+    // SAFETY: non-null and NUL-terminated per the caller.
+    let entry = unsafe { CStr::from_ptr(entry) }
+        .to_string_lossy()
+        .into_owned();
+    with_state(|st| {
+        match f {
+            Some(f) => st.kernels.insert(entry, (f, user as usize)),
+            None => st.kernels.remove(&entry),
+        };
+    });
+    0
+}
+
+/// `void *fake_cuda_translate(unsigned long long dev_addr, unsigned long long len)`: the host
+/// address of device range `[dev_addr, dev_addr + len)` if it lies in one live allocation (of
+/// any device), else null. For host kernels, which may call it from the stream's thread.
+#[no_mangle]
+pub extern "C" fn fake_cuda_translate(dev_addr: c_ulonglong, len: c_ulonglong) -> *mut c_void {
+    with_state(|st| {
+        st.heap
+            .translate(dev_addr, len)
+            .map_or(std::ptr::null_mut(), |(_, host, _)| host.cast())
+    })
+}
+
+/// Number of launches `cuLaunchKernel` accepted (since the last reset).
+#[no_mangle]
+pub extern "C" fn fake_cuda_launch_count() -> u64 {
+    with_state(|st| st.launches)
+}
+
+/// Number of successful `cuModuleLoadData` calls (since the last reset).
+#[no_mangle]
+pub extern "C" fn fake_cuda_module_loads() -> u64 {
+    with_state(|st| st.module_loads)
+}
+
+/// Number of loaded (not unloaded) modules.
+#[no_mangle]
+pub extern "C" fn fake_cuda_live_modules() -> u64 {
+    with_state(|st| st.modules.len() as u64)
+}
+
+/// Number of live (created, not destroyed) streams.
+#[no_mangle]
+pub extern "C" fn fake_cuda_live_streams() -> u64 {
+    exec::lock().streams.len() as u64
+}
+
+/// Number of live (created, not destroyed) events.
+#[no_mangle]
+pub extern "C" fn fake_cuda_live_events() -> u64 {
+    exec::lock().events.len() as u64
+}
+
+/// The sticky error of `dev`'s primary context, or 0 when it is healthy (or `dev` is invalid).
+#[no_mangle]
+pub extern "C" fn fake_cuda_poisoned(dev: c_int) -> c_int {
+    with_state(|st| st.poisoned(dev))
+}
+
+/// Holds (non-zero) or releases (0) every created stream: while held, queued work waits (so a
+/// test can observe what was, or was not, done at call time). Anything that waits for a held
+/// stream (synchronize, `cuMemFree_v2`, a legacy-stream call after work on a blocking stream)
+/// blocks until the hold is released from another thread.
+#[no_mangle]
+pub extern "C" fn fake_cuda_hold_streams(on: c_int) {
+    exec::lock().held = on != 0;
+    exec::notify();
+}
+
+/// Sets the launch latency: how long an idle stream waits before running newly queued work.
+#[no_mangle]
+pub extern "C" fn fake_cuda_set_stream_latency_us(us: c_uint) {
+    exec::set_latency_us(u64::from(us));
+}
+
+/// Number of successful `nvrtcCompileProgram` calls (since the last reset).
+#[no_mangle]
+pub extern "C" fn fake_nvrtc_compile_count() -> u64 {
+    with_state(|st| st.compiles)
+}
+
+/// Number of live (created, not destroyed) NVRTC programs.
+#[no_mangle]
+pub extern "C" fn fake_nvrtc_live_programs() -> u64 {
+    with_state(|st| st.programs.len() as u64)
 }

@@ -1,21 +1,27 @@
-//! A fake CUDA driver library (`libcuda`), for tests only (never shipped): the handful of driver
-//! API entry points the CUDA backend uses, with their exact C signatures from `cuda.h`, backed by
-//! host memory. Tests point the loader at this file (e.g. as `libcuda.so.1`) so the backend can
-//! be exercised in CI without a GPU.
+//! A fake CUDA driver library (`libcuda`) and a fake NVRTC (`libnvrtc`) in one file, for tests
+//! only (never shipped): the driver API entry points the CUDA backend uses, with their exact C
+//! signatures from `cuda.h` and `nvrtc.h`, backed by host memory, with kernels run by host
+//! functions that tests register. Tests point the loader at this file (e.g. as `libcuda.so.1`
+//! and `libnvrtc.so`) so the backend, including its device-execution path, can be exercised in
+//! CI without a GPU.
 //!
 //! What it models, and why — a fake is only useful if it is at least as strict as the driver:
-//! * **Initialization.** Every call except `cuInit` (and `cuGetErrorName`, which the driver
-//!   answers at any time) returns `CUDA_ERROR_NOT_INITIALIZED` until `cuInit(0)` succeeds.
+//! * **Initialization.** Every driver call except `cuInit` (and `cuGetErrorName`, which the
+//!   driver answers at any time) returns `CUDA_ERROR_NOT_INITIALIZED` until `cuInit(0)` succeeds.
+//!   NVRTC needs no initialization.
 //! * **Per-thread current context.** As in the driver, the current context is thread-local: a
 //!   thread starts with none, and `cuCtxSetCurrent` on one thread says nothing about another.
-//!   Memory calls without an (active) current context fail with `CUDA_ERROR_INVALID_CONTEXT`, so
-//!   a backend that forgets to bind its context on a worker thread fails here as it would on a
-//!   GPU.
+//!   Calls needing a context fail with `CUDA_ERROR_INVALID_CONTEXT` without an (active) current
+//!   one, so a backend that forgets to bind its context on a worker thread fails here as it
+//!   would on a GPU.
 //! * **Primary-context retain/release counts.** `cuDevicePrimaryCtxRetain` and
 //!   `cuDevicePrimaryCtxRelease_v2` are reference-counted per device. When the count drops to 0
 //!   the context becomes inactive: a thread that still has it current keeps a dangling handle and
 //!   every call needing a context fails. Releasing more often than retaining is an error. Tests
-//!   read the counts back to prove retains and releases balance.
+//!   read the counts back to prove retains and releases balance. Allocations, streams, events
+//!   and modules are *not* destroyed with the context (unlike the driver): they stay live,
+//!   counted by the controls, and usable again after the next retain, so a driver that leaks one
+//!   shows up in the counts.
 //! * **Host registration.** `cuMemHostRegister_v2` records page-locked ranges (without touching
 //!   the memory); overlapping registrations and unregistering an address that does not start a
 //!   registration fail with the driver's codes, and tests can check nothing is left registered.
@@ -24,38 +30,89 @@
 //!   crashes instead of silently working. Fresh memory is filled with `0xCD` (device memory is
 //!   not zeroed). A freed address is handed out again to the next allocation of the same size, as
 //!   the driver's allocator does, so a handle kept past `cuMemFree_v2` really aliases newer data.
-//! * **Fault injection.** The `nth` next call of a named export returns a chosen code without
-//!   doing anything, so error paths can be tested.
+//! * **Streams run asynchronously** ([`exec`]). Each stream made by `cuStreamCreate` has a FIFO
+//!   queue run in order by a background thread, after the enqueuing call returned (and, by
+//!   default, after a launch latency), so a caller that forgets to synchronize sees stale data.
+//!   `cuMemcpyHtoDAsync_v2` from a registered (pinned) range reads the host bytes when it runs,
+//!   as DMA does; from pageable memory it copies them at call time. `cuMemcpyDtoHAsync_v2`
+//!   writes the host buffer when it runs. The NULL/legacy stream (`0`, `CU_STREAM_LEGACY`) and
+//!   `CU_STREAM_PER_THREAD` run each operation before the call returns; the legacy stream, and
+//!   the synchronous `cuMemcpyHtoD_v2`/`cuMemcpyDtoH_v2`/`cuMemsetD8_v2`, first wait for the
+//!   device's *blocking* streams (flags 0), as the legacy stream does, but never for
+//!   `CU_STREAM_NON_BLOCKING` ones: mixing those with synchronous calls races here as on a GPU.
+//!   `cuMemFree_v2` waits until every stream is idle; `cuStreamDestroy_v2` drains the stream
+//!   first. Events record a point in a stream; `cuStreamWaitEvent` makes later work wait for it
+//!   (also across devices); a never-recorded event is complete.
+//! * **Modules and launches** ([`api::module`]). `cuModuleLoadData` accepts only images of the
+//!   fake NVRTC ([`image`]), built for an architecture the device can run. `cuLaunchKernel`
+//!   validates the launch and copies the parameter values at call time (each parameter is read
+//!   as 8 bytes — a limit of the fake), then runs, in stream order, the host function a test
+//!   registered for the entry (`fake_cuda_register_kernel`), on the stream's thread, with no
+//!   lock of the fake held; it reaches device memory through `fake_cuda_translate`. A host
+//!   kernel must not call the driver (device code cannot): such calls fail with
+//!   `CUDA_ERROR_NOT_PERMITTED`.
+//! * **Sticky errors.** A host kernel returning non-zero (or an operation reaching memory freed
+//!   meanwhile) is a device fault: `CUDA_ERROR_ILLEGAL_ADDRESS` (700) when it returned 700,
+//!   else `CUDA_ERROR_LAUNCH_FAILED` (719); an entry without a host function faults with 719.
+//!   The fault poisons the device's primary context: operations still queued on its streams are
+//!   discarded, and every later call needing the context returns the code (synchronize calls
+//!   included). The releasing calls (`cuMemFree_v2`, `cuMemHostUnregister`,
+//!   `cuStreamDestroy_v2`, `cuEventDestroy_v2`, `cuModuleUnload`) return it too but still
+//!   release their object, so a driver's cleanup path leaves nothing behind. `cuCtxGetCurrent`, `cuCtxSetCurrent` and
+//!   `cuDevicePrimaryCtxRelease_v2` keep working; when the retain count drops to 0 the poison is
+//!   cleared (the next retain makes a fresh context).
+//! * **NVRTC** ([`nvrtc`]). "Compiling" finds the `extern "C" __global__` entries of the source
+//!   and counts their parameters; `#error` fails the compile with its message in the log; the
+//!   output is a module image for `cuModuleLoadData`. A CUBIN exists only for a real `sm_NN`
+//!   target, as in NVRTC.
+//! * **Fault injection.** The `nth` next call of a named export (driver or NVRTC) returns a
+//!   chosen code without doing anything, so error paths can be tested.
 //! * **Stricter-than-real checks.** Freeing, copying to/from or setting an allocation while the
 //!   current context belongs to a different device than the one that allocated it is accepted by
 //!   the real driver (unified addressing) but is refused here with `CUDA_ERROR_INVALID_VALUE` and
 //!   counted as a "wrong context" violation, because it means the backend lost track of which
-//!   device owns the memory.
+//!   device owns the memory. Likewise any use of a stream, event, module or function of another
+//!   device than the current context's is refused with `CUDA_ERROR_INVALID_HANDLE` and counted
+//!   (except the event of `cuStreamWaitEvent`, which may come from any device, as in CUDA).
 //!
 //! Configuration, read from the environment on first use (so a whole test run can be configured)
 //! and again by `fake_cuda_reset`:
 //! * `FAKE_CUDA_DEVICES` (default 2): number of devices; ordinals at or past it are invalid.
 //! * `FAKE_CUDA_INJECT=name:nth:code[,name:nth:code...]`: the `nth` next call of the named
-//!   function (its exact C name, e.g. `cuMemAlloc_v2`) returns `code`.
+//!   function (its exact C name, e.g. `cuMemAlloc_v2` or `nvrtcCompileProgram`) returns `code`.
 //! * `FAKE_CUDA_REUSE` (default on): `0`/`off` stops freed addresses from being reused.
+//! * `FAKE_CUDA_CC` (default `9.0`): the compute capability every device reports.
+//! * `FAKE_CUDA_STREAM_LATENCY_US` (default 200): how long a stream that was idle waits before
+//!   it runs newly queued work (a launch latency, so a forgotten synchronize shows up).
 //!
 //! Controls for tests (C ABI, see [`control`]): `fake_cuda_reset` (clears the call log, pending
-//! injections and the violation count, re-reads the environment; keeps live allocations,
-//! registrations and retain counts), `fake_cuda_inject`, `fake_cuda_call_log` (one text line per
-//! call: `name args -> code`, the device address as the second word where there is one, injected
-//! failures marked ` (injected)`), `fake_cuda_live_allocations`, `fake_cuda_live_registrations`,
-//! `fake_cuda_registered_bytes`, `fake_cuda_retain_count`, `fake_cuda_violations`,
-//! `fake_cuda_alloc_device`, `fake_cuda_set_devices` and `fake_cuda_set_reuse`.
+//! injections, the violation count and the launch/load/compile counters, releases a stream hold,
+//! re-reads the environment; keeps live allocations, registrations, retain counts, streams,
+//! events, modules, programs, sticky errors and registered host kernels), `fake_cuda_inject`,
+//! `fake_cuda_call_log` (one text line per call: `name args -> code`, the device address or
+//! handle as the second word where there is one, injected failures marked ` (injected)`, and
+//! `fake_cuda fault ...` lines for device faults), `fake_cuda_live_allocations`,
+//! `fake_cuda_live_registrations`, `fake_cuda_registered_bytes`, `fake_cuda_retain_count`,
+//! `fake_cuda_violations`, `fake_cuda_alloc_device`, `fake_cuda_set_devices`,
+//! `fake_cuda_set_reuse`, `fake_cuda_register_kernel`, `fake_cuda_translate`,
+//! `fake_cuda_launch_count`, `fake_cuda_module_loads`, `fake_cuda_live_modules`,
+//! `fake_cuda_live_streams`, `fake_cuda_live_events`, `fake_cuda_poisoned`,
+//! `fake_cuda_hold_streams`, `fake_cuda_set_stream_latency_us`, `fake_nvrtc_compile_count` and
+//! `fake_nvrtc_live_programs`.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use fake_vendor::{env_flag, AddressMode, CallLog, Heap, Injections};
 
 pub mod api;
 pub mod control;
+pub mod exec;
+pub mod image;
+pub mod nvrtc;
 
 #[cfg(test)]
 mod tests;
@@ -65,9 +122,32 @@ pub type CUresult = c_int;
 /// `CUdevice` (`cuda.h`: `typedef int CUdevice`).
 pub type CUdevice = c_int;
 /// `CUcontext` (`cuda.h`: an opaque `struct CUctx_st *`).
-pub type CUcontext = *mut std::ffi::c_void;
+pub type CUcontext = *mut c_void;
 /// `CUdeviceptr` (`cuda.h`: `unsigned long long` on 64-bit hosts).
 pub type CUdeviceptr = std::ffi::c_ulonglong;
+/// `CUstream` (`cuda.h`: an opaque `struct CUstream_st *`).
+pub type CUstream = *mut c_void;
+/// `CUevent` (`cuda.h`: an opaque `struct CUevent_st *`).
+pub type CUevent = *mut c_void;
+/// `CUmodule` (`cuda.h`: an opaque `struct CUmod_st *`).
+pub type CUmodule = *mut c_void;
+/// `CUfunction` (`cuda.h`: an opaque `struct CUfunc_st *`).
+pub type CUfunction = *mut c_void;
+/// `CUdevice_attribute` (`cuda.h`: an enum, passed as `int`).
+#[allow(non_camel_case_types)] // the header's name
+pub type CUdevice_attribute = c_int;
+
+/// A host implementation of a kernel entry (`fake_cuda_host_kernel`): returns 0 on success, 700
+/// for an illegal address, anything else for another device fault.
+pub type HostKernel = unsafe extern "C" fn(
+    user: *mut c_void,
+    entry: *const std::ffi::c_char,
+    params: *const std::ffi::c_ulonglong,
+    n_params: std::ffi::c_uint,
+    grid: *const std::ffi::c_uint,
+    block: *const std::ffi::c_uint,
+    shared_bytes: std::ffi::c_uint,
+) -> c_int;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
@@ -75,10 +155,17 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// First device address handed out: non-canonical on x86-64 and outside aarch64 user space.
@@ -93,6 +180,24 @@ const CTX_BASE: usize = 0xC7C0_0000;
 const CTX_STRIDE: usize = 16;
 /// Device count when `FAKE_CUDA_DEVICES` is unset.
 const DEFAULT_DEVICES: c_int = 2;
+/// Compute capability when `FAKE_CUDA_CC` is unset.
+const DEFAULT_CC: (c_int, c_int) = (9, 0);
+/// Launch latency when `FAKE_CUDA_STREAM_LATENCY_US` is unset.
+const DEFAULT_LATENCY_US: u64 = 200;
+
+/// Bases of the opaque handles of each kind (never dereferenced, never reused).
+const STREAM_BASE: usize = 0x5700_0000_0000;
+const EVENT_BASE: usize = 0xE700_0000_0000;
+const MODULE_BASE: usize = 0x30D0_0000_0000;
+const FUNCTION_BASE: usize = 0xF700_0000_0000;
+const PROGRAM_BASE: usize = 0x9C00_0000_0000;
+
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+/// A fresh opaque handle of the kind starting at `base`.
+fn new_handle(base: usize) -> usize {
+    base + NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) * 16
+}
 
 thread_local! {
     /// The calling thread's current context handle (0: none).
@@ -112,15 +217,38 @@ fn ctx_of(dev: CUdevice) -> usize {
     CTX_BASE + dev as usize * CTX_STRIDE
 }
 
+/// The device whose primary-context handle `ctx` is (whether or not it is valid or active).
+fn device_of_ctx(ctx: usize) -> Option<CUdevice> {
+    let off = ctx.checked_sub(CTX_BASE)?;
+    if off % CTX_STRIDE != 0 {
+        return None;
+    }
+    CUdevice::try_from(off / CTX_STRIDE).ok()
+}
+
 struct State {
     initialized: bool,
     devices: c_int,
+    /// Compute capability (major, minor) of every device.
+    cc: (c_int, c_int),
     /// Primary-context retain counts by device (absent: 0).
     retains: BTreeMap<CUdevice, u64>,
+    /// Sticky fault codes by device (absent: the context is healthy).
+    poison: BTreeMap<CUdevice, CUresult>,
     /// Device memory; each block records the device that allocated it.
     heap: Heap<CUdevice>,
     /// Host registrations: start -> length.
     registrations: BTreeMap<u64, u64>,
+    /// Loaded modules and the functions got from them, by handle.
+    modules: BTreeMap<usize, api::module::Module>,
+    functions: BTreeMap<usize, api::module::Function>,
+    /// Host implementations of kernel entries: entry -> (function, user pointer).
+    kernels: BTreeMap<String, (HostKernel, usize)>,
+    /// NVRTC programs by handle.
+    programs: BTreeMap<usize, nvrtc::Program>,
+    launches: u64,
+    module_loads: u64,
+    compiles: u64,
     injections: Injections,
     log: CallLog,
     violations: u64,
@@ -133,9 +261,18 @@ impl State {
         let mut st = State {
             initialized: false,
             devices: DEFAULT_DEVICES,
+            cc: DEFAULT_CC,
             retains: BTreeMap::new(),
+            poison: BTreeMap::new(),
             heap: Heap::new(AddressMode::Distinct(DEV_BASE)),
             registrations: BTreeMap::new(),
+            modules: BTreeMap::new(),
+            functions: BTreeMap::new(),
+            kernels: BTreeMap::new(),
+            programs: BTreeMap::new(),
+            launches: 0,
+            module_loads: 0,
+            compiles: 0,
             injections: Injections::default(),
             log: CallLog::default(),
             violations: 0,
@@ -159,6 +296,25 @@ impl State {
                 None => self.config_error(&format!("FAKE_CUDA_REUSE={v:?}")),
             }
         }
+        self.cc = DEFAULT_CC;
+        if let Ok(v) = std::env::var("FAKE_CUDA_CC") {
+            let parsed = v.trim().split_once('.').and_then(|(a, b)| {
+                let (a, b) = (a.parse::<c_int>().ok()?, b.parse::<c_int>().ok()?);
+                (a > 0 && (0..10).contains(&b)).then_some((a, b))
+            });
+            match parsed {
+                Some(cc) => self.cc = cc,
+                None => self.config_error(&format!("FAKE_CUDA_CC={v:?}")),
+            }
+        }
+        let mut latency = DEFAULT_LATENCY_US;
+        if let Ok(v) = std::env::var("FAKE_CUDA_STREAM_LATENCY_US") {
+            match v.trim().parse::<u64>() {
+                Ok(us) => latency = us,
+                Err(_) => self.config_error(&format!("FAKE_CUDA_STREAM_LATENCY_US={v:?}")),
+            }
+        }
+        exec::set_latency_us(latency);
         if let Ok(v) = std::env::var("FAKE_CUDA_INJECT") {
             for item in self.injections.parse(&v) {
                 self.config_error(&format!("FAKE_CUDA_INJECT item {item:?}"));
@@ -177,10 +333,15 @@ impl State {
     }
 
     /// The failure this call of `name` must return, if any: an injected one (logged with
-    /// ` (injected)`), else `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (logged).
+    /// ` (injected)`), else `CUDA_ERROR_NOT_PERMITTED` for a call from a host kernel (device code
+    /// cannot call the driver), else `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (logged).
     fn gate(&mut self, name: &str, args: &str) -> Option<CUresult> {
         if let Some(code) = self.injections.take_logged(&mut self.log, name, args) {
             return Some(code);
+        }
+        if name != "cuGetErrorName" && exec::on_executor() {
+            let args = format!("{args} (from a host kernel)");
+            return Some(self.ret(name, &args, CUDA_ERROR_NOT_PERMITTED));
         }
         if !self.initialized && name != "cuInit" && name != "cuGetErrorName" {
             return Some(self.ret(name, args, CUDA_ERROR_NOT_INITIALIZED));
@@ -196,21 +357,37 @@ impl State {
         self.retains.get(&dev).copied().unwrap_or(0)
     }
 
+    /// The sticky error of `dev`'s primary context, or `CUDA_SUCCESS`.
+    fn poisoned(&self, dev: CUdevice) -> CUresult {
+        self.poison.get(&dev).copied().unwrap_or(CUDA_SUCCESS)
+    }
+
     /// The device whose primary context `ctx` is, when that context is active (retained).
     fn active_device(&self, ctx: usize) -> Option<CUdevice> {
-        let off = ctx.checked_sub(CTX_BASE)?;
-        if off % CTX_STRIDE != 0 {
-            return None;
-        }
-        let dev = CUdevice::try_from(off / CTX_STRIDE).ok()?;
+        let dev = device_of_ctx(ctx)?;
         (self.valid_device(dev) && self.retain_count(dev) > 0).then_some(dev)
     }
 
     /// The device of the calling thread's current context, or `CUDA_ERROR_INVALID_CONTEXT` when
-    /// there is none or it is no longer active.
+    /// there is none or it is no longer active, or the context's sticky error.
     fn current_device(&self) -> Result<CUdevice, CUresult> {
+        let dev = self.current_device_any()?;
+        match self.poisoned(dev) {
+            CUDA_SUCCESS => Ok(dev),
+            code => Err(code),
+        }
+    }
+
+    /// [`State::current_device`], poisoned or not.
+    fn current_device_any(&self) -> Result<CUdevice, CUresult> {
         self.active_device(current_ctx())
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    /// Counts a use of `owner`'s object while `dev`'s context is current; returns the log note.
+    fn wrong_context(&mut self, what: &str, owner: CUdevice, dev: CUdevice) -> String {
+        self.violations += 1;
+        format!(" WRONG-CONTEXT({what} dev={owner}, current dev={dev})")
     }
 
     /// Checks that `[addr, addr + len)` lies in one live allocation of device `dev` and returns
@@ -222,12 +399,20 @@ impl State {
         };
         if block.meta != dev {
             let owner = block.meta;
-            self.violations += 1;
-            return Err(format!(
-                " WRONG-CONTEXT(alloc dev={owner}, current dev={dev})"
-            ));
+            return Err(self.wrong_context("alloc", owner, dev));
         }
         Ok(host)
+    }
+
+    /// Whether `[start, start + len)` lies inside one host registration.
+    fn pinned(&self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
+        self.registrations
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(&s, &l)| s + l >= end)
     }
 }
 

@@ -1,11 +1,110 @@
-//! The fake's state is global, so everything is checked in one test, in order.
+//! The fake's state is global: every test takes [`serial`] first, so they run one at a time
+//! (in any order), and leaves no stream, event, module or allocation behind. The driver model is
+//! checked in one test, in order; streams, kernels and NVRTC have rooms of their own.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr;
+use std::sync::{Mutex, MutexGuard};
 
 use crate::api::*;
 use crate::control::*;
 use crate::*;
+
+mod kernels;
+mod nvrtc_api;
+mod streams;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The test lock (a failed test does not poison it for the others).
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drops whatever an earlier, failed test left behind (so only that test reports it).
+fn scrub() {
+    fake_cuda_hold_streams(0);
+    {
+        let mut ex = exec::lock();
+        ex.streams.clear();
+        ex.events.clear();
+    }
+    exec::notify();
+    with_state(|st| {
+        st.modules.clear();
+        st.functions.clear();
+        st.registrations.clear();
+        st.poison.clear();
+        let live: Vec<u64> = st.heap.blocks().map(|(a, _)| a).collect();
+        for a in live {
+            st.heap.remove(a, ALIGN, false);
+        }
+    });
+}
+
+/// A test's device: device 0's primary context, fresh (retained once, so healthy), current on
+/// the calling thread; the log, injections and counters reset; the test lock held.
+struct Dev {
+    ctx: CUcontext,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Dev {
+    fn new() -> Dev {
+        let serial = serial();
+        scrub();
+        fake_cuda_reset();
+        fake_cuda_set_devices(2);
+        fake_cuda_set_reuse(1);
+        fake_cuda_set_stream_latency_us(100);
+        assert_eq!(cuInit(0), CUDA_SUCCESS);
+        for dev in 0..2 {
+            while fake_cuda_retain_count(dev) > 0 {
+                assert_eq!(cuDevicePrimaryCtxRelease_v2(dev), CUDA_SUCCESS);
+            }
+        }
+        let ctx = retain(0);
+        assert_eq!(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        Dev {
+            ctx,
+            _serial: serial,
+        }
+    }
+
+    /// Checks that the test left nothing behind, and releases the context.
+    fn finish(self) {
+        assert_eq!(fake_cuda_live_streams(), 0, "streams left");
+        assert_eq!(fake_cuda_live_events(), 0, "events left");
+        assert_eq!(fake_cuda_live_modules(), 0, "modules left");
+        assert_eq!(fake_cuda_live_allocations(), 0, "allocations left");
+        assert_eq!(fake_cuda_violations(), 0, "{}", call_log());
+        assert_eq!(cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+        assert_eq!(cuCtxSetCurrent(ptr::null_mut()), CUDA_SUCCESS);
+    }
+}
+
+/// What device memory holds now, read behind the streams' backs.
+fn peek(src: CUdeviceptr, n: usize) -> Vec<u8> {
+    let p = fake_cuda_translate(src, n as u64);
+    assert!(!p.is_null());
+    // SAFETY: `p` has `n` bytes of a live allocation behind it.
+    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), n) }.to_vec()
+}
+
+fn stream(flags: u32) -> CUstream {
+    let mut s: CUstream = ptr::null_mut();
+    // SAFETY: `s` is a valid out pointer.
+    assert_eq!(unsafe { cuStreamCreate(&mut s, flags) }, CUDA_SUCCESS);
+    assert!(!s.is_null());
+    s
+}
+
+fn event() -> CUevent {
+    let mut e: CUevent = ptr::null_mut();
+    // SAFETY: `e` is a valid out pointer.
+    assert_eq!(unsafe { cuEventCreate(&mut e, 0) }, CUDA_SUCCESS);
+    e
+}
 
 fn call_log() -> String {
     // SAFETY: a null buffer with capacity 0 is allowed.
@@ -60,6 +159,15 @@ fn error_name(code: CUresult) -> Option<String> {
 
 #[test]
 fn driver_model() {
+    let _serial = serial();
+    scrub();
+    set_current_ctx(0);
+    // Start from a fresh process's model (other tests ran cuInit and retained).
+    with_state(|st| {
+        st.initialized = false;
+        st.retains.clear();
+        st.poison.clear();
+    });
     fake_cuda_reset();
     fake_cuda_set_devices(2);
     fake_cuda_set_reuse(1);
@@ -116,7 +224,10 @@ fn driver_model() {
 
     // Allocation, fill, copies, memset, bounds.
     let a = alloc(4096).unwrap();
-    assert_eq!(a, 0xc0da_0000_0000_0000);
+    assert!(
+        a >= 0xc0da_0000_0000_0000 && a.is_multiple_of(4096),
+        "{a:#x}"
+    );
     assert_eq!(fake_cuda_alloc_device(a + 100), 0);
     assert_eq!(read(a, 8).unwrap(), [0xCD; 8]);
     let data: Vec<u8> = (0..16).collect();
@@ -215,7 +326,7 @@ fn driver_model() {
         "{log}"
     );
     assert!(
-        log.contains("cuMemAlloc_v2 0xc0da000000000000 4096 -> 0\n"),
+        log.contains(&format!("cuMemAlloc_v2 {a:#x} 4096 -> 0\n")),
         "{log}"
     );
     assert!(log.contains("WRONG-CONTEXT"), "{log}");
@@ -247,4 +358,133 @@ fn driver_model() {
     assert_eq!(call_log(), "");
     assert_eq!(cuInit(0), CUDA_SUCCESS);
     assert_eq!(call_log(), "cuInit 0 -> 0\n");
+}
+
+/// The source the kernel tests compile: one entry per host kernel they register.
+const KERNELS: &str = r#"
+// Every entry's parameters are 8 bytes wide, as the fake reads them.
+extern "C" __global__ void fill(unsigned char *p, unsigned long long n, unsigned long long v) {}
+extern "C" __global__ void gate(void) {}
+extern "C" __global__ void slow_write(unsigned long long *p, unsigned long long v) {}
+extern "C" __global__ void boom(unsigned long long code) {}
+extern "C" __global__ void orphan() {}
+"#;
+
+/// Compiles `src` with `opts` through the fake NVRTC: its PTX, or the code and log.
+fn compile(src: &str, opts: &[&str]) -> Result<Vec<u8>, (nvrtc::nvrtcResult, String)> {
+    use crate::nvrtc::*;
+    let src = std::ffi::CString::new(src).unwrap();
+    let opts: Vec<std::ffi::CString> = opts
+        .iter()
+        .map(|o| std::ffi::CString::new(*o).unwrap())
+        .collect();
+    let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: nvrtcProgram = ptr::null_mut();
+    // SAFETY: valid out pointer, NUL-terminated strings, `ptrs` holds `ptrs.len()` options;
+    // the output buffers are sized by the matching size calls.
+    unsafe {
+        let rc = nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            c"k.cu".as_ptr(),
+            0,
+            ptr::null(),
+            ptr::null(),
+        );
+        assert_eq!(rc, NVRTC_SUCCESS);
+        let rc = nvrtcCompileProgram(prog, ptrs.len() as i32, ptrs.as_ptr());
+        let result = if rc == NVRTC_SUCCESS {
+            let mut n = 0usize;
+            assert_eq!(nvrtcGetPTXSize(prog, &mut n), NVRTC_SUCCESS);
+            let mut ptx = vec![0u8; n];
+            assert_eq!(nvrtcGetPTX(prog, ptx.as_mut_ptr().cast()), NVRTC_SUCCESS);
+            Ok(ptx)
+        } else {
+            let mut n = 0usize;
+            assert_eq!(nvrtcGetProgramLogSize(prog, &mut n), NVRTC_SUCCESS);
+            let mut log = vec![0u8; n];
+            assert_eq!(
+                nvrtcGetProgramLog(prog, log.as_mut_ptr().cast()),
+                NVRTC_SUCCESS
+            );
+            assert_eq!(log.pop(), Some(0));
+            Err((rc, String::from_utf8(log).unwrap()))
+        };
+        assert_eq!(nvrtcDestroyProgram(&mut prog), NVRTC_SUCCESS);
+        assert!(prog.is_null());
+        result
+    }
+}
+
+fn load(image: &[u8]) -> Result<CUmodule, CUresult> {
+    let mut m: CUmodule = ptr::null_mut();
+    // SAFETY: `m` is a valid out pointer; `image` is NUL-terminated or no fake image.
+    match unsafe { cuModuleLoadData(&mut m, image.as_ptr().cast()) } {
+        CUDA_SUCCESS => Ok(m),
+        code => Err(code),
+    }
+}
+
+fn function(m: CUmodule, name: &CStr) -> Result<CUfunction, CUresult> {
+    let mut f: CUfunction = ptr::null_mut();
+    // SAFETY: `f` is a valid out pointer; `name` is NUL-terminated.
+    match unsafe { cuModuleGetFunction(&mut f, m, name.as_ptr()) } {
+        CUDA_SUCCESS => Ok(f),
+        code => Err(code),
+    }
+}
+
+/// Launches `f` on `s` with 8-byte parameters `params` (and no shared memory).
+fn launch(f: CUfunction, grid: [u32; 3], block: [u32; 3], s: CUstream, params: &[u64]) -> CUresult {
+    let mut values = params.to_vec();
+    let mut ptrs: Vec<*mut c_void> = values
+        .iter_mut()
+        .map(|v| ptr::from_mut(v).cast::<c_void>())
+        .collect();
+    // SAFETY: `ptrs` holds one pointer per parameter, each to 8 readable bytes.
+    unsafe {
+        cuLaunchKernel(
+            f,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            0,
+            s,
+            ptrs.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    }
+}
+
+/// Makes `f` the host implementation of `entry`.
+fn register(entry: &CStr, f: HostKernel) {
+    // SAFETY: `entry` is NUL-terminated; `f` is a `fake_cuda_host_kernel` needing no user data.
+    let rc = unsafe { fake_cuda_register_kernel(entry.as_ptr(), Some(f), ptr::null_mut()) };
+    assert_eq!(rc, 0);
+}
+
+/// The host kernel of `fill(p, n, v)`: sets `n` bytes at `p` to `v`; 700 when `p` is no
+/// device memory.
+unsafe extern "C" fn fill_kernel(
+    _user: *mut c_void,
+    _entry: *const c_char,
+    params: *const u64,
+    n_params: std::ffi::c_uint,
+    _grid: *const std::ffi::c_uint,
+    _block: *const std::ffi::c_uint,
+    _shared: std::ffi::c_uint,
+) -> std::ffi::c_int {
+    assert_eq!(n_params, 3);
+    // SAFETY: the fake passes `n_params` values.
+    let (p, n, v) = unsafe { (*params, *params.add(1), *params.add(2)) };
+    let host = fake_cuda_translate(p, n);
+    if host.is_null() {
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    // SAFETY: `host` has `n` bytes of device memory behind it.
+    unsafe { ptr::write_bytes(host.cast::<u8>(), v as u8, n as usize) };
+    0
 }

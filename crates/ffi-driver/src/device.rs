@@ -15,6 +15,22 @@ impl fmt::Display for DevPtr {
     }
 }
 
+/// Device code loaded into a device's context (a CUDA module). Valid until the device closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModuleId(pub u64);
+
+/// An entry point of a loaded module (a CUDA function). Valid until the device closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FuncId(pub u64);
+
+/// The geometry of one launch: grid and block dimensions (each >= 1) and dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
 /// The driver's answer to `map_host`.
 #[derive(Debug, Clone)]
 pub enum MapGrant {
@@ -48,13 +64,18 @@ pub struct Stats {
     pub unpins: u64,
     /// Bytes of mirrors page-locked now.
     pub pinned_bytes: u64,
+    /// Device-code launches (each may run many tasks), modules loaded, and host waits on the
+    /// worker's stream.
+    pub launches: u64,
+    pub module_loads: u64,
+    pub syncs: u64,
     /// Modeled nanoseconds of every operation so far (sim with a cost model; else 0).
     pub modeled_ns: u64,
 }
 
 impl Stats {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 19] {
+    pub fn entries(&self) -> [(&'static str, u64); 22] {
         [
             ("live_allocations", self.live_allocations),
             ("live_bytes", self.live_bytes),
@@ -74,6 +95,9 @@ impl Stats {
             ("pins", self.pins),
             ("unpins", self.unpins),
             ("pinned_bytes", self.pinned_bytes),
+            ("launches", self.launches),
+            ("module_loads", self.module_loads),
+            ("syncs", self.syncs),
             ("modeled_ns", self.modeled_ns),
         ]
     }
@@ -173,6 +197,69 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// kernels run over host copies, and each task moves bytes through the driver.
     fn has_kernel_memory(&self) -> bool {
         false
+    }
+
+    /// Whether the device runs device code ([`Device::load_module`], [`Device::launch`]).
+    fn runs_device_code(&self) -> bool {
+        false
+    }
+
+    /// The device's compute capability `(major, minor)`, which device code is compiled for.
+    fn compute_capability(&self) -> Result<(u32, u32), DeviceError> {
+        Err(self.no_device_code(Op::Module))
+    }
+
+    /// Loads a device-code image (PTX text, NUL-terminated, or a cubin) into the device's
+    /// context. Modules live until the device closes.
+    fn load_module(&self, _image: &[u8]) -> Result<ModuleId, DeviceError> {
+        Err(self.no_device_code(Op::Module))
+    }
+
+    /// The entry point `entry` of a loaded module.
+    fn function(&self, _module: ModuleId, _entry: &str) -> Result<FuncId, DeviceError> {
+        Err(self.no_device_code(Op::Module))
+    }
+
+    /// Enqueues one launch of `func` on the worker's stream, with one 64-bit value per kernel
+    /// parameter. Asynchronous: a fault of the kernel surfaces at the next synchronizing call.
+    fn launch(&self, _func: FuncId, _dims: LaunchDims, _params: &[u64]) -> Result<(), DeviceError> {
+        Err(self.no_device_code(Op::Launch))
+    }
+
+    /// Waits until everything enqueued on the worker's stream has run; reports a device fault.
+    /// Copies to and from the host synchronize themselves.
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// Waits until all work of the device's context has run, the worker's stream and any other
+    /// (work a library enqueued on its own streams over the worker's memory, say).
+    fn synchronize_device(&self) -> Result<(), DeviceError> {
+        self.synchronize()
+    }
+
+    /// The worker's stream (a CUDA `CUstream` handle), where the device has one.
+    fn stream_handle(&self) -> Option<u64> {
+        None
+    }
+
+    /// Makes `consumer` (another stream of the same device: a handle, or CUDA's 1 = legacy
+    /// default / 2 = per-thread default) wait for the work enqueued on the worker's stream so
+    /// far, without blocking the host (an event). Nothing to do where there is no stream.
+    fn order_stream(&self, _consumer: u64) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// The error of a device-code call on a device that does not run device code.
+    fn no_device_code(&self, op: Op) -> DeviceError {
+        DeviceError::new(
+            op,
+            "(no device code)",
+            crate::codes::NOT_SUPPORT,
+            "NOT_SUPPORTED",
+            format!("the {} platform does not run device code", self.platform()),
+        )
+        .before_call()
     }
 
     /// Cumulative counters.

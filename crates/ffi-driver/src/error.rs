@@ -18,6 +18,13 @@ pub enum Op {
     Pin,
     /// Undoes [`Op::Pin`].
     Unpin,
+    /// Loads device code into the device's context (CUDA `cuModuleLoadData`, resolving an entry).
+    Module,
+    /// Launches device code on the worker's stream (CUDA `cuLaunchKernel`); asynchronous.
+    Launch,
+    /// Waits until the worker's stream has finished its work (CUDA `cuStreamSynchronize`), or
+    /// orders another stream after it (an event).
+    Sync,
     /// Device lifecycle: binding the device or its context to a thread, resetting it. Errors
     /// only: not counted, logged or fault-injectable.
     Device,
@@ -25,7 +32,7 @@ pub enum Op {
 
 impl Op {
     /// The operations that are counted, logged and fault-injectable, in a fixed order.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 12] = [
         Op::Alloc,
         Op::Free,
         Op::H2d,
@@ -35,6 +42,9 @@ impl Op {
         Op::Memset,
         Op::Pin,
         Op::Unpin,
+        Op::Module,
+        Op::Launch,
+        Op::Sync,
     ];
 
     /// The short name used in errors, counters and `inject_fault`.
@@ -49,6 +59,9 @@ impl Op {
             Op::Memset => "memset",
             Op::Pin => "pin",
             Op::Unpin => "unpin",
+            Op::Module => "module",
+            Op::Launch => "launch",
+            Op::Sync => "sync",
             Op::Device => "device",
         }
     }

@@ -25,6 +25,8 @@ pub trait Outcome {
 }
 
 impl Outcome for () {}
+impl Outcome for crate::ModuleId {}
+impl Outcome for crate::FuncId {}
 
 impl Outcome for DevPtr {
     fn log_addr(&self) -> Option<u64> {
@@ -286,8 +288,15 @@ impl Ledger {
                 self.stats.memset_calls += 1;
                 self.stats.memset_bytes += bytes;
             }
+            Op::Launch => self.stats.launches += 1,
+            Op::Sync => self.stats.syncs += 1,
             _ => {}
         }
+    }
+
+    /// Counts a module loaded into the device's context.
+    pub fn on_module_load(&mut self) {
+        self.stats.module_loads += 1;
     }
 
     /// Counts a map call: granted or refused.

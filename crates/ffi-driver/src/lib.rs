@@ -18,10 +18,13 @@ mod hostmem;
 mod ledger;
 mod loader;
 pub mod model;
+pub mod nvrtc;
 mod open;
 pub mod sim;
 
-pub use device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+pub use device::{
+    CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
+};
 pub use error::{codes, DeviceError, Op, Status};
 pub use host::python_finalizing;
 pub use hostmem::{HostMem, HostMemError};

@@ -101,7 +101,7 @@ impl CostModel {
             Op::Free => self.free_ns,
             Op::Map | Op::Unmap => (self.map_pair_ns + self.map_pair_ns_per_byte * b) / 2.0,
             Op::Pin => self.pin_ns_per_byte * b,
-            Op::Unpin | Op::Device => 0.0,
+            Op::Unpin | Op::Device | Op::Module | Op::Launch | Op::Sync => 0.0,
         };
         ns.round() as u64
     }

@@ -28,6 +28,7 @@ pub enum Exc {
     NoHostView,
     PlatformUnavailable,
     Device,
+    Compile,
 }
 
 /// A base of a declared class: one declared before it, or a built-in category.
@@ -44,7 +45,7 @@ struct Declared {
     attrs: &'static [&'static str],
 }
 
-const CLASSES: [Declared; 9] = [
+const CLASSES: [Declared; 10] = [
     Declared {
         name: "SimplerError",
         bases: &[Base::Builtin(|py| py.get_type::<PyException>())],
@@ -123,7 +124,7 @@ const CLASSES: [Declared; 9] = [
         doc: "A driver call failed.\n\n\
               Attributes:\n    \
               op: the driver operation (``alloc``, ``free``, ``h2d``, ``d2h``, ``map``, \
-              ``unmap``, ``memset``, ``pin``, ``unpin``).\n    \
+              ``unmap``, ``memset``, ``pin``, ``unpin``, ``module``, ``launch``, ``sync``).\n    \
               code: the driver's status code; ``code_name`` its symbolic name.\n    \
               call: the vendor (or sim) function that failed.\n    \
               phase: where it happened (``bind``, ``orchestrate``, ``execute``, ``copy_back``,\n        \
@@ -140,6 +141,16 @@ const CLASSES: [Declared; 9] = [
             "addr",
             "nbytes",
         ],
+    },
+    Declared {
+        name: "CompileError",
+        bases: &[
+            Base::Own(Exc::Simpler),
+            Base::Builtin(|py| py.get_type::<PyRuntimeError>()),
+        ],
+        doc: "A kernel's device code did not compile (the message carries the compiler's log), or \
+              the compiler (NVRTC) could not be found (the message lists where it looked).",
+        attrs: &[],
     },
 ];
 
@@ -277,6 +288,7 @@ pub fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::Type(_) => Exc::ArgumentType.err(msg),
         Error::State(_) => Exc::State.err(msg),
         Error::Hazard(_) => Exc::Hazard.err(msg),
+        Error::Compile { .. } => Exc::Compile.err(msg),
         _ => Exc::Simpler.err(msg),
     }
 }

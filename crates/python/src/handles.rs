@@ -3,7 +3,7 @@
 //! of the worker cell) and its allocation's handle (address and generation); a device tensor
 //! holds its buffer. Every rule about them (ownership, generations, extents) is the runtime's.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use simpler_runtime::{BufferRef, Error, Geometry, HostWindow, WorkerCell};
+use simpler_runtime::{BufferRef, Error, ExportGuard, Geometry, HostWindow, WorkerCell};
 
 use crate::cell::Shared;
 use crate::convert;
@@ -275,7 +275,10 @@ pub fn zero_or<'py>(py: Python<'py>, offset: Option<&Bound<'py, PyAny>>) -> Boun
 /// Device memory is not host memory: ``np.asarray(t)`` is a ``TypeError`` (as for CuPy arrays).
 /// On the cuda platform the tensor offers its memory without a copy through
 /// ``__cuda_array_interface__`` (version 3) and DLPack, which CuPy, PyTorch and JAX consume.
-/// Device handles cannot be pickled.
+/// An export keeps its memory from being freed: while a DLPack capsule (or the array made from
+/// it) is alive, or a tensor whose ``__cuda_array_interface__`` was read is alive, freeing the
+/// buffer, releasing its resident set and closing the worker raise ``StateError``. Device
+/// handles cannot be pickled.
 #[pyclass(
     module = "simpler._core",
     name = "DeviceTensor",
@@ -288,6 +291,22 @@ pub struct DeviceTensor {
     pub buffer: Py<Buffer>,
     pub buf: BufferRef,
     pub geometry: Geometry,
+    /// The export made when `__cuda_array_interface__` was first read; it ends with the tensor.
+    pub cai_export: OnceLock<ExportGuard>,
+}
+
+/// One live export of a tensor's memory (a DLPack capsule holds it until its deleter runs).
+#[pyclass(module = "simpler._core", name = "_Export", frozen)]
+pub struct Export {
+    guard: Mutex<Option<ExportGuard>>,
+}
+
+#[pymethods]
+impl Export {
+    /// Ends the export now (idempotent); otherwise it ends when the object is dropped.
+    fn release(&self) {
+        self.guard.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
 }
 
 impl PartialEq for DeviceTensor {
@@ -346,6 +365,7 @@ impl DeviceTensor {
             buffer: buffer.clone().unbind(),
             buf,
             geometry,
+            cai_export: OnceLock::new(),
         })
     }
 
@@ -360,6 +380,22 @@ impl DeviceTensor {
             )));
         }
         Ok(cell.device_id)
+    }
+
+    /// A new export of the tensor's allocation (refused for a freed buffer or a closed worker).
+    fn export(&self, py: Python<'_>) -> PyResult<ExportGuard> {
+        let cell = &self.buffer.bind(py).get().cell;
+        let buf = self.buf;
+        done(py, cell.with(false, |w| w.export(buf)))
+    }
+
+    /// The device address of the first element; 0 for a tensor without elements (as the CUDA
+    /// Array Interface and DLPack ask).
+    fn data_ptr(&self) -> u64 {
+        if self.geometry.numel() == 0 {
+            return 0;
+        }
+        self.buf.ptr.0 + self.geometry.offset() * self.geometry.dtype().size()
     }
 
     fn np_dtype_of<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -465,16 +501,30 @@ impl DeviceTensor {
 
     /// The CUDA Array Interface (version 3) of the tensor, on the cuda platform only
     /// (``AttributeError`` elsewhere, so ``hasattr`` answers whether it is CUDA memory).
+    ///
+    /// ``stream`` is the worker's stream, on which the memory is ready. Reading the interface
+    /// exports the memory for the life of this tensor object (see the class docs). bfloat16 and
+    /// the float8 kinds have no typestr a consumer reads correctly: ``TypeError``, use DLPack.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.cuda_device(py)?;
         let dt = self.np_dtype_of(py)?;
+        if dt.getattr("kind")?.extract::<String>()? == "V" {
+            return Err(PyTypeError::new_err(format!(
+                "__cuda_array_interface__: {} has no typestr that consumers read as that type; \
+                 use DLPack (torch.from_dlpack(t), cupy.from_dlpack(t))",
+                self.geometry.dtype().name()
+            )));
+        }
+        if self.cai_export.get().is_none() {
+            let g = self.export(py)?;
+            let _ = self.cai_export.set(g);
+        }
         let item = self.geometry.dtype().size();
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, self.geometry.shape())?)?;
         d.set_item("typestr", dt.getattr("str")?)?;
-        let data = self.buf.ptr.0 + self.geometry.offset() * item;
-        d.set_item("data", (data, false))?;
+        d.set_item("data", (self.data_ptr(), false))?;
         if self.geometry.is_contiguous() {
             d.set_item("strides", py.None())?;
         } else {
@@ -482,8 +532,8 @@ impl DeviceTensor {
             d.set_item("strides", PyTuple::new(py, s)?)?;
         }
         d.set_item("version", 3)?;
-        // Copies into device memory are synchronous: nothing to wait for.
-        d.set_item("stream", py.None())?;
+        let stream = self.buffer.bind(py).get().cell.dev.stream_handle();
+        d.set_item("stream", stream)?;
         Ok(d)
     }
 
@@ -497,18 +547,21 @@ impl DeviceTensor {
 
     /// A DLPack capsule of the tensor's device memory (no copy; cuda platform only).
     ///
-    /// ``stream`` is accepted and needs no synchronization (nothing is pending on the tensor's
-    /// memory); ``copy=True`` and a ``dl_device`` other than the tensor's are ``BufferError``s.
-    /// The capsule is the unversioned ``dltensor`` kind, which every consumer accepts.
+    /// ``stream`` is the consumer's stream (``None``: the legacy default stream, 1; 2: the
+    /// per-thread default; -1: no ordering; 0 is refused as ambiguous): it is made to wait for
+    /// the worker's stream (an event), without blocking the host. ``copy=True`` and a
+    /// ``dl_device`` other than the tensor's are ``BufferError``s; ``max_version`` must be a
+    /// ``(major, minor)`` pair. The capsule is the unversioned ``dltensor`` kind, which every
+    /// consumer accepts; the export lasts until its deleter runs (see the class docs).
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
-        stream: Option<&Bound<'py, PyAny>>,
-        max_version: Option<&Bound<'py, PyAny>>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
         dl_device: Option<(i32, u32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (stream, max_version);
+        let _ = max_version;
         let py = slf.py();
         let t = slf.get();
         let device = t.__dlpack_device__(py)?;
@@ -524,11 +577,32 @@ impl DeviceTensor {
                 )));
             }
         }
+        let consumer = match stream {
+            None => Some(1),
+            Some(-1) => None,
+            Some(s) if s > 0 => Some(s as u64),
+            Some(s) => {
+                return Err(PyBufferError::new_err(format!(
+                    "__dlpack__: stream {s} is not a CUDA stream (None or 1: legacy default, 2: \
+                     per-thread default, -1: no synchronization, > 2: a stream handle; 0 is \
+                     ambiguous)"
+                )))
+            }
+        };
         let dt = t.np_dtype_of(py)?;
+        let guard = Export {
+            guard: Mutex::new(Some(t.export(py)?)),
+        };
+        if let Some(s) = consumer {
+            let cell = &t.buffer.bind(py).get().cell;
+            cell.dev
+                .order_stream(s)
+                .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?;
+        }
         helpers::get(py)?
             .dlpack_export
             .bind(py)
-            .call1((slf, t.buf.ptr.0, device, dt))
+            .call1((slf, t.data_ptr(), device, dt, guard))
     }
 
     fn __repr__(&self) -> String {

@@ -37,6 +37,8 @@ helpers! {
     dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",
     np_dtype: "`(name) -> numpy dtype` (ml_dtypes' for bfloat16 and the fp8 kinds).",
     dlpack_export: "`(tensor, data, device, dtype) -> capsule`: a DLPack capsule.",
+    nvrtc_dirs: "`() -> list[str]`: folders of the NVRTC wheels found on `sys.path`.",
+    device_array: "`(kind, DeviceArray) -> array`: a CuPy array or a torch tensor over it.",
 }
 
 static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();

@@ -8,8 +8,9 @@ use pyo3::{PyTraverseError, PyVisit};
 use simpler_runtime::Signature;
 
 use crate::convert;
+use crate::devcode::CudaCode;
 use crate::direction::ArgDirection;
-use crate::errors::{type_err, PyResultExt};
+use crate::errors::{type_err, value_err, PyResultExt};
 
 fn signature_py<'py>(py: Python<'py>, sig: &Signature) -> PyResult<Bound<'py, PyTuple>> {
     let entries = sig
@@ -64,28 +65,98 @@ fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
 /// (inputs copied in before, outputs copied out after), a correctness path.
 /// ``signature`` lists the direction of each tensor, optionally with a dtype:
 /// ``[IN, (OUT, "float32")]``. ``name`` defaults to ``fn.__name__``.
+///
+/// ``cuda`` (a :class:`CudaCode`) is the kernel's program for CUDA devices: on ``cuda`` the
+/// runtime launches it natively instead of calling ``fn`` (which stays the reference and runs
+/// on ``sim``). ``device_arrays`` makes ``fn`` take device memory where the host cannot reach
+/// it (cuda) instead of host copies: ``True`` passes :class:`DeviceArray` objects (CUDA Array
+/// Interface and DLPack), ``"cupy"`` CuPy arrays and ``"torch"`` PyTorch tensors over them, no
+/// copy; on ``sim`` ``fn`` gets numpy arrays over device memory either way. See
+/// ``docs/device-kernels.md``.
 #[pyclass(module = "simpler._core", name = "Kernel", frozen, subclass, weakref)]
 pub struct Kernel {
     pub func: Py<PyAny>,
     pub name: String,
     pub sig: Signature,
+    pub cuda: Option<Py<CudaCode>>,
+    /// `None` (host copies), or the kind of device arrays `fn` takes: `"raw"`, `"cupy"`,
+    /// `"torch"`.
+    pub device_arrays: Option<&'static str>,
 }
 
 #[pymethods]
 impl Kernel {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.func)
+        visit.call(&self.func)?;
+        if let Some(c) = &self.cuda {
+            visit.call(c)?;
+        }
+        Ok(())
     }
 
     #[new]
-    #[pyo3(signature = (fn_, signature, name=None))]
+    #[pyo3(signature = (fn_, signature, name=None, *, cuda=None, device_arrays=None))]
     fn new(
         fn_: &Bound<'_, PyAny>,
         signature: &Bound<'_, PyAny>,
         name: Option<&Bound<'_, PyAny>>,
+        cuda: Option<&Bound<'_, PyAny>>,
+        device_arrays: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (func, name, sig) = function_parts("Kernel", "fn", "kernel", fn_, signature, name)?;
-        Ok(Kernel { func, name, sig })
+        let cuda = cuda
+            .filter(|c| !c.is_none())
+            .map(|c| {
+                c.cast::<CudaCode>()
+                    .map(|c| c.clone().unbind())
+                    .map_err(|_| {
+                        type_err(format!(
+                            "Kernel {name}: cuda must be a CudaCode, not {}",
+                            c.get_type()
+                                .name()
+                                .map_or_else(|_| "?".into(), |n| n.to_string())
+                        ))
+                    })
+            })
+            .transpose()?;
+        let device_arrays = match device_arrays {
+            None => None,
+            Some(d) if d.is_instance_of::<pyo3::types::PyBool>() => d.is_truthy()?.then_some("raw"),
+            Some(d) => match d.extract::<String>().ok().as_deref() {
+                Some("cupy") => Some("cupy"),
+                Some("torch") => Some("torch"),
+                _ => {
+                    return Err(value_err(format!(
+                        "Kernel {name}: device_arrays takes True, False, \"cupy\" or \"torch\", \
+                         not {d}"
+                    )))
+                }
+            },
+        };
+        Ok(Kernel {
+            func,
+            name,
+            sig,
+            cuda,
+            device_arrays,
+        })
+    }
+
+    /// ``False``, ``True`` (:class:`DeviceArray` objects), ``"cupy"`` or ``"torch"``: what
+    /// ``fn`` takes on a device whose memory the host cannot reach.
+    #[getter]
+    fn device_arrays(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(match self.device_arrays {
+            None => false.into_pyobject(py)?.to_owned().into_any().unbind(),
+            Some("raw") => true.into_pyobject(py)?.to_owned().into_any().unbind(),
+            Some(k) => k.into_pyobject(py)?.into_any().unbind(),
+        })
+    }
+
+    /// The kernel's :class:`CudaCode`, or ``None``.
+    #[getter]
+    fn cuda(&self, py: Python<'_>) -> Option<Py<CudaCode>> {
+        self.cuda.as_ref().map(|c| c.clone_ref(py))
     }
 
     /// The task body.

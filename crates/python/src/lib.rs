@@ -25,6 +25,8 @@
 mod built;
 mod cell;
 mod convert;
+mod devarray;
+mod devcode;
 mod direction;
 mod errors;
 mod handles;
@@ -79,8 +81,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<direction::ArgDirection>()?;
     m.add_class::<handles::Buffer>()?;
     m.add_class::<handles::DeviceTensor>()?;
+    m.add_class::<handles::Export>()?;
     m.add_class::<handles::PyHostWindow>()?;
     m.add_class::<kernels::Kernel>()?;
+    m.add_class::<devcode::CudaCode>()?;
+    m.add_class::<devcode::Launch>()?;
+    m.add_class::<devarray::DeviceArray>()?;
     m.add_class::<kernels::Callable>()?;
     m.add_class::<built::BuiltArgs>()?;
     m.add_class::<report::PyRunReport>()?;
@@ -94,6 +100,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_name, m)?)?;
     m.add_function(wrap_pyfunction!(worker::check_worker_options, m)?)?;
     m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
+    m.add_function(wrap_pyfunction!(devcode::device_code_stats, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
     m.add("PLATFORMS", simpler_driver::PLATFORMS.to_vec())?;

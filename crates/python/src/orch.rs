@@ -15,12 +15,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use simpler_runtime::{
-    BatchScalar, BatchSlot, Direction, Geometry, KernelRef, Orch, RunError, RunId, Signature,
-    Value, BATCH_PART, MAX_DIMS,
+    BatchScalar, BatchSlot, DeviceLaunch, Direction, Geometry, KernelRef, Orch, RunError, RunId,
+    Signature, Value, BATCH_PART, MAX_DIMS,
 };
 
 use crate::cell::Shared;
 use crate::convert::{self, small_ints, TensorName};
+use crate::devcode::Launch;
 use crate::direction::ArgDirection;
 use crate::errors::{done, state_err, type_err, value_err, PyResultExt, PyRuntimeErr};
 use crate::handles::window_array;
@@ -293,19 +294,55 @@ impl Orchestrator {
         self.orch().owns(run).py()
     }
 
-    /// The runtime's handle on `kernel` (registered in this run's kernel table).
-    fn kernel_ref<'k>(&self, kernel: &'k Bound<'_, Kernel>) -> KernelRef<'k> {
+    /// The runtime's handle on `kernel` (registered in this run's kernel table), with the
+    /// device launch of this submit call when it carries device code.
+    fn kernel_ref<'k>(
+        &self,
+        kernel: &'k Bound<'_, Kernel>,
+        launch: Option<&'k Launch>,
+    ) -> KernelRef<'k> {
         let id = self
             .kernels
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .id(kernel);
         let k = kernel.get();
+        let device = k.cuda.as_ref().zip(launch).map(|(c, l)| DeviceLaunch {
+            code: &c.get().code,
+            dims: l.dims,
+            consts: &l.consts,
+        });
         KernelRef {
             id,
             name: &k.name,
             sig: &k.sig,
+            device,
+            device_arrays: k.device_arrays.is_some(),
         }
+    }
+
+    /// The launch of a submit call of `k` over views of `shapes`, with its device code loaded
+    /// (compiled first, for source) when this worker's device runs device code; `None` for a
+    /// kernel without device code.
+    fn device_launch<'a>(
+        &self,
+        py: Python<'_>,
+        k: &Kernel,
+        shapes: impl Iterator<Item = &'a Geometry>,
+    ) -> PyResult<Option<Launch>> {
+        let Some(code) = &k.cuda else {
+            return Ok(None);
+        };
+        let code = code.get();
+        let shapes: Vec<Vec<u64>> = shapes.map(|g| g.shape().to_vec()).collect();
+        let launch = code.resolve(py, &shapes)?;
+        let orch = self.orch();
+        if !orch.device_ready(&code.code) {
+            let dirs: Vec<std::path::PathBuf> =
+                helpers::get(py)?.nvrtc_dirs.bind(py).call0()?.extract()?;
+            done(py, orch.prepare_device(&code.code, &dirs))?;
+        }
+        Ok(Some(launch))
     }
 
     fn run_tensor(&self, py: Python<'_>, arg: u32) -> PyResult<RunTensor> {
@@ -530,7 +567,8 @@ impl Orchestrator {
                 tensors.len(),
             ));
         }
-        let kref = self.kernel_ref(kernel);
+        let launch = self.device_launch(py, k, tensors.iter().map(|(_, g)| g))?;
+        let kref = self.kernel_ref(kernel, launch.as_ref());
         done(py, self.orch().submit(kref, &tensors, &scalars))
     }
 
@@ -630,7 +668,8 @@ impl Orchestrator {
         let count = count
             .map(|c| convert::u64_arg(c, "submit_many", "count"))
             .transpose()?;
-        let kref = self.kernel_ref(kernel);
+        let launch = self.device_launch(py, k, kinds.iter().map(|(_, _, g)| g))?;
+        let kref = self.kernel_ref(kernel, launch.as_ref());
         // A batch of millions of tasks is recorded in parts with a check for Ctrl+C between
         // them, all or nothing (the runtime's rule).
         let r = self

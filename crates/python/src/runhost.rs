@@ -2,6 +2,7 @@
 //! runtime what is Python's — the host arrays' bytes, the orchestration function and the kernels
 //! — through [`RunHost`]. The phases and their order are the runtime's (`cycle::run`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use simpler_runtime::{
 use crate::built::BuiltArgs;
 use crate::cell::Shared;
 use crate::convert;
+use crate::devarray::DeviceArray;
 use crate::errors::{to_py, type_err, Exc};
 use crate::handles::{window_array, DeviceTensor};
 use crate::helpers;
@@ -195,12 +197,25 @@ impl RunHost for Host<'_, '_> {
             // The arrays of IN tensors are read-only, on every platform.
             args.push(window_array(py, w.clone(), !w.writable)?);
         }
+        // Device arrays are valid during the call only.
+        let live = Arc::new(AtomicBool::new(true));
+        for (view, name) in call.device_views.iter().zip(&call.names) {
+            let a = DeviceArray::new(self.cell.clone(), *view, name.clone(), live.clone());
+            let a = Bound::new(py, a)?.into_any();
+            args.push(match k.device_arrays {
+                Some(kind @ ("cupy" | "torch")) => {
+                    helpers::get(py)?.device_array.bind(py).call1((kind, a))?
+                }
+                _ => a,
+            });
+        }
         for v in &call.scalars {
             args.push(convert::value_py(py, *v)?);
         }
         let in_python = shutdown::enter_python(py);
         let r = k.func.bind(py).call1(PyTuple::new(py, args)?);
         drop(in_python);
+        live.store(false, Ordering::Release);
         match r {
             Ok(_) => Ok(()),
             Err(e) => {

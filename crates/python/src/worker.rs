@@ -238,11 +238,14 @@ impl PyWorker {
     /// Idempotent. Returns what it found (``user_buffers``, ``resident_sets`` still live and
     /// freed by it; ``leaked_allocations`` / ``leaked_mappings`` the driver still held after
     /// that; ``errors``, each also logged), or ``None`` when the worker was closed already.
+    /// Raises ``StateError`` (and closes nothing) while another library may still use this
+    /// worker's memory: a live DLPack export, or a tensor whose ``__cuda_array_interface__``
+    /// was read and that is still alive.
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         if self.closed() {
             return Ok(None);
         }
-        let s = self.cell.with(true, |w| w.close());
+        let s = done(py, self.cell.with(true, |w| w.close_checked()))?;
         let errors: Vec<String> = s
             .errors
             .iter()

@@ -12,9 +12,11 @@
 //! fresh staging buffers released, the worker free for the next run. A failure in an earlier
 //! phase skips copy back; the first error is the one returned.
 
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::device_code::DeviceCode;
 use crate::dtype::{DType, Value};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
@@ -158,8 +160,10 @@ fn phases<C: WorkerCell, H: RunHost>(
     })();
     drop(task);
     let ok = executed.is_ok();
-    cell.with(false, |w| w.end_execute(run, ok))?;
+    // Waits for the device when device code ran: heavy where kernels are not host memory.
+    let ended = cell.with(copies, |w| w.end_execute(run, ok));
     executed?;
+    ended?;
     host.checkpoint().map_err(RunError::Host)?;
     let outputs = cell.with(false, |w| w.begin_copy_back(run))?;
     let copied = outputs.into_iter().try_for_each(|(staged, arg)| {
@@ -277,6 +281,19 @@ impl<C: WorkerCell> Orch<'_, C> {
         let run = self.run;
         self.cell
             .with(false, |w| w.scratch(run, name, dtype, shape))
+    }
+
+    /// Whether `code` is ready for this run's device: loaded, or the device runs no device code
+    /// (then the kernel's host function runs). A host calls [`Orch::prepare_device`] otherwise.
+    #[inline]
+    pub fn device_ready(&self, code: &DeviceCode) -> bool {
+        self.cell.with(false, |w| w.device_ready(code))
+    }
+
+    /// Loads `code` into the device (compiling source with NVRTC, found through
+    /// `nvrtc_dirs` among other places), once per worker; heavy work.
+    pub fn prepare_device(&self, code: &Arc<DeviceCode>, nvrtc_dirs: &[PathBuf]) -> Result<()> {
+        self.cell.with(true, |w| w.prepare_device(code, nvrtc_dirs))
     }
 
     /// `submit`; returns the task's index.

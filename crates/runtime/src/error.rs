@@ -81,6 +81,10 @@ pub enum Error {
     /// An orchestrator access that would see bytes a submitted task has not produced yet.
     #[error("{0}")]
     Hazard(String),
+    /// A kernel's device code could not be compiled (the compiler's log is in `detail`), or
+    /// the compiler could not be found.
+    #[error("kernel {kernel}: device code: {detail}")]
+    Compile { kernel: String, detail: String },
 }
 
 impl Error {

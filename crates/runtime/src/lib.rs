@@ -20,8 +20,10 @@
 
 mod addr;
 mod cycle;
+mod device_code;
 mod dtype;
 mod error;
+mod exports;
 mod geometry;
 mod memory;
 mod resident;
@@ -35,13 +37,16 @@ mod worker;
 // What embeddings (the bindings, the tests) use: the entry point and the handles it takes, the
 // typed boundary, the worker's own surface (buffers, resident sets, views, close).
 pub use cycle::{run, Orch, RunError, RunHost, WorkerCell};
+pub use device_code::{compile_stats, CodeImage, DeviceCode, DeviceLaunch, ScalarKind};
 pub use dtype::{DType, Value};
 pub use error::{Error, Phase, Result};
+pub use exports::ExportGuard;
 pub use geometry::{Geometry, MAX_DIMS};
 pub use run::{
     BatchScalar, BatchSlot, Counters, HostWindow, Phases, RunId, RunReport, TaskCall, TensorInfo,
     BATCH_PART,
 };
+pub use simpler_driver::LaunchDims;
 pub use spec::{ArgValue, BufferRef, Direction, KernelRef, Param, RunArgSpec, RunCall, Signature};
 pub use staging::Staging;
 pub use views::ViewPolicy;

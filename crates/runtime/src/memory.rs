@@ -63,6 +63,10 @@ pub struct Memory {
     pub(crate) id: u64,
     allocs: AddrMap<AllocInfo>,
     pub(crate) views: ViewCache,
+    /// Device code loaded into the device, and the task-row buffer.
+    pub(crate) launcher: crate::device_code::Launcher,
+    /// Live exports to other libraries (their own lock: guards drop without the worker's).
+    pub(crate) exports: Arc<crate::exports::Exports>,
     next_gen: u64,
 }
 
@@ -74,6 +78,8 @@ impl Memory {
             id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
             allocs: AddrMap::default(),
             views: ViewCache::default(),
+            launcher: Default::default(),
+            exports: Default::default(),
             next_gen: 1,
         }
     }

@@ -111,12 +111,17 @@ impl Signature {
     }
 }
 
-/// A kernel as the run cycle records it: the host's id for it, its name and its signature.
+/// A kernel as the run cycle records it: the host's id for it, its name and its signature,
+/// and its device launch when it carries device code.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelRef<'a> {
     pub id: u32,
     pub name: &'a str,
     pub sig: &'a Signature,
+    pub device: Option<crate::device_code::DeviceLaunch<'a>>,
+    /// The host function takes device arrays (no host copies) where device memory is not host
+    /// memory.
+    pub device_arrays: bool,
 }
 
 /// A handle to a device allocation: the worker that made it, its base address and its

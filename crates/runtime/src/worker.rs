@@ -11,8 +11,10 @@ use std::time::Instant;
 
 use simpler_driver::{CloseReport, DevPtr, Device, Stats};
 
+use crate::device_code::DeviceCode;
 use crate::dtype::{DType, Value};
 use crate::error::{Error, Phase, Result};
+use crate::exports::ExportGuard;
 use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
 use crate::resident::ResidentSets;
@@ -191,6 +193,7 @@ impl Worker {
                 )))
             }
         }
+        self.mem.exports.refuse(buf.ptr, "free")?;
         if self.bound_to_run(buf.ptr) {
             return Err(Error::State(format!(
                 "free: buffer {} is bound as an argument of the run in progress",
@@ -274,6 +277,11 @@ impl Worker {
         }
         self.spare = Records::default();
         self.arena.trim(&mut self.mem)?;
+        if let Some((p, _)) = self.mem.launcher.table.take() {
+            self.mem
+                .release_or_orphan(p, &"the task-row buffer")
+                .map_err(buffer_err)?;
+        }
         self.scratch.trim(&mut self.mem)
     }
 
@@ -363,7 +371,31 @@ impl Worker {
                 "release: resident tensor '{name}' is bound to the run in progress"
             )));
         }
+        for (name, b) in self.resident.buffers(set) {
+            self.mem
+                .exports
+                .refuse(b.ptr, &format!("release of resident tensor '{name}'"))?;
+        }
         Ok(self.resident.release(&mut self.mem, set))
+    }
+
+    /// Exports `buf` to another library (see `exports.rs`): refused for a freed buffer or a
+    /// closed worker; the buffer's host view goes stale (the consumer may write).
+    pub fn export(&mut self, buf: BufferRef) -> Result<ExportGuard> {
+        self.check_open()?;
+        self.mem.lookup(buf, &"export")?;
+        self.mem.views.mark_stale(buf.ptr);
+        Ok(self.mem.exports.add(buf))
+    }
+
+    /// `close`, refused while another library may use memory of this worker (live exports).
+    pub fn close_checked(&mut self) -> Result<CloseSummary> {
+        if !self.closed {
+            if let Some((p, _)) = self.mem.exports.all().first() {
+                self.mem.exports.refuse(*p, "close")?;
+            }
+        }
+        Ok(self.close())
     }
 
     // ---- the run -------------------------------------------------------------------------
@@ -393,6 +425,10 @@ impl Worker {
             ));
         }
         call.validate()?;
+        // Another library may have written exported memory since the last run.
+        for (p, _) in self.mem.exports.all() {
+            self.mem.views.mark_stale(p);
+        }
         let id = RunId(self.next_run);
         self.next_run += 1;
         let records = std::mem::take(&mut self.spare);
@@ -526,8 +562,34 @@ impl Worker {
         tensors: &[(u32, Geometry)],
         scalars: &[Value],
     ) -> Result<u64> {
+        let kernel = self.on_device(kernel);
         let (r, _) = self.active(run)?;
         r.submit(kernel, tensors, scalars)
+    }
+
+    /// `kernel` as this worker runs it: its device launch dropped unless its code is loaded
+    /// (a device that runs no device code runs the host function).
+    fn on_device<'k>(&self, mut kernel: KernelRef<'k>) -> KernelRef<'k> {
+        kernel.device = kernel
+            .device
+            .filter(|d| self.mem.launcher.get(d.code.key).is_some());
+        kernel
+    }
+
+    /// Whether `code` needs no preparation here (see `Orch::device_ready`).
+    pub(crate) fn device_ready(&self, code: &DeviceCode) -> bool {
+        !self.mem.dev.runs_device_code() || self.mem.launcher.get(code.key).is_some()
+    }
+
+    /// Loads `code` into the device once (see `Orch::prepare_device`).
+    pub(crate) fn prepare_device(
+        &mut self,
+        code: &Arc<DeviceCode>,
+        nvrtc_dirs: &[std::path::PathBuf],
+    ) -> Result<()> {
+        self.check_open()?;
+        let dev = self.mem.dev.clone();
+        self.mem.launcher.prepare(&*dev, code, nvrtc_dirs)
     }
 
     /// `submit_many`: `count` tasks of one kernel; returns the first task's index.
@@ -552,6 +614,7 @@ impl Worker {
         count: Option<u64>,
         new_call: bool,
     ) -> Result<u64> {
+        let kernel = self.on_device(kernel);
         let (r, _) = self.active(run)?;
         r.submit_batch(kernel, slots, scalars, count, new_call)
     }
@@ -579,8 +642,7 @@ impl Worker {
     /// Ends execution (`ok == false` when a task failed).
     pub(crate) fn end_execute(&mut self, run: RunId, ok: bool) -> Result<()> {
         let (r, mem) = self.active(run)?;
-        r.end_execute(mem, ok);
-        Ok(())
+        r.end_execute(mem, ok)
     }
 
     /// Starts copy back: `(staged index, argument)` of every staged output to copy (none after a
@@ -658,6 +720,12 @@ impl Worker {
             return s;
         }
         self.abort_run();
+        for (p, n) in self.mem.exports.all() {
+            log::warn!(
+                "closing the worker while allocation {p} has {n} live export(s): another \
+                 library's arrays over it now dangle"
+            );
+        }
         let sets = self.resident.ids_newest_first();
         s.resident_sets = sets.len() as u64;
         for set in sets {
@@ -674,6 +742,7 @@ impl Worker {
         }
         self.arena.forget();
         self.scratch.forget();
+        self.mem.launcher.forget();
         s.device = self.mem.dev.close();
         // The driver's close removed every mapping, including those whose unmap failed above:
         // drop their view entries too, so nothing of the device outlives close.

@@ -49,6 +49,8 @@ import numpy as np
 
 import simpler as sp
 
+from . import paged_attention_cuda as _pa_cuda
+
 BF16 = ml_dtypes.bfloat16
 
 #: The three residency arms of every case.
@@ -119,12 +121,20 @@ def _zero(out):
     out[...] = 0.0
 
 
-QK = sp.Kernel(_qk, [sp.IN, sp.IN, (sp.OUT, "float32")], name="qk")
-SOFTMAX = sp.Kernel(_block_softmax, [sp.IN, sp.OUT, sp.OUT], name="block_softmax")
-PV = sp.Kernel(_pv, [sp.IN, sp.IN, sp.OUT], name="pv")
-UPDATE = sp.Kernel(_online_update, [sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT], name="online_update")
-NORMALIZE = sp.Kernel(_normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize")
-ZERO = sp.Kernel(_zero, [(sp.OUT, "float32")], name="zero")
+# Each kernel also carries its CUDA device code (paged_attention_cuda.py): on the cuda platform
+# the runtime launches that natively; the numpy functions above are the reference and run on sim.
+_cu = _pa_cuda.cuda_code
+QK = sp.Kernel(_qk, [sp.IN, sp.IN, (sp.OUT, "float32")], name="qk", cuda=_cu("pa_qk"))
+SOFTMAX = sp.Kernel(_block_softmax, [sp.IN, sp.OUT, sp.OUT], name="block_softmax", cuda=_cu("pa_block_softmax"))
+PV = sp.Kernel(_pv, [sp.IN, sp.IN, sp.OUT], name="pv", cuda=_cu("pa_pv"))
+UPDATE = sp.Kernel(
+    _online_update,
+    [sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT],
+    name="online_update",
+    cuda=_cu("pa_online_update"),
+)
+NORMALIZE = sp.Kernel(_normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize", cuda=_cu("pa_normalize"))
+ZERO = sp.Kernel(_zero, [(sp.OUT, "float32")], name="zero", cuda=_cu("pa_zero"))
 
 #: Blocks whose QK / softmax / PV / update are submitted together; the per-block scratch (about
 #: 24 KiB per block at 16 heads x 128 dims) is sized for one group and reused by the next.

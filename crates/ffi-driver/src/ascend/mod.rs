@@ -199,6 +199,7 @@ impl AscendDevice {
             Op::Map => HalFns::NAMES.register,
             Op::Unmap => HalFns::NAMES.unregister,
             Op::Pin | Op::Unpin => "(no host registration on ascend)",
+            Op::Module | Op::Launch | Op::Sync => "(no device code on ascend)",
             Op::Device => c.set_context,
         }
     }

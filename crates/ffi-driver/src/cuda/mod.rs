@@ -1,6 +1,7 @@
 //! The `cuda` backend: the CUDA driver API (`libcuda.so.1`) opened at run time, through the
 //! `_v2` symbols and the device's primary context (`cuda.h`). Rooms: [`sys`] (signatures,
-//! codes), [`loading`] (finding the library, the function table); this file is the safe driver.
+//! codes), [`loading`] (finding the library, the function table), `exec` (the worker's stream,
+//! modules, launches); this file is the safe driver.
 //!
 //! * **One primary-context reference**, retained at open and released once at close; the device
 //!   is unusable after close.
@@ -13,10 +14,14 @@
 //!   refreshes run at pinned bandwidth (a refused registration leaves an ordinary, pageable
 //!   mirror). The driver keeps each registered block alive until it is unregistered, so its
 //!   memory is never freed while registered.
+//! * **One stream, owned by the device** (`exec`): memsets and launches are enqueued on it
+//!   and return at once; copies are enqueued on it too and wait for it, so they are ordered after
+//!   every launch before them.
 //! * Every call is validated against the ledger first (zero-byte allocations, copies past their
 //!   allocation and unknown addresses are refused before any vendor call), counted and logged like
 //!   sim; an injected fault fails the call before the vendor function runs.
 
+mod exec;
 pub mod loading;
 mod pinning;
 pub mod sys;
@@ -30,7 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub use loading::{DEFAULT_CUDA_LIBS, ENV_CUDA_LIB};
 pub use sys::cuda_code_name;
 
-use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::device::{
+    CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
+};
 use crate::loader::{LoadError, VendorLib};
 use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 use loading::CudaFns;
@@ -69,6 +76,8 @@ struct State {
     ctx: Option<CuContext>,
     /// Registered (page-locked) mirrors by host address, kept alive until unregistered.
     pinned: BTreeMap<usize, Arc<HostMem>>,
+    /// The worker's stream, modules and functions.
+    exec: exec::Exec,
 }
 
 impl Ledgered for State {
@@ -172,7 +181,7 @@ impl CudaDevice {
         let pin_mirrors = config
             .pin_mirrors
             .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| !is_false_word(&v)));
-        Ok(CudaDevice {
+        let device = CudaDevice {
             config,
             pin_mirrors,
             lib,
@@ -182,8 +191,19 @@ impl CudaDevice {
                 ledger: Ledger::new(),
                 ctx: Some(ctx),
                 pinned: BTreeMap::new(),
+                exec: exec::Exec::default(),
             }),
-        })
+        };
+        // On failure `device` drops, which releases the primary context.
+        let created = device.create_stream(&mut device.lock());
+        created.map_err(|e| LoadError::Init {
+            library: device.lib.name.to_string(),
+            call: e.call.clone(),
+            code: e.code,
+            code_name: e.code_name.clone(),
+            detail: e.detail.clone(),
+        })?;
+        Ok(device)
     }
 
     /// The options this device was opened with.
@@ -205,12 +225,15 @@ impl CudaDevice {
         match op {
             Op::Alloc => n.mem_alloc,
             Op::Free => n.mem_free,
-            Op::H2d => n.memcpy_htod,
-            Op::D2h => n.memcpy_dtoh,
-            Op::Memset => n.memset_d8,
+            Op::H2d => n.memcpy_htod_async,
+            Op::D2h => n.memcpy_dtoh_async,
+            Op::Memset => n.memset_d8_async,
             Op::Map | Op::Unmap => "(no host mapping of device memory on cuda)",
             Op::Pin => n.host_register,
             Op::Unpin => n.host_unregister,
+            Op::Module => n.module_load_data,
+            Op::Launch => n.launch_kernel,
+            Op::Sync => n.stream_synchronize,
             Op::Device => n.ctx_set_current,
         }
     }
@@ -317,14 +340,15 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// A copy or memset: range checked, context bound, status checked.
+    /// A copy or memset enqueued on the worker's stream: range checked, context bound, status
+    /// checked. A copy (the host owns its bytes) then waits for the stream.
     fn transfer(
         &self,
         st: &mut State,
         op: Op,
         addr: u64,
         bytes: u64,
-        call: impl FnOnce() -> CuResult,
+        call: impl FnOnce(sys::CuStream) -> CuResult,
     ) -> Result<(), DeviceError> {
         Self::containing(st, op, addr, bytes)?;
         if bytes == 0 {
@@ -332,9 +356,14 @@ impl CudaDevice {
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = op.transfer_what();
-        call()
+        call(st.exec.stream)
             .result()
-            .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))
+            .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))?;
+        if op == Op::Memset {
+            return Ok(());
+        }
+        self.wait_stream(st, what)
+            .map_err(|e| e.at(addr).sized(bytes))
     }
 }
 
@@ -368,10 +397,13 @@ impl Device for CudaDevice {
             bytes,
             Self::injected(op),
             |st| {
-                self.transfer(st, op, dst.0, bytes, || {
-                    // SAFETY: `src` is valid for `src.len()` reads; `[dst, dst + len)` lies inside a
-                    // live allocation (checked by `transfer`).
-                    CuResult(unsafe { (self.f.memcpy_htod)(dst.0, src.as_ptr().cast(), src.len()) })
+                self.transfer(st, op, dst.0, bytes, |stream| {
+                    // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
+                    // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
+                    // `transfer`); the stream is the device's own.
+                    CuResult(unsafe {
+                        (self.f.memcpy_htod_async)(dst.0, src.as_ptr().cast(), src.len(), stream)
+                    })
                 })
             },
         )
@@ -387,10 +419,11 @@ impl Device for CudaDevice {
             bytes,
             Self::injected(op),
             |st| {
-                self.transfer(st, op, src.0, bytes, || {
-                    // SAFETY: `out` is valid for `len` writes (the whole of `dst`); `[src, src +
-                    // len)` lies inside a live allocation (checked by `transfer`).
-                    CuResult(unsafe { (self.f.memcpy_dtoh)(out.cast(), src.0, len) })
+                self.transfer(st, op, src.0, bytes, |stream| {
+                    // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
+                    // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
+                    // allocation (checked by `transfer`); the stream is the device's own.
+                    CuResult(unsafe { (self.f.memcpy_dtoh_async)(out.cast(), src.0, len, stream) })
                 })
             },
         )
@@ -405,12 +438,14 @@ impl Device for CudaDevice {
             bytes,
             Self::injected(op),
             |st| {
-                self.transfer(st, op, dst.0, bytes, || {
+                self.transfer(st, op, dst.0, bytes, |stream| {
                     // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
                     // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
                     // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
-                    // `cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t)` touches only those bytes.
-                    CuResult(unsafe { (self.f.memset_d8)(dst.0, value, bytes as usize) })
+                    // `cuMemsetD8Async` touches only those bytes; no host memory is involved.
+                    CuResult(unsafe {
+                        (self.f.memset_d8_async)(dst.0, value, bytes as usize, stream)
+                    })
                 })
             },
         )
@@ -485,6 +520,62 @@ impl Device for CudaDevice {
         )
     }
 
+    fn runs_device_code(&self) -> bool {
+        true
+    }
+
+    fn compute_capability(&self) -> Result<(u32, u32), DeviceError> {
+        self.do_compute_capability(&self.lock())
+    }
+
+    fn load_module(&self, image: &[u8]) -> Result<ModuleId, DeviceError> {
+        let op = Op::Module;
+        let bytes = image.len() as u64;
+        traced(&mut *self.lock(), op, 0, bytes, Self::injected(op), |st| {
+            self.do_load_module(st, image)
+        })
+    }
+
+    fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
+        let op = Op::Module;
+        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+            self.do_function(st, module, entry)
+        })
+    }
+
+    fn launch(&self, func: FuncId, dims: LaunchDims, params: &[u64]) -> Result<(), DeviceError> {
+        let op = Op::Launch;
+        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+            self.do_launch(st, func, dims, params)
+        })
+    }
+
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+            self.do_synchronize(st)
+        })
+    }
+
+    fn synchronize_device(&self) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+            self.do_synchronize_device(st)
+        })
+    }
+
+    fn stream_handle(&self) -> Option<u64> {
+        let st = self.lock();
+        (!st.exec.stream.is_null()).then_some(st.exec.stream as u64)
+    }
+
+    fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+            self.do_order_stream(st, consumer)
+        })
+    }
+
     fn stats(&self) -> Stats {
         self.lock().ledger.stats()
     }
@@ -515,6 +606,10 @@ impl Device for CudaDevice {
         let mut report = CloseReport::default();
         if st.ctx.is_none() {
             return report;
+        }
+        match self.enter(&st, Op::Device) {
+            Ok(_bound) => self.close_exec(&mut st, &mut report.errors),
+            Err(e) => report.errors.push(e),
         }
         let pinned: Vec<(usize, u64)> = st
             .pinned

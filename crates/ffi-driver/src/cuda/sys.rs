@@ -11,6 +11,11 @@ pub type CuContext = *mut c_void;
 pub type CuDevice = c_int;
 /// `CUdeviceptr` (v2): unsigned long long.
 pub type CuDevicePtr = c_ulonglong;
+/// `CUstream`, `CUevent`, `CUmodule`, `CUfunction`: opaque pointers.
+pub type CuStream = *mut c_void;
+pub type CuEvent = *mut c_void;
+pub type CuModule = *mut c_void;
+pub type CuFunction = *mut c_void;
 
 pub type CuInitFn = unsafe extern "C" fn(flags: c_uint) -> c_int;
 pub type CuDeviceGetFn = unsafe extern "C" fn(device: *mut CuDevice, ordinal: c_int) -> c_int;
@@ -20,17 +25,67 @@ pub type CuCtxGetCurrentFn = unsafe extern "C" fn(pctx: *mut CuContext) -> c_int
 pub type CuCtxSetCurrentFn = unsafe extern "C" fn(ctx: CuContext) -> c_int;
 pub type CuMemAllocFn = unsafe extern "C" fn(dptr: *mut CuDevicePtr, bytesize: usize) -> c_int;
 pub type CuMemFreeFn = unsafe extern "C" fn(dptr: CuDevicePtr) -> c_int;
-pub type CuMemcpyHtoDFn =
-    unsafe extern "C" fn(dst: CuDevicePtr, src: *const c_void, bytes: usize) -> c_int;
-pub type CuMemcpyDtoHFn =
-    unsafe extern "C" fn(dst: *mut c_void, src: CuDevicePtr, bytes: usize) -> c_int;
-pub type CuMemsetD8Fn = unsafe extern "C" fn(dst: CuDevicePtr, uc: u8, n: usize) -> c_int;
 pub type CuMemHostRegisterFn =
     unsafe extern "C" fn(p: *mut c_void, bytesize: usize, flags: c_uint) -> c_int;
 pub type CuMemHostUnregisterFn = unsafe extern "C" fn(p: *mut c_void) -> c_int;
+pub type CuMemcpyHtoDAsyncFn = unsafe extern "C" fn(
+    dst: CuDevicePtr,
+    src: *const c_void,
+    bytes: usize,
+    stream: CuStream,
+) -> c_int;
+pub type CuMemcpyDtoHAsyncFn = unsafe extern "C" fn(
+    dst: *mut c_void,
+    src: CuDevicePtr,
+    bytes: usize,
+    stream: CuStream,
+) -> c_int;
+pub type CuMemsetD8AsyncFn =
+    unsafe extern "C" fn(dst: CuDevicePtr, uc: u8, n: usize, stream: CuStream) -> c_int;
+pub type CuStreamCreateFn = unsafe extern "C" fn(stream: *mut CuStream, flags: c_uint) -> c_int;
+pub type CuStreamDestroyFn = unsafe extern "C" fn(stream: CuStream) -> c_int;
+pub type CuStreamSynchronizeFn = unsafe extern "C" fn(stream: CuStream) -> c_int;
+pub type CuStreamWaitEventFn =
+    unsafe extern "C" fn(stream: CuStream, event: CuEvent, flags: c_uint) -> c_int;
+pub type CuEventCreateFn = unsafe extern "C" fn(event: *mut CuEvent, flags: c_uint) -> c_int;
+pub type CuEventRecordFn = unsafe extern "C" fn(event: CuEvent, stream: CuStream) -> c_int;
+pub type CuEventDestroyFn = unsafe extern "C" fn(event: CuEvent) -> c_int;
+pub type CuModuleLoadDataFn =
+    unsafe extern "C" fn(module: *mut CuModule, image: *const c_void) -> c_int;
+pub type CuModuleUnloadFn = unsafe extern "C" fn(module: CuModule) -> c_int;
+pub type CuModuleGetFunctionFn = unsafe extern "C" fn(
+    func: *mut CuFunction,
+    module: CuModule,
+    name: *const std::ffi::c_char,
+) -> c_int;
+pub type CuLaunchKernelFn = unsafe extern "C" fn(
+    f: CuFunction,
+    grid_x: c_uint,
+    grid_y: c_uint,
+    grid_z: c_uint,
+    block_x: c_uint,
+    block_y: c_uint,
+    block_z: c_uint,
+    shared_bytes: c_uint,
+    stream: CuStream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> c_int;
+pub type CuCtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
+pub type CuDeviceGetAttributeFn =
+    unsafe extern "C" fn(value: *mut c_int, attribute: c_int, dev: CuDevice) -> c_int;
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the legacy default stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING`: an event for ordering only (cheaper).
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` / `_MINOR`.
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
 pub const CUDA_ERROR_INVALID_VALUE: i64 = 1;
 pub const CUDA_ERROR_INVALID_CONTEXT: i64 = 201;
+pub const CUDA_ERROR_INVALID_HANDLE: i64 = 400;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: i64 = 700;
 pub const CUDA_ERROR_NOT_SUPPORTED: i64 = 801;
 
@@ -44,12 +99,21 @@ const CODES: &[(i64, &str)] = &[
     (46, "CUDA_ERROR_DEVICE_UNAVAILABLE"),
     (100, "CUDA_ERROR_NO_DEVICE"),
     (101, "CUDA_ERROR_INVALID_DEVICE"),
+    (200, "CUDA_ERROR_INVALID_IMAGE"),
     (201, "CUDA_ERROR_INVALID_CONTEXT"),
+    (209, "CUDA_ERROR_NO_BINARY_FOR_GPU"),
+    (218, "CUDA_ERROR_INVALID_PTX"),
+    (222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
     (400, "CUDA_ERROR_INVALID_HANDLE"),
+    (500, "CUDA_ERROR_NOT_FOUND"),
+    (600, "CUDA_ERROR_NOT_READY"),
     (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"),
+    (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
     (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
     (712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
     (713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"),
+    (719, "CUDA_ERROR_LAUNCH_FAILED"),
     (800, "CUDA_ERROR_NOT_PERMITTED"),
     (801, "CUDA_ERROR_NOT_SUPPORTED"),
     (999, "CUDA_ERROR_UNKNOWN"),

@@ -132,6 +132,7 @@ fn call_name(op: Op) -> &'static str {
         Op::Unmap => "sim_host_unregister",
         Op::Memset => "sim_memset",
         Op::Pin | Op::Unpin => "(sim mirrors are not page-locked)",
+        Op::Module | Op::Launch | Op::Sync => "(sim runs kernels on the host)",
         Op::Device => "(sim has no device lifecycle)",
     }
 }

@@ -91,9 +91,11 @@ impl RunState {
         let mut records = Records {
             tasks: std::mem::take(&mut self.tasks),
             hazards: std::mem::take(&mut self.hazards),
+            plan: std::mem::take(&mut self.plan),
         };
         records.tasks.clear();
         records.hazards.clear();
+        records.plan.clear();
         drop(std::mem::take(&mut self.args));
         self.report.phases.cleanup = self.lap();
         let after = mem.dev.stats();

@@ -1,8 +1,10 @@
-//! Execute: tasks run in submission order. On a driver whose device memory is host memory (sim)
-//! a kernel's buffers are that memory itself; elsewhere they are host copies (one D2H per tensor
+//! Execute: tasks run in submission order. A batch of device code is launched natively
+//! (`launch.rs`) when execution reaches it. A host task's buffers are, on a driver whose device
+//! memory is host memory (sim), that memory itself; elsewhere host copies (one D2H per tensor
 //! before the kernel, the outputs written back after it; a non-dense view writes back only its
-//! own elements). When execution ends, the mirror of every allocation a task may have written
-//! goes stale, once, however many tasks wrote it.
+//! own elements), counted as host-path tasks. When execution ends, the host waits for the
+//! device once, and the mirror of every allocation a task may have written goes stale, once,
+//! however many tasks wrote it.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use simpler_driver::{DevPtr, HostMem};
 use crate::error::{Error, Phase, Result};
 use crate::memory::Memory;
 use crate::run::state::{ArgKind, HostWindow, PendingCopy, RunState, Stage, TaskCall};
+use crate::run::tasks::Next;
 
 impl RunState {
     /// Ends orchestration; returns the number of tasks to run.
@@ -21,15 +24,23 @@ impl RunState {
         Ok(self.tasks.len())
     }
 
-    /// Fills `call` with the next task (its kernel, scalars and one window per tensor); false
-    /// after the last task.
-    pub(crate) fn next_task(&mut self, mem: &Memory, call: &mut TaskCall) -> Result<bool> {
+    /// Launches the batches of device code up to the next host task, and fills `call` with
+    /// that task (its kernel, scalars and one window per tensor); false after the last task.
+    pub(crate) fn next_task(&mut self, mem: &mut Memory, call: &mut TaskCall) -> Result<bool> {
         self.expect(Stage::Execute, "tasks run only during execute")?;
         self.pending.clear();
-        let Some((task, kernel, scalars)) = self.tasks.next(&mut self.exec, &mut call.tensors)
-        else {
-            return Ok(false);
+        self.device_task = false;
+        let (task, kernel, scalars, device_arrays) = loop {
+            match self.tasks.next(&mut self.exec, &mut call.tensors) {
+                None => return Ok(false),
+                Some(Next::Task(t, k, s, d)) => break (t, k, s, d),
+                Some(Next::Device(batch)) => self.launch_batch(mem, batch)?,
+            }
         };
+        let on_device = device_arrays && !mem.dev.has_kernel_memory() && mem.dev.runs_device_code();
+        if !mem.dev.has_kernel_memory() && !on_device {
+            self.report.counters.host_path_tasks += 1;
+        }
         call.task = task;
         call.kernel = kernel;
         call.scalars.clear();
@@ -37,6 +48,11 @@ impl RunState {
         call.buffers.clear();
         call.names.clear();
         call.needs_finish = false;
+        call.on_device = on_device;
+        call.device_views.clear();
+        if on_device {
+            return self.device_arrays_task(mem, call).map(|()| true);
+        }
         for (slot, elem) in &call.tensors {
             let a = &self.args[slot.arg as usize];
             call.names.push(a.name.clone());
@@ -91,8 +107,38 @@ impl RunState {
         Ok(true)
     }
 
-    /// After a task ran on host copies: pushes its outputs back to the device.
+    /// A task whose host function takes device arrays: the device addresses of its views, after
+    /// the work enqueued before it has run (its inputs are ready, whatever stream the function
+    /// uses).
+    fn device_arrays_task(&mut self, mem: &Memory, call: &mut TaskCall) -> Result<()> {
+        for (slot, elem) in &call.tensors {
+            let a = &self.args[slot.arg as usize];
+            call.names.push(a.name.clone());
+            let g = slot.geometry.at_offset(*elem);
+            let addr = match a.alloc {
+                Some((p, _)) if g.numel() > 0 => p.0 + g.start_byte(),
+                _ => 0,
+            };
+            call.device_views
+                .push((addr, g.rebased(), slot.dir.writes()));
+        }
+        mem.dev
+            .synchronize()
+            .map_err(|e| Error::device(Phase::Execute, None, e))?;
+        self.device_task = true;
+        call.needs_finish = true;
+        Ok(())
+    }
+
+    /// After a task ran on host copies: pushes its outputs back to the device. After a task
+    /// over device arrays: waits until the work it enqueued (on any stream) has run.
     pub(crate) fn finish_task(&mut self, mem: &Memory) -> Result<()> {
+        if std::mem::take(&mut self.device_task) {
+            return mem
+                .dev
+                .synchronize_device()
+                .map_err(|e| Error::device(Phase::Execute, None, e));
+        }
         for c in self.pending.drain(..).filter(|c| c.dir.writes()) {
             let dev_err = |e| Error::device(Phase::Execute, Some(&c.name), e);
             let r = if c.geometry.is_dense() {
@@ -116,11 +162,23 @@ impl RunState {
         Ok(())
     }
 
-    /// Ends execution (`ok == false` when a task failed). The mirror of every resident argument
-    /// the callable declares OUT/INOUT, and of every allocation a task wrote, goes stale.
-    pub(crate) fn end_execute(&mut self, mem: &mut Memory, ok: bool) {
+    /// Ends execution (`ok == false` when a task failed): waits for the device once when
+    /// device code was launched (a fault of a launch reports here). The mirror of every
+    /// resident argument the callable declares OUT/INOUT, and of every allocation a task wrote,
+    /// goes stale.
+    pub(crate) fn end_execute(&mut self, mem: &mut Memory, ok: bool) -> Result<()> {
         self.pending.clear();
-        if !ok {
+        let mut waited = Ok(());
+        if self.report.counters.device_launches > 0 {
+            waited = mem.dev.synchronize().map_err(|mut e| {
+                e.detail = format!(
+                    "{} ({} launch(es) of device code in this run)",
+                    e.detail, self.report.counters.device_launches
+                );
+                Error::device(Phase::Execute, None, e)
+            });
+        }
+        if !ok || waited.is_err() {
             self.failed = true;
         }
         let declared = self
@@ -142,5 +200,6 @@ impl RunState {
             self.report.phases.execute = self.lap();
         }
         self.stage = Stage::Executed;
+        waited
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! One room per concern: `state` (the run in progress), `bind`, `access` (orchestrator data
 //! access), `submit` (tasks and scratch tensors), `tasks` (the compact task store),
-//! `hazards` (the hazard index), `execute`, `copy_back` (copy back and clean up) and
+//! `hazards` (the hazard index), `execute`, `launch` (device code), `copy_back` (copy back and clean up) and
 //! `report`. The order of the phases lives in `cycle.rs`, which drives them through the
 //! worker.
 
@@ -11,6 +11,7 @@ mod bind;
 mod copy_back;
 mod execute;
 mod hazards;
+pub(crate) mod launch;
 mod report;
 mod state;
 pub(crate) mod submit;

@@ -60,11 +60,16 @@ pub struct Counters {
     pub cache_fill_bytes: u64,
     pub mapped_reads: u64,
     pub mapped_writes: u64,
+    /// Launches of device code, the tasks they ran, and tasks that ran on the host over copies
+    /// on a device whose memory the host cannot reach (kernels without device code there).
+    pub device_launches: u64,
+    pub device_tasks: u64,
+    pub host_path_tasks: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 23] {
+    pub fn entries(&self) -> [(&'static str, u64); 26] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -89,6 +94,9 @@ impl Counters {
             ("cache_fill_bytes", self.cache_fill_bytes),
             ("mapped_reads", self.mapped_reads),
             ("mapped_writes", self.mapped_writes),
+            ("device_launches", self.device_launches),
+            ("device_tasks", self.device_tasks),
+            ("host_path_tasks", self.host_path_tasks),
         ]
     }
 }

@@ -188,8 +188,14 @@ pub struct TaskCall {
     pub buffers: Vec<HostWindow>,
     /// The run argument each window views (for messages).
     pub names: Vec<Arc<str>>,
-    /// Whether host copies must be written back (`Worker::finish_task`) after the kernel.
+    /// Whether host copies must be written back, or the device waited for, after the kernel
+    /// (`Worker::finish_task`).
     pub needs_finish: bool,
+    /// The kernel takes device arrays: `device_views` replaces `buffers`.
+    pub on_device: bool,
+    /// Per tensor: the device address of the view's first element (0 when empty), its
+    /// geometry rebased to that element, and whether the kernel may write it.
+    pub device_views: Vec<(u64, crate::geometry::Geometry, bool)>,
     pub(crate) tensors: Vec<(Slot, u64)>,
 }
 
@@ -198,6 +204,7 @@ pub struct TaskCall {
 pub struct Records {
     pub(crate) tasks: TaskStore,
     pub(crate) hazards: HazardIndex,
+    pub(crate) plan: crate::run::launch::LaunchPlan,
 }
 
 /// See the module docs.
@@ -221,8 +228,13 @@ pub struct RunState {
     pub(crate) exec: TaskCursor,
     /// Host copies of the task being executed (drivers without kernel memory).
     pub(crate) pending: Vec<PendingCopy>,
+    /// The task being executed took device arrays: the device is waited for after it.
+    pub(crate) device_task: bool,
     /// The byte staged outputs and scratch tensors are filled with (`None`: no poisoning).
     pub(crate) poison: Option<u8>,
+    /// The launches of the run's batches of device code (planned when execution reaches the
+    /// first).
+    pub(crate) plan: crate::run::launch::LaunchPlan,
 }
 
 impl RunState {
@@ -239,6 +251,7 @@ impl RunState {
             args: Vec::new(),
             tasks: records.tasks,
             hazards: records.hazards,
+            plan: records.plan,
             stage: Stage::Orchestrate,
             failed: false,
             mark: started,
@@ -250,6 +263,7 @@ impl RunState {
             scratch_at: ScratchCursor::default(),
             exec: TaskCursor::default(),
             pending: Vec::new(),
+            device_task: false,
             poison: None,
         }
     }

@@ -228,6 +228,10 @@ impl RunState {
     ) -> Result<u64> {
         self.check_submit(&kernel, tensors.len())?;
         let who = format_args!("submit {}", kernel.name);
+        if let Some(d) = &kernel.device {
+            let cols: Vec<BatchScalar<'_>> = scalars.iter().map(|v| BatchScalar::One(*v)).collect();
+            d.check(&who, &cols)?;
+        }
         for (i, (arg, g)) in tensors.iter().enumerate() {
             let a = self.check_slot(&kernel, i, *arg, g.dtype())?;
             check_contained(&who, a, g)?;
@@ -291,6 +295,9 @@ impl RunState {
         self.check_submit(&kernel, slots.len())?;
         let who = format_args!("submit_many {}", kernel.name);
         let count = batch_count(&who, slots, scalars, count)?;
+        if let Some(d) = &kernel.device {
+            d.check(&who, scalars)?;
+        }
         let n = u64::from(count);
         let per_task = u16::try_from(scalars.len())
             .map_err(|_| Error::Value(format!("{who}: too many scalars ({})", scalars.len())))?;

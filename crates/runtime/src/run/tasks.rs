@@ -8,6 +8,10 @@
 //! is one `u64`). Scalars are stored row by row, `per_task` values per task. Freeing the store
 //! frees four vectors, however many tasks there were.
 
+use std::ops::Range;
+
+use simpler_driver::LaunchDims;
+
 use crate::dtype::Value;
 use crate::geometry::Geometry;
 use crate::spec::{Direction, KernelRef};
@@ -32,11 +36,47 @@ pub(crate) struct Slot {
 #[derive(Debug, Clone, Copy)]
 struct Batch {
     kernel: u32,
+    first_task: u64,
     count: u32,
     first_slot: u32,
     slots: u16,
     first_scalar: usize,
     per_task: u16,
+    /// Index into the store's device launches: the batch runs as device code.
+    device: Option<u32>,
+    /// The kernel's host function takes device arrays.
+    device_arrays: bool,
+}
+
+/// How a batch of device code launches: the program (a worker's loaded-program key), the
+/// per-task geometry and the launch constants (in the store's constants).
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceBatch {
+    pub key: u64,
+    pub dims: LaunchDims,
+    pub consts: Range<usize>,
+}
+
+/// One batch, as launch planning reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchInfo<'a> {
+    pub first_task: u64,
+    pub count: u32,
+    /// Slot ids `first_slot..first_slot + slots`.
+    pub first_slot: u32,
+    pub slots: u16,
+    pub per_task: u16,
+    pub scalars: &'a [Value],
+    pub device: Option<(&'a DeviceBatch, &'a [i64])>,
+}
+
+/// What the execution cursor found next.
+#[derive(Debug)]
+pub(crate) enum Next<'a> {
+    /// A task that runs on the host: `(task index, kernel, scalars, takes device arrays)`.
+    Task(u64, u32, &'a [Value], bool),
+    /// A batch of device code (its index), whose tasks the cursor has stepped over.
+    Device(usize),
 }
 
 /// See the module docs.
@@ -46,6 +86,8 @@ pub(crate) struct TaskStore {
     slots: Vec<Slot>,
     starts: Vec<u64>,
     scalars: Vec<Value>,
+    devices: Vec<DeviceBatch>,
+    consts: Vec<i64>,
     tasks: u64,
     /// Kernel names by the host's id (for messages); kept across runs, so a warm run adds none.
     names: Vec<(u32, Box<str>)>,
@@ -103,7 +145,32 @@ impl TaskStore {
         self.slots.clear();
         self.starts.clear();
         self.scalars.clear();
+        self.devices.clear();
+        self.consts.clear();
         self.tasks = 0;
+    }
+
+    /// Batches recorded so far.
+    pub fn batch_count(&self) -> usize {
+        self.batches.len()
+    }
+
+    /// Batch `i`.
+    pub fn batch(&self, i: usize) -> BatchInfo<'_> {
+        let b = &self.batches[i];
+        let n = b.count as usize * b.per_task as usize;
+        BatchInfo {
+            first_task: b.first_task,
+            count: b.count,
+            first_slot: b.first_slot,
+            slots: b.slots,
+            per_task: b.per_task,
+            scalars: &self.scalars[b.first_scalar..b.first_scalar + n],
+            device: b.device.map(|d| {
+                let d = &self.devices[d as usize];
+                (d, &self.consts[d.consts.clone()])
+            }),
+        }
     }
 
     /// Takes back every task from `first` on (`first` starts a batch): the batches, their
@@ -130,6 +197,11 @@ impl TaskStore {
             self.scalars.truncate(b.first_scalar);
             self.slots.truncate(first_slot);
             self.batches.truncate(keep);
+            let devices = self.batches.iter().filter(|b| b.device.is_some()).count();
+            if let Some(d) = self.devices.get(devices) {
+                self.consts.truncate(d.consts.start);
+            }
+            self.devices.truncate(devices);
         }
         self.tasks = self.tasks.min(first);
     }
@@ -176,13 +248,26 @@ impl TaskStore {
             Some((_, name)) => *name = kernel.name.into(),
             None => self.names.push((kernel.id, kernel.name.into())),
         }
+        let device = kernel.device.map(|d| {
+            let at = self.consts.len();
+            self.consts.extend_from_slice(d.consts);
+            self.devices.push(DeviceBatch {
+                key: d.code.key,
+                dims: d.dims,
+                consts: at..self.consts.len(),
+            });
+            self.devices.len() as u32 - 1
+        });
         self.batches.push(Batch {
             kernel: kernel.id,
+            first_task: first,
             count,
             first_slot: self.slots.len() as u32 - u32::from(slots),
             slots,
             first_scalar: self.scalars.len(),
             per_task,
+            device,
+            device_arrays: kernel.device_arrays,
         });
         let before = self.scalars.len();
         self.scalars.extend(scalars);
@@ -210,19 +295,23 @@ impl TaskStore {
         "?"
     }
 
-    /// The task at `cursor`, advancing it: fills `tensors` with each slot and the element offset
-    /// of the task's view, returns `(task index, kernel, scalars)`; `None` after the last task.
-    pub fn next(
-        &self,
-        cursor: &mut Cursor,
-        tensors: &mut Vec<(Slot, u64)>,
-    ) -> Option<(u64, u32, &[Value])> {
+    /// What comes next at `cursor`, advancing it: a batch of device code (stepped over whole),
+    /// or a host task, for which `tensors` is filled with each slot and the element offset of
+    /// the task's view; `None` after the last task.
+    pub fn next(&self, cursor: &mut Cursor, tensors: &mut Vec<(Slot, u64)>) -> Option<Next<'_>> {
         loop {
             let b = self.batches.get(cursor.batch)?;
             if cursor.index >= b.count {
                 cursor.batch += 1;
                 cursor.index = 0;
                 continue;
+            }
+            if b.device.is_some() {
+                let at = cursor.batch;
+                cursor.task += u64::from(b.count - cursor.index);
+                cursor.batch += 1;
+                cursor.index = 0;
+                return Some(Next::Device(at));
             }
             let i = cursor.index as usize;
             let first = b.first_slot as usize;
@@ -238,7 +327,7 @@ impl TaskStore {
             let task = cursor.task;
             cursor.index += 1;
             cursor.task += 1;
-            return Some((task, b.kernel, scalars));
+            return Some(Next::Task(task, b.kernel, scalars, b.device_arrays));
         }
     }
 }

@@ -158,7 +158,13 @@ pub fn orch(cell: &Cell, run: RunId) -> Orch<'_, Cell> {
 
 /// A kernel reference.
 pub fn kernel<'a>(id: u32, name: &'a str, s: &'a Signature) -> KernelRef<'a> {
-    KernelRef { id, name, sig: s }
+    KernelRef {
+        id,
+        name,
+        sig: s,
+        device: None,
+        device_arrays: false,
+    }
 }
 
 /// Reads a window's bytes.

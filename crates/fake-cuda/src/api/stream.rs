@@ -1,0 +1,433 @@
+//! Streams and events (the queues themselves are in [`crate::exec`]), and `cuCtxSynchronize`.
+//!
+//! Every call here needs the current context; a stream or event of another device than the
+//! current context's is refused with `CUDA_ERROR_INVALID_HANDLE` and counted as a violation
+//! (the event of `cuStreamWaitEvent` excepted). Calls that block (synchronize, destroy) check
+//! their arguments under the state lock, wait with no lock held, then log the outcome.
+
+use std::ffi::c_uint;
+
+use crate::exec::{self, Exec, Op, Point, Work, CU_STREAM_NON_BLOCKING, DONE};
+use crate::{
+    with_state, CUdevice, CUevent, CUresult, CUstream, State, CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+};
+
+/// An asynchronous call that passed its checks: queued on a created stream (and logged), or to
+/// run on the calling thread once the state lock is released (a built-in stream).
+pub(crate) enum Submitted {
+    Queued,
+    Inline(Op),
+}
+
+/// Checks that `h` is a live stream of `dev` (built-in streams always are); logs a failure.
+fn own_stream(
+    st: &mut State,
+    ex: &Exec,
+    (name, args): (&str, &str),
+    h: usize,
+    dev: CUdevice,
+) -> Result<(), CUresult> {
+    if exec::builtin(h) {
+        return Ok(());
+    }
+    match ex.stream(h).map(|s| s.dev) {
+        None => Err(st.ret(name, args, CUDA_ERROR_INVALID_HANDLE)),
+        Some(owner) if owner != dev => {
+            let note = st.wrong_context("stream", owner, dev);
+            Err(st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_HANDLE))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Checks that `e` is a live event of `dev` (any device's with `dev` `None`); logs a failure.
+/// Returns the event's device.
+fn own_event(
+    st: &mut State,
+    ex: &Exec,
+    (name, args): (&str, &str),
+    e: usize,
+    dev: Option<CUdevice>,
+) -> Result<CUdevice, CUresult> {
+    match (ex.events.get(&e).map(|ev| ev.dev), dev) {
+        (None, _) => Err(st.ret(name, args, CUDA_ERROR_INVALID_HANDLE)),
+        (Some(owner), Some(dev)) if owner != dev => {
+            let note = st.wrong_context("event", owner, dev);
+            Err(st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_HANDLE))
+        }
+        (Some(owner), _) => Ok(owner),
+    }
+}
+
+/// Queues `op` on stream `h` (whose handle it checks), or hands it back for a built-in stream.
+pub(crate) fn submit(
+    st: &mut State,
+    name: &str,
+    args: &str,
+    h: usize,
+    op: Op,
+) -> Result<Submitted, CUresult> {
+    if exec::builtin(h) {
+        return Ok(Submitted::Inline(op));
+    }
+    let mut ex = exec::lock();
+    own_stream(st, &ex, (name, args), h, op.dev)?;
+    match ex.enqueue(h, op) {
+        Ok(()) => {
+            st.ret(name, args, CUDA_SUCCESS);
+            Ok(Submitted::Queued)
+        }
+        Err(code) => Err(st.ret(name, args, code)),
+    }
+}
+
+/// Completes an asynchronous call: runs a built-in stream's operation now (no lock held) and
+/// logs its outcome, a device fault's code included.
+pub(crate) fn finish(name: &str, args: &str, h: usize, r: Result<Submitted, CUresult>) -> CUresult {
+    match r {
+        Err(code) => code,
+        Ok(Submitted::Queued) => CUDA_SUCCESS,
+        Ok(Submitted::Inline(op)) => {
+            let code = exec::run_inline(h, op);
+            with_state(|st| st.ret(name, args, code))
+        }
+    }
+}
+
+/// Waits with no lock held for what `wait` says, then logs and returns the device's sticky
+/// error (or success).
+fn settle(name: &str, args: &str, dev: CUdevice, wait: impl FnOnce()) -> CUresult {
+    wait();
+    with_state(|st| {
+        let code = st.poisoned(dev);
+        st.ret(name, args, code)
+    })
+}
+
+/// Waits for what work on built-in or created stream `h` of `dev` waits for.
+fn wait_stream(h: usize, dev: CUdevice) {
+    if exec::legacy(h) {
+        exec::wait_device(Some(dev), true);
+    } else if !exec::builtin(h) {
+        exec::wait_stream(h);
+    }
+}
+
+/// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`: `Flags` is 0 or
+/// `CU_STREAM_NON_BLOCKING` (1).
+///
+/// # Safety
+/// `ph_stream` must be null or valid for a write of one `CUstream`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) -> CUresult {
+    with_state(|st| {
+        let name = "cuStreamCreate";
+        let args = format!("- flags={flags}");
+        if let Some(code) = st.gate(name, &args) {
+            return code;
+        }
+        let dev = match st.current_device() {
+            Ok(dev) => dev,
+            Err(code) => return st.ret(name, &args, code),
+        };
+        if ph_stream.is_null() || flags & !CU_STREAM_NON_BLOCKING != 0 {
+            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = exec::lock().create_stream(dev, flags);
+        // SAFETY: `ph_stream` is non-null and, per the caller, valid for this write.
+        unsafe { ph_stream.write(h as CUstream) };
+        st.ret(name, &format!("{h:#x} flags={flags}"), CUDA_SUCCESS)
+    })
+}
+
+/// `CUresult cuStreamDestroy(CUstream hStream)` (the `_v2` entry point): the handle is invalid
+/// at once; the call returns once the stream's queued work ran (or was discarded). On a
+/// poisoned context the stream is still destroyed and the sticky error returned.
+#[no_mangle]
+pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
+    let name = "cuStreamDestroy_v2";
+    let h = h_stream as usize;
+    let args = format!("{h:#x}");
+    let checked = with_state(|st| {
+        if let Some(code) = st.gate(name, &args) {
+            return Err(code);
+        }
+        let dev = st
+            .current_device_any()
+            .map_err(|code| st.ret(name, &args, code))?;
+        let mut ex = exec::lock();
+        if exec::builtin(h) {
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_HANDLE));
+        }
+        own_stream(st, &ex, (name, &args), h, dev)?;
+        if let Some(s) = ex.streams.get_mut(&h) {
+            s.destroyed = true;
+        }
+        Ok(dev)
+    });
+    let dev = match checked {
+        Ok(dev) => dev,
+        Err(code) => return code,
+    };
+    settle(name, &args, dev, || {
+        exec::wait_stream(h);
+        exec::lock().streams.remove(&h);
+        exec::notify();
+    })
+}
+
+/// `CUresult cuStreamSynchronize(CUstream hStream)`: waits until the stream's work ran; returns
+/// the context's sticky error if there is (or comes to be) one.
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
+    let name = "cuStreamSynchronize";
+    let h = h_stream as usize;
+    let args = format!("{h:#x}");
+    let checked = with_state(|st| {
+        if let Some(code) = st.gate(name, &args) {
+            return Err(code);
+        }
+        let dev = st
+            .current_device_any()
+            .map_err(|code| st.ret(name, &args, code))?;
+        own_stream(st, &exec::lock(), (name, &args), h, dev)?;
+        Ok(dev)
+    });
+    match checked {
+        Ok(dev) => settle(name, &args, dev, || wait_stream(h, dev)),
+        Err(code) => code,
+    }
+}
+
+/// `CUresult cuStreamQuery(CUstream hStream)`: `CUDA_SUCCESS` when the stream is idle,
+/// `CUDA_ERROR_NOT_READY` otherwise.
+#[no_mangle]
+pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
+    with_state(|st| {
+        let name = "cuStreamQuery";
+        let h = h_stream as usize;
+        let args = format!("{h:#x}");
+        if let Some(code) = st.gate(name, &args) {
+            return code;
+        }
+        let dev = match st.current_device() {
+            Ok(dev) => dev,
+            Err(code) => return st.ret(name, &args, code),
+        };
+        let ex = exec::lock();
+        if let Err(code) = own_stream(st, &ex, (name, &args), h, dev) {
+            return code;
+        }
+        let idle = if exec::legacy(h) {
+            ex.idle(Some(dev), true)
+        } else {
+            ex.stream(h).is_none_or(exec::Stream::idle)
+        };
+        let code = if idle {
+            CUDA_SUCCESS
+        } else {
+            CUDA_ERROR_NOT_READY
+        };
+        st.ret(name, &args, code)
+    })
+}
+
+/// `CUresult cuCtxSynchronize(void)`: waits until every stream of the current context's device
+/// is idle; returns the context's sticky error if there is one.
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    let name = "cuCtxSynchronize";
+    let checked = with_state(|st| {
+        if let Some(code) = st.gate(name, "-") {
+            return Err(code);
+        }
+        st.current_device_any()
+            .map_err(|code| st.ret(name, "-", code))
+    });
+    match checked {
+        Ok(dev) => settle(name, "-", dev, || exec::wait_device(Some(dev), false)),
+        Err(code) => code,
+    }
+}
+
+/// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`: `Flags` from
+/// `CU_EVENT_BLOCKING_SYNC` (1) and `CU_EVENT_DISABLE_TIMING` (2); interprocess events are not
+/// modelled.
+///
+/// # Safety
+/// `ph_event` must be null or valid for a write of one `CUevent`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
+    with_state(|st| {
+        let name = "cuEventCreate";
+        let args = format!("- flags={flags}");
+        if let Some(code) = st.gate(name, &args) {
+            return code;
+        }
+        let dev = match st.current_device() {
+            Ok(dev) => dev,
+            Err(code) => return st.ret(name, &args, code),
+        };
+        if ph_event.is_null() || flags & !3 != 0 {
+            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+        }
+        let e = crate::new_handle(crate::EVENT_BASE);
+        let ev = exec::Event { dev, point: None };
+        exec::lock().events.insert(e, ev);
+        // SAFETY: `ph_event` is non-null and, per the caller, valid for this write.
+        unsafe { ph_event.write(e as CUevent) };
+        st.ret(name, &format!("{e:#x} flags={flags}"), CUDA_SUCCESS)
+    })
+}
+
+/// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`: the event now stands for the
+/// stream's work queued so far (on the legacy stream: once the blocking streams are idle,
+/// which the call waits for).
+#[no_mangle]
+pub extern "C" fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
+    let name = "cuEventRecord";
+    let (e, h) = (h_event as usize, h_stream as usize);
+    let args = format!("{e:#x} stream={h:#x}");
+    let checked = with_state(|st| {
+        if let Some(code) = st.gate(name, &args) {
+            return Err(code);
+        }
+        let dev = st
+            .current_device()
+            .map_err(|code| st.ret(name, &args, code))?;
+        let mut ex = exec::lock();
+        own_event(st, &ex, (name, &args), e, Some(dev))?;
+        own_stream(st, &ex, (name, &args), h, dev)?;
+        if exec::builtin(h) {
+            return Ok(Some(dev));
+        }
+        let point = ex.point_of(h);
+        if let Some(ev) = ex.events.get_mut(&e) {
+            ev.point = Some(point);
+        }
+        st.ret(name, &args, CUDA_SUCCESS);
+        Ok(None)
+    });
+    match checked {
+        Ok(None) => CUDA_SUCCESS,
+        Ok(Some(dev)) => settle(name, &args, dev, || {
+            wait_stream(h, dev);
+            if let Some(ev) = exec::lock().events.get_mut(&e) {
+                ev.point = Some(DONE);
+            }
+        }),
+        Err(code) => code,
+    }
+}
+
+/// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)`: later
+/// work of the stream waits until the event's last recorded point (taken now) ran; the event
+/// may be of any device. A never-recorded event is no wait. On a built-in stream the call
+/// itself waits. `Flags` must be 0.
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(
+    h_stream: CUstream,
+    h_event: CUevent,
+    flags: c_uint,
+) -> CUresult {
+    let name = "cuStreamWaitEvent";
+    let (h, e) = (h_stream as usize, h_event as usize);
+    let args = format!("{h:#x} event={e:#x} flags={flags}");
+    let r = with_state(|st| {
+        if let Some(code) = st.gate(name, &args) {
+            return Err(code);
+        }
+        let dev = st
+            .current_device()
+            .map_err(|code| st.ret(name, &args, code))?;
+        if flags != 0 {
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
+        }
+        let ex = exec::lock();
+        own_stream(st, &ex, (name, &args), h, dev)?;
+        own_event(st, &ex, (name, &args), e, None)?;
+        let Some(point) = ex.events.get(&e).and_then(|ev| ev.point) else {
+            return Err(st.ret(name, &format!("{args} (never recorded)"), CUDA_SUCCESS));
+        };
+        drop(ex);
+        let op = Op {
+            dev,
+            what: format!("{name} {h:#x} event={e:#x}"),
+            work: Work::Wait(point),
+        };
+        submit(st, name, &args, h, op)
+    });
+    finish(name, &args, h, r)
+}
+
+/// Checks an event call's context and handle: the event's point, and the current device.
+fn event_point(name: &str, args: &str, e: usize) -> Result<(CUdevice, Option<Point>), CUresult> {
+    with_state(|st| {
+        if let Some(code) = st.gate(name, args) {
+            return Err(code);
+        }
+        let dev = st
+            .current_device_any()
+            .map_err(|code| st.ret(name, args, code))?;
+        let ex = exec::lock();
+        own_event(st, &ex, (name, args), e, Some(dev))?;
+        Ok((dev, ex.events.get(&e).and_then(|ev| ev.point)))
+    })
+}
+
+/// `CUresult cuEventSynchronize(CUevent hEvent)`: waits until the event's recorded point ran
+/// (at once when never recorded); returns the context's sticky error if there is one.
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(h_event: CUevent) -> CUresult {
+    let name = "cuEventSynchronize";
+    let e = h_event as usize;
+    let args = format!("{e:#x}");
+    match event_point(name, &args, e) {
+        Ok((dev, point)) => settle(name, &args, dev, || {
+            if let Some(p) = point {
+                exec::wait_point(p);
+            }
+        }),
+        Err(code) => code,
+    }
+}
+
+/// `CUresult cuEventQuery(CUevent hEvent)`: `CUDA_SUCCESS` when the recorded point ran (or the
+/// event was never recorded), `CUDA_ERROR_NOT_READY` otherwise.
+#[no_mangle]
+pub extern "C" fn cuEventQuery(h_event: CUevent) -> CUresult {
+    let name = "cuEventQuery";
+    let e = h_event as usize;
+    let args = format!("{e:#x}");
+    let (dev, point) = match event_point(name, &args, e) {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
+    with_state(|st| {
+        let code = match st.poisoned(dev) {
+            CUDA_SUCCESS if point.is_some_and(|p| !exec::lock().complete(p)) => {
+                CUDA_ERROR_NOT_READY
+            }
+            code => code,
+        };
+        st.ret(name, &args, code)
+    })
+}
+
+/// `CUresult cuEventDestroy(CUevent hEvent)` (the `_v2` entry point). Waits already queued on
+/// the event keep their point. On a poisoned context the event is still destroyed and the
+/// sticky error returned.
+#[no_mangle]
+pub extern "C" fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
+    let name = "cuEventDestroy_v2";
+    let e = h_event as usize;
+    let args = format!("{e:#x}");
+    let dev = match event_point(name, &args, e) {
+        Ok((dev, _)) => dev,
+        Err(code) => return code,
+    };
+    settle(name, &args, dev, || {
+        exec::lock().events.remove(&e);
+    })
+}

@@ -1,0 +1,422 @@
+//! Streams and events, and the execution of device work.
+//!
+//! Each stream made by `cuStreamCreate` has a FIFO queue of operations. A background thread
+//! runs them in order; it is started when the queue goes from idle to busy, first sleeps the
+//! launch latency, and ends as soon as the queue is empty again, so an idle fake has no threads
+//! of its own (nothing keeps the process alive or runs in the library at exit). The built-in
+//! streams (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) have no queue: their operations run
+//! on the calling thread before the call returns ([`run_inline`]).
+//!
+//! Locking: the queues live under their own mutex (`EXEC`), with one condition variable that is
+//! notified on every change. A thread may take `EXEC` while holding the state mutex, never the
+//! other way round; nothing blocks (waits for a queue, runs a host kernel) holding the state
+//! mutex, and host kernels run with no lock held.
+//!
+//! Progress is counted per stream: `enq` operations were ever queued, `done` of them have
+//! finished (or were discarded after a fault); the stream is idle when they are equal. An event
+//! records a point `(stream, enq)`, complete once `done` reaches it or the stream is gone.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::{c_uint, c_void, CString};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::{
+    with_state, CUdevice, CUresult, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+};
+
+/// `CU_STREAM_LEGACY`.
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+
+/// Whether `h` is a built-in stream (run on the calling thread).
+pub fn builtin(h: usize) -> bool {
+    h <= CU_STREAM_PER_THREAD
+}
+
+/// Whether `h` is the legacy default stream (which waits for the blocking streams first).
+pub fn legacy(h: usize) -> bool {
+    h == 0 || h == CU_STREAM_LEGACY
+}
+
+/// Where host-to-device bytes come from when the copy runs.
+pub enum Source {
+    /// A registered host address, read when the copy runs (as DMA would).
+    Pinned(usize),
+    /// Bytes copied out of pageable memory at call time.
+    Copied(Vec<u8>),
+}
+
+/// A kernel launch, its parameter values copied at call time.
+pub struct Launch {
+    pub entry: CString,
+    pub params: Vec<u64>,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared: c_uint,
+}
+
+/// What an operation does.
+pub enum Work {
+    HtoD {
+        dst: u64,
+        src: Source,
+        n: usize,
+    },
+    /// `dst` is the caller's host address.
+    DtoH {
+        dst: usize,
+        src: u64,
+        n: usize,
+    },
+    Memset {
+        dst: u64,
+        value: u8,
+        n: usize,
+    },
+    Launch(Launch),
+    /// Waits until the point is complete.
+    Wait(Point),
+}
+
+/// One queued operation of device `dev`; `what` names it in fault lines of the log.
+pub struct Op {
+    pub dev: CUdevice,
+    pub what: String,
+    pub work: Work,
+}
+
+/// A position in a stream: complete once `seq` of its operations are done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub stream: usize,
+    pub seq: u64,
+}
+
+/// The point of a built-in stream: always complete.
+pub const DONE: Point = Point { stream: 0, seq: 0 };
+
+pub struct Stream {
+    pub dev: CUdevice,
+    pub flags: c_uint,
+    ops: VecDeque<Op>,
+    enq: u64,
+    done: u64,
+    /// A thread is running this queue.
+    worker: bool,
+    /// `cuStreamDestroy_v2` is draining it: no new work, the handle is invalid.
+    pub destroyed: bool,
+}
+
+impl Stream {
+    pub fn idle(&self) -> bool {
+        self.done == self.enq
+    }
+}
+
+pub struct Event {
+    pub dev: CUdevice,
+    /// The last recorded point; `None` while never recorded.
+    pub point: Option<Point>,
+}
+
+pub struct Exec {
+    pub streams: BTreeMap<usize, Stream>,
+    pub events: BTreeMap<usize, Event>,
+    /// Streams run nothing while held (`fake_cuda_hold_streams`).
+    pub held: bool,
+    latency: Duration,
+}
+
+static EXEC: Mutex<Exec> = Mutex::new(Exec {
+    streams: BTreeMap::new(),
+    events: BTreeMap::new(),
+    held: false,
+    latency: Duration::from_micros(crate::DEFAULT_LATENCY_US),
+});
+static CHANGED: Condvar = Condvar::new();
+
+thread_local! {
+    /// Whether this thread is a stream's executor.
+    static EXECUTOR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is a stream's executor (i.e. inside a host kernel).
+pub fn on_executor() -> bool {
+    EXECUTOR.with(Cell::get)
+}
+
+/// The queues. Callers may hold the state mutex; must not take it while holding this.
+pub fn lock() -> MutexGuard<'static, Exec> {
+    EXEC.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn set_latency_us(us: u64) {
+    lock().latency = Duration::from_micros(us);
+}
+
+/// Wakes every waiter (after a change made under [`lock`]).
+pub fn notify() {
+    CHANGED.notify_all();
+}
+
+impl Exec {
+    /// A live (not destroyed) stream.
+    pub fn stream(&self, h: usize) -> Option<&Stream> {
+        self.streams.get(&h).filter(|s| !s.destroyed)
+    }
+
+    pub fn create_stream(&mut self, dev: CUdevice, flags: c_uint) -> usize {
+        let h = crate::new_handle(crate::STREAM_BASE);
+        let s = Stream {
+            dev,
+            flags,
+            ops: VecDeque::new(),
+            enq: 0,
+            done: 0,
+            worker: false,
+            destroyed: false,
+        };
+        self.streams.insert(h, s);
+        h
+    }
+
+    /// Queues `op` on live stream `h`, starting its thread if it has none.
+    pub fn enqueue(&mut self, h: usize, op: Op) -> Result<(), CUresult> {
+        let Some(s) = self.streams.get_mut(&h).filter(|s| !s.destroyed) else {
+            return Err(crate::CUDA_ERROR_INVALID_HANDLE);
+        };
+        s.ops.push_back(op);
+        s.enq += 1;
+        if !s.worker {
+            let spawned = std::thread::Builder::new()
+                .name(format!("fake-cuda-stream-{h:#x}"))
+                .spawn(move || worker(h));
+            if spawned.is_err() {
+                s.ops.pop_back();
+                s.enq -= 1;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            s.worker = true;
+        }
+        notify();
+        Ok(())
+    }
+
+    /// The point an event recorded now on live stream `h` marks.
+    pub fn point_of(&self, h: usize) -> Point {
+        let seq = self.streams.get(&h).map_or(0, |s| s.enq);
+        Point { stream: h, seq }
+    }
+
+    pub fn complete(&self, p: Point) -> bool {
+        self.streams.get(&p.stream).is_none_or(|s| s.done >= p.seq)
+    }
+
+    /// Whether every stream of `dev` (only its blocking ones with `blocking_only`; every stream
+    /// of every device with `dev` `None`) is idle.
+    pub fn idle(&self, dev: Option<CUdevice>, blocking_only: bool) -> bool {
+        self.streams
+            .values()
+            .filter(|s| dev.is_none_or(|d| s.dev == d))
+            .filter(|s| !blocking_only || s.flags & CU_STREAM_NON_BLOCKING == 0)
+            .all(Stream::idle)
+    }
+
+    /// Drops every queued operation of `dev`'s streams (counted as done); returns how many.
+    fn discard(&mut self, dev: CUdevice) -> usize {
+        let mut n = 0;
+        for s in self.streams.values_mut().filter(|s| s.dev == dev) {
+            n += s.ops.len();
+            s.done += s.ops.len() as u64;
+            s.ops.clear();
+        }
+        n
+    }
+}
+
+/// Blocks until `ready` holds. No lock may be held by the caller.
+fn wait_until(ready: impl Fn(&Exec) -> bool) {
+    let mut ex = lock();
+    while !ready(&ex) {
+        ex = CHANGED.wait(ex).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Blocks until stream `h` is idle (or gone). Returns at once on an executor thread, whose
+/// driver calls are refused anyway (so a host kernel cannot deadlock the fake).
+pub fn wait_stream(h: usize) {
+    if !on_executor() {
+        wait_until(|ex| ex.streams.get(&h).is_none_or(Stream::idle));
+    }
+}
+
+/// Blocks until the streams of `dev` (see [`Exec::idle`]) are idle; as [`wait_stream`].
+pub fn wait_device(dev: Option<CUdevice>, blocking_only: bool) {
+    if !on_executor() {
+        wait_until(|ex| ex.idle(dev, blocking_only));
+    }
+}
+
+/// Blocks until `p` is complete; as [`wait_stream`].
+pub fn wait_point(p: Point) {
+    if !on_executor() {
+        wait_until(|ex| ex.complete(p));
+    }
+}
+
+/// Runs `op` of built-in stream `h` on the calling thread (the legacy stream first waits for
+/// the device's blocking streams). Returns the fault code, or `CUDA_SUCCESS`.
+pub fn run_inline(h: usize, op: Op) -> CUresult {
+    if legacy(h) {
+        wait_device(Some(op.dev), true);
+    }
+    run(op)
+}
+
+/// The executor of stream `h`.
+fn worker(h: usize) {
+    EXECUTOR.with(|c| c.set(true));
+    let latency = lock().latency;
+    if !latency.is_zero() {
+        std::thread::sleep(latency);
+    }
+    loop {
+        let op = {
+            let mut ex = lock();
+            loop {
+                let held = ex.held;
+                let Some(s) = ex.streams.get_mut(&h) else {
+                    return;
+                };
+                if s.ops.is_empty() {
+                    s.worker = false;
+                    return;
+                }
+                if !held {
+                    if let Some(op) = s.ops.pop_front() {
+                        break op;
+                    }
+                }
+                ex = CHANGED.wait(ex).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        if let Work::Wait(p) = op.work {
+            wait_until(|ex| ex.complete(p));
+        } else {
+            run(op);
+        }
+        if let Some(s) = lock().streams.get_mut(&h) {
+            s.done += 1;
+        }
+        notify();
+    }
+}
+
+/// Runs `op` with no lock held; a fault poisons the device. Returns the fault code, or
+/// `CUDA_SUCCESS`.
+fn run(op: Op) -> CUresult {
+    let dev = op.dev;
+    let code = match op.work {
+        Work::HtoD { dst, src, n } => with_state(|st| {
+            let Ok(to) = st.device_range(dst, n as u64, dev) else {
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
+            };
+            let from = match &src {
+                Source::Pinned(p) => *p as *const u8,
+                Source::Copied(v) => v.as_ptr(),
+            };
+            if n > 0 {
+                // SAFETY: `to` has `n` bytes of a live backing block behind it (checked just
+                // now); `from` is the fake's own `n`-byte copy, or a pinned range the caller
+                // vouched for at call time (it must stay valid until the copy ran, as for DMA).
+                unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
+            }
+            CUDA_SUCCESS
+        }),
+        Work::DtoH { dst, src, n } => with_state(|st| {
+            let Ok(from) = st.device_range(src, n as u64, dev) else {
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
+            };
+            if n > 0 {
+                // SAFETY: `from` has `n` bytes of a live backing block behind it (checked just
+                // now); `dst` was valid for `n` bytes per the enqueuing caller, who must keep it
+                // so until the stream is synchronized.
+                unsafe { std::ptr::copy_nonoverlapping(from, dst as *mut u8, n) };
+            }
+            CUDA_SUCCESS
+        }),
+        Work::Memset { dst, value, n } => with_state(|st| {
+            let Ok(to) = st.device_range(dst, n as u64, dev) else {
+                return CUDA_ERROR_ILLEGAL_ADDRESS;
+            };
+            // SAFETY: `to` has `n` bytes of a live backing block behind it (checked just now).
+            unsafe { std::ptr::write_bytes(to, value, n) };
+            CUDA_SUCCESS
+        }),
+        Work::Launch(l) => launch(&l),
+        Work::Wait(p) => {
+            wait_point(p);
+            CUDA_SUCCESS
+        }
+    };
+    if code != CUDA_SUCCESS {
+        fault(dev, code, &op.what);
+    }
+    code
+}
+
+/// Calls the host implementation of `l.entry`; its result as a `CUresult`.
+fn launch(l: &Launch) -> CUresult {
+    let name = l.entry.to_string_lossy();
+    let Some((f, user)) = with_state(|st| st.kernels.get(name.as_ref()).copied()) else {
+        with_state(|st| {
+            st.log.line(&format!(
+                "fake_cuda exec {name}: no host implementation registered"
+            ))
+        });
+        return CUDA_ERROR_LAUNCH_FAILED;
+    };
+    let n = c_uint::try_from(l.params.len()).unwrap_or(c_uint::MAX);
+    // SAFETY: `f` was registered by the test as a `fake_cuda_host_kernel`; every pointer passed
+    // points at data owned by `l`, alive for the call; no lock of the fake is held, so the
+    // function may call `fake_cuda_translate` (or any control).
+    let rc = unsafe {
+        f(
+            user as *mut c_void,
+            l.entry.as_ptr(),
+            l.params.as_ptr(),
+            n,
+            l.grid.as_ptr(),
+            l.block.as_ptr(),
+            l.shared,
+        )
+    };
+    match rc {
+        0 => CUDA_SUCCESS,
+        CUDA_ERROR_ILLEGAL_ADDRESS => CUDA_ERROR_ILLEGAL_ADDRESS,
+        _ => CUDA_ERROR_LAUNCH_FAILED,
+    }
+}
+
+/// A device fault of `dev`: poisons its primary context (the first fault's code sticks; none
+/// while the context is not retained), discards the work queued on its streams, logs it.
+fn fault(dev: CUdevice, code: CUresult, what: &str) {
+    with_state(|st| {
+        let alive = st.retain_count(dev) > 0;
+        if alive {
+            st.poison.entry(dev).or_insert(code);
+        }
+        let discarded = lock().discard(dev);
+        let note = if alive { "" } else { " (context gone)" };
+        st.log.line(&format!(
+            "fake_cuda fault dev={dev} {what} -> {code}{note}; {discarded} queued ops discarded"
+        ));
+    });
+    notify();
+}

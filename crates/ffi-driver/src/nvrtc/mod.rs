@@ -1,0 +1,552 @@
+//! NVRTC, the CUDA runtime compiler (`nvrtc.h`), opened at run time with `dlopen`, never linked.
+//! Rooms: [`sys`] (signatures, result codes), [`loading`] (finding the library, its function
+//! table, the search order); this file is the safe compiler.
+//!
+//! * [`Nvrtc::open`] finds the library (see [`loading`] for the order) and checks it answers
+//!   `nvrtcVersion`; [`shared`] keeps one process-wide handle.
+//! * [`Nvrtc::compile`] compiles one source to a CUBIN ([`Target::Cubin`], falling back to PTX
+//!   for the matching virtual architecture when the library has no CUBIN calls or refuses them)
+//!   or to PTX ([`Target::Ptx`]). Every program is destroyed on every path (a guard), and a
+//!   failed compilation is a [`CompileError`] carrying the compiler's log.
+//! * NVRTC works without a GPU or a driver: nothing here touches `libcuda`.
+//!
+//! Concurrency: calls on distinct programs may run on several threads at once with the CUDA 12
+//! and 13 libraries; an older library (found under the bare `libnvrtc.so`) is conservatively
+//! given one compilation at a time.
+
+pub mod loading;
+pub mod sys;
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+pub use loading::{
+    DEFAULT_TOOLKIT_LIB_DIR, ENV_NVRTC_LIB, NVRTC_LIB_NAMES, TOOLKIT_ENVS, WHEEL_LIB_SUBDIRS,
+};
+pub use sys::nvrtc_code_name;
+
+use crate::loader::{LoadError, VendorLib};
+use loading::{NvrtcFns, Search, SearchEnv};
+use sys::{NvrtcGetBytesFn, NvrtcGetSizeFn, NvrtcProgram, NVRTC_SUCCESS};
+
+/// The largest output (PTX, CUBIN or log) accepted from NVRTC; a larger size is taken for a
+/// broken library rather than allocated.
+pub const MAX_OUTPUT_BYTES: usize = 1 << 30;
+
+/// What to compile for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Machine code for `sm_{major}{minor}` (`--gpu-architecture=sm_XY`); PTX for
+    /// `compute_XY` when the library cannot produce a CUBIN.
+    Cubin { major: u32, minor: u32 },
+    /// PTX for `compute_{major}{minor}` (`--gpu-architecture=compute_XY`).
+    Ptx { major: u32, minor: u32 },
+}
+
+impl Target {
+    /// The compute capability `(major, minor)`.
+    pub fn capability(self) -> (u32, u32) {
+        match self {
+            Target::Cubin { major, minor } | Target::Ptx { major, minor } => (major, minor),
+        }
+    }
+
+    /// The `--gpu-architecture` option this target compiles with.
+    pub fn arch_option(self) -> String {
+        let (major, minor) = self.capability();
+        match self {
+            Target::Cubin { .. } => format!("--gpu-architecture=sm_{major}{minor}"),
+            Target::Ptx { .. } => format!("--gpu-architecture=compute_{major}{minor}"),
+        }
+    }
+}
+
+/// What an [`Image`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ImageKind {
+    /// Machine code (an ELF), for `cuModuleLoadData`.
+    Cubin,
+    /// PTX text, NUL-terminated, for `cuModuleLoadData` (the driver JIT-compiles it).
+    Ptx,
+}
+
+/// A compiled program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// The CUBIN, or the PTX with exactly one trailing NUL.
+    pub bytes: Vec<u8>,
+    pub kind: ImageKind,
+    /// The compiler's log (warnings), empty when it had nothing to say.
+    pub log: String,
+}
+
+/// A compilation that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompileError {
+    /// An NVRTC call returned an error. For `nvrtcCompileProgram` the log holds the compiler's
+    /// diagnostics (a syntax error in the user's source shows there).
+    #[error(
+        "{call} failed with code {code} ({code_name}) for NVRTC program `{program}`{}",
+        log_suffix(.log)
+    )]
+    Nvrtc {
+        call: &'static str,
+        code: i32,
+        code_name: String,
+        program: String,
+        log: String,
+    },
+    /// An argument NVRTC cannot take (a NUL inside the source or an option, an option that
+    /// fights the target), refused before any call.
+    #[error("cannot compile NVRTC program `{program}`: invalid {what}: {detail}")]
+    Input {
+        program: String,
+        what: &'static str,
+        detail: String,
+    },
+    /// An NVRTC call reported success with an unusable result (a null program, a size that is
+    /// zero or too large).
+    #[error("{call} returned success for NVRTC program `{program}` but {detail}")]
+    Inconsistent {
+        call: &'static str,
+        program: String,
+        detail: String,
+    },
+}
+
+fn log_suffix(log: &str) -> String {
+    let log = log.trim_end();
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; compiler log:\n{log}")
+    }
+}
+
+impl CompileError {
+    /// The compiler's log, empty when there is none (only [`CompileError::Nvrtc`] has one).
+    pub fn log(&self) -> &str {
+        match self {
+            CompileError::Nvrtc { log, .. } => log,
+            _ => "",
+        }
+    }
+}
+
+/// The NVRTC library, opened and checked. See the module docs.
+pub struct Nvrtc {
+    lib: VendorLib,
+    f: NvrtcFns,
+    version: (i32, i32),
+    /// Held around each compilation when the library predates CUDA 12 (see the module docs).
+    serial: Option<Mutex<()>>,
+}
+
+impl fmt::Debug for Nvrtc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Nvrtc")
+            .field("library", &self.lib.path)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The process-wide handle of [`shared`].
+static SHARED: Mutex<Option<Arc<Nvrtc>>> = Mutex::new(None);
+
+/// A process-wide NVRTC: the first successful open is kept and returned to every later call
+/// (whatever their `extra_dirs`); a failed open is not remembered, so the next call searches
+/// again (after the user installed the wheel, say).
+pub fn shared(extra_dirs: &[PathBuf]) -> Result<Arc<Nvrtc>, LoadError> {
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = slot.as_ref() {
+        return Ok(Arc::clone(n));
+    }
+    let n = Arc::new(Nvrtc::open(extra_dirs)?);
+    *slot = Some(Arc::clone(&n));
+    Ok(n)
+}
+
+/// One NVRTC program, destroyed when dropped.
+struct Program<'a> {
+    f: &'a NvrtcFns,
+    raw: NvrtcProgram,
+    name: &'a str,
+}
+
+impl Drop for Program<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `nvrtcResult nvrtcDestroyProgram(nvrtcProgram *)` on the non-null program
+        // `nvrtcCreateProgram` returned; this guard is its only owner and drops once.
+        let r = unsafe { (self.f.destroy_program)(&mut self.raw) };
+        if r != NVRTC_SUCCESS {
+            log::warn!(
+                "nvrtcDestroyProgram failed with code {r} ({}) for NVRTC program `{}`",
+                nvrtc_code_name(r),
+                self.name
+            );
+        }
+    }
+}
+
+/// Why a size-then-bytes read failed.
+enum ReadError {
+    /// The call returned this code.
+    Call(&'static str, c_int),
+    /// The call succeeded with an unusable size.
+    Size(&'static str, String),
+}
+
+/// The C strings of one compilation, checked for interior NULs.
+struct Inputs {
+    source: CString,
+    name: CString,
+    options: Vec<CString>,
+}
+
+impl Nvrtc {
+    /// Finds and opens NVRTC: a copy the process already loaded, else `SIMPLER_NVRTC_LIB` (only
+    /// it, when set), else `extra_dirs` (the wheel folders), `$CUDA_HOME/lib64`,
+    /// `$CUDA_PATH/lib64`, `/usr/local/cuda/lib64` and the loader's search path, trying
+    /// `libnvrtc.so.13`, `libnvrtc.so.12` and `libnvrtc.so` in each. The error lists every path
+    /// tried and how to fix the search.
+    pub fn open(extra_dirs: &[PathBuf]) -> Result<Nvrtc, LoadError> {
+        let search = loading::search(&SearchEnv::from_process(), extra_dirs);
+        Nvrtc::open_search(&search, true)
+    }
+
+    pub(crate) fn open_search(search: &Search, reuse_resident: bool) -> Result<Nvrtc, LoadError> {
+        let (lib, f) = loading::load(search, reuse_resident)?;
+        let (mut major, mut minor): (c_int, c_int) = (0, 0);
+        // SAFETY: `nvrtcResult nvrtcVersion(int *major, int *minor)` with two live ints.
+        let r = unsafe { (f.version)(&mut major, &mut minor) };
+        if r != NVRTC_SUCCESS {
+            return Err(LoadError::Init {
+                library: lib.path.to_string(),
+                call: NvrtcFns::NAMES.version.to_string(),
+                code: i64::from(r),
+                code_name: code_name(&f, r),
+                detail: "the library does not report its version".to_string(),
+            });
+        }
+        log::debug!("NVRTC {major}.{minor} opened from {}", lib.path);
+        Ok(Nvrtc {
+            lib,
+            f,
+            version: (major, minor),
+            serial: (major < 12).then(|| Mutex::new(())),
+        })
+    }
+
+    /// The library's version `(major, minor)` (`nvrtcVersion`), e.g. `(13, 0)`.
+    pub fn version(&self) -> (i32, i32) {
+        self.version
+    }
+
+    /// Where the library came from: the path (or name) it was opened by, or
+    /// `"<soname> (already loaded in this process)"`.
+    pub fn library(&self) -> &str {
+        self.lib.path
+    }
+
+    /// Whether the library has the CUBIN calls (`nvrtcGetCUBINSize`, `nvrtcGetCUBIN`).
+    pub fn has_cubin(&self) -> bool {
+        self.f.get_cubin_size.is_some() && self.f.get_cubin.is_some()
+    }
+
+    /// Compiles `source` (CUDA C++; kernels meant to be looked up by name should be
+    /// `extern "C" __global__`) as program `name` (used in diagnostics) with `options` (NVRTC
+    /// options such as `-default-device` or `--std=c++17`; the architecture comes from
+    /// `target`, so `--gpu-architecture` / `-arch` options are refused).
+    ///
+    /// [`Target::Cubin`] returns a CUBIN when the library can produce one, else PTX for the
+    /// matching `compute_XY` (the image's `kind` says which); [`Target::Ptx`] returns PTX.
+    pub fn compile(
+        &self,
+        source: &str,
+        name: &str,
+        options: &[String],
+        target: Target,
+    ) -> Result<Image, CompileError> {
+        let inputs = prepare(source, name, options, target)?;
+        let (major, minor) = target.capability();
+        let _serial = self
+            .serial
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
+        match target {
+            Target::Ptx { .. } => self.build(&inputs, name, target, ImageKind::Ptx),
+            Target::Cubin { .. } => {
+                if self.has_cubin() {
+                    match self.build(&inputs, name, target, ImageKind::Cubin) {
+                        Err(CompileError::Nvrtc { call, code, .. })
+                            if call == NvrtcFns::NAMES.get_cubin_size
+                                || call == NvrtcFns::NAMES.get_cubin =>
+                        {
+                            log::debug!(
+                                "{call} refused with code {code} ({}) for NVRTC program \
+                                 `{name}`; compiling PTX for compute_{major}{minor} instead",
+                                nvrtc_code_name(code)
+                            );
+                        }
+                        Err(CompileError::Inconsistent { call, detail, .. })
+                            if call == NvrtcFns::NAMES.get_cubin_size =>
+                        {
+                            log::debug!(
+                                "{call} gave no CUBIN ({detail}) for NVRTC program `{name}`; \
+                                 compiling PTX for compute_{major}{minor} instead"
+                            );
+                        }
+                        other => return other,
+                    }
+                } else {
+                    log::debug!(
+                        "{} has no nvrtcGetCUBIN; compiling PTX for compute_{major}{minor}",
+                        self.lib.path
+                    );
+                }
+                let ptx = Target::Ptx { major, minor };
+                self.build(&inputs, name, ptx, ImageKind::Ptx)
+            }
+        }
+    }
+
+    /// Creates, compiles and reads one program; the guard destroys it on every path.
+    fn build(
+        &self,
+        inputs: &Inputs,
+        name: &str,
+        target: Target,
+        kind: ImageKind,
+    ) -> Result<Image, CompileError> {
+        let f = &self.f;
+        let names = NvrtcFns::NAMES;
+        let fail = |call: &'static str, code: c_int, log: String| CompileError::Nvrtc {
+            call,
+            code,
+            code_name: code_name(f, code),
+            program: name.to_string(),
+            log,
+        };
+        let mut raw: NvrtcProgram = std::ptr::null_mut();
+        // SAFETY: `nvrtcCreateProgram(nvrtcProgram *, const char *src, const char *name, int,
+        // const char * const *, const char * const *)` with a live out-pointer, two
+        // NUL-terminated strings that outlive the call, and no headers (0, NULL, NULL).
+        let r = unsafe {
+            (f.create_program)(
+                &mut raw,
+                inputs.source.as_ptr(),
+                inputs.name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        if r != NVRTC_SUCCESS {
+            return Err(fail(names.create_program, r, String::new()));
+        }
+        if raw.is_null() {
+            return Err(CompileError::Inconsistent {
+                call: names.create_program,
+                program: name.to_string(),
+                detail: "the program is null".to_string(),
+            });
+        }
+        let prog = Program { f, raw, name };
+
+        let arch = CString::new(target.arch_option()).map_err(|_| CompileError::Input {
+            program: name.to_string(),
+            what: "target",
+            detail: format!("{target:?}"),
+        })?;
+        let ptrs: Vec<*const c_char> = std::iter::once(arch.as_ptr())
+            .chain(inputs.options.iter().map(|o| o.as_ptr()))
+            .collect();
+        let count = c_int::try_from(ptrs.len()).map_err(|_| CompileError::Input {
+            program: name.to_string(),
+            what: "options",
+            detail: format!("{} options are more than NVRTC takes", inputs.options.len()),
+        })?;
+        // SAFETY: `nvrtcCompileProgram(nvrtcProgram, int, const char * const *)` on the live
+        // program with `count` pointers to NUL-terminated strings (`arch`, `inputs.options`)
+        // that outlive the call.
+        let r = unsafe { (f.compile_program)(prog.raw, count, ptrs.as_ptr()) };
+        let log = self.log(&prog);
+        if r != NVRTC_SUCCESS {
+            return Err(fail(names.compile_program, r, log));
+        }
+
+        let (size_fn, size_name, get_fn, get_name) = match kind {
+            ImageKind::Ptx => (
+                Some(f.get_ptx_size),
+                names.get_ptx_size,
+                Some(f.get_ptx),
+                names.get_ptx,
+            ),
+            ImageKind::Cubin => (
+                f.get_cubin_size,
+                names.get_cubin_size,
+                f.get_cubin,
+                names.get_cubin,
+            ),
+        };
+        let (Some(size_fn), Some(get_fn)) = (size_fn, get_fn) else {
+            return Err(CompileError::Inconsistent {
+                call: size_name,
+                program: name.to_string(),
+                detail: "the library does not export it".to_string(),
+            });
+        };
+        let mut bytes = match read(&prog, (size_name, size_fn), (get_name, get_fn)) {
+            Ok(b) => b,
+            Err(ReadError::Call(call, code)) => return Err(fail(call, code, log)),
+            Err(ReadError::Size(call, detail)) => {
+                return Err(CompileError::Inconsistent {
+                    call,
+                    program: name.to_string(),
+                    detail,
+                })
+            }
+        };
+        if kind == ImageKind::Ptx {
+            // Exactly one trailing NUL, whatever the library wrote.
+            let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+            bytes.truncate(end);
+            bytes.push(0);
+        }
+        Ok(Image { bytes, kind, log })
+    }
+
+    /// The program's log (empty when there is none); a failure to read it is described in the
+    /// text instead, so that it never hides the error being reported.
+    fn log(&self, prog: &Program<'_>) -> String {
+        let names = NvrtcFns::NAMES;
+        let size = (names.get_program_log_size, self.f.get_program_log_size);
+        let get = (names.get_program_log, self.f.get_program_log);
+        match read(prog, size, get) {
+            Ok(bytes) => {
+                let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                String::from_utf8_lossy(&bytes[..end])
+                    .trim_end()
+                    .to_string()
+            }
+            Err(ReadError::Call(call, code)) => format!(
+                "(log unavailable: {call} failed with code {code} ({}))",
+                code_name(&self.f, code)
+            ),
+            Err(ReadError::Size(call, detail)) => {
+                format!("(log unavailable: {call} returned success but {detail})")
+            }
+        }
+    }
+}
+
+/// Checks the arguments of [`Nvrtc::compile`] and makes their C strings.
+fn prepare(
+    source: &str,
+    name: &str,
+    options: &[String],
+    target: Target,
+) -> Result<Inputs, CompileError> {
+    let input = |what: &'static str, detail: String| CompileError::Input {
+        program: name.to_string(),
+        what,
+        detail,
+    };
+    let (major, minor) = target.capability();
+    if major == 0 || minor > 9 {
+        return Err(input(
+            "target",
+            format!(
+                "compute capability {major}.{minor} (the major version must be at least 1 and \
+                 the minor a single digit)"
+            ),
+        ));
+    }
+    if let Some(o) = options
+        .iter()
+        .find(|o| o.starts_with("-arch") || o.starts_with("--gpu-architecture"))
+    {
+        return Err(input(
+            "option",
+            format!("`{o}`: the target ({target:?}) sets the architecture"),
+        ));
+    }
+    let c = |what: &'static str, s: &str| {
+        CString::new(s).map_err(|e| {
+            input(
+                what,
+                format!("it contains a NUL byte at offset {}", e.nul_position()),
+            )
+        })
+    };
+    Ok(Inputs {
+        source: c("source", source)?,
+        name: c("program name", name)?,
+        options: options
+            .iter()
+            .map(|o| c("option", o))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// Reads one output of `prog` with its size call then its bytes call. A zero size is an error
+/// (the caller decides what it means); a size over [`MAX_OUTPUT_BYTES`], or one that cannot be
+/// allocated, too.
+fn read(
+    prog: &Program<'_>,
+    (size_name, size_fn): (&'static str, NvrtcGetSizeFn),
+    (get_name, get_fn): (&'static str, NvrtcGetBytesFn),
+) -> Result<Vec<u8>, ReadError> {
+    let mut size: usize = 0;
+    // SAFETY: `nvrtcResult (nvrtcProgram, size_t *)` on the live program with a live out-size.
+    let r = unsafe { size_fn(prog.raw, &mut size) };
+    if r != NVRTC_SUCCESS {
+        return Err(ReadError::Call(size_name, r));
+    }
+    if size == 0 {
+        return Err(ReadError::Size(size_name, "the size is 0".to_string()));
+    }
+    if size > MAX_OUTPUT_BYTES {
+        return Err(ReadError::Size(
+            size_name,
+            format!("the size {size} exceeds the {MAX_OUTPUT_BYTES}-byte limit"),
+        ));
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    buf.try_reserve_exact(size)
+        .map_err(|e| ReadError::Size(size_name, format!("{size} bytes: {e}")))?;
+    buf.resize(size, 0);
+    // SAFETY: `nvrtcResult (nvrtcProgram, char *)` writes the `size` bytes the size call just
+    // reported for this program (which nothing else touches meanwhile) into a buffer of exactly
+    // that many initialized bytes.
+    let r = unsafe { get_fn(prog.raw, buf.as_mut_ptr().cast::<c_char>()) };
+    if r != NVRTC_SUCCESS {
+        return Err(ReadError::Call(get_name, r));
+    }
+    Ok(buf)
+}
+
+/// The name of `code`: the library's own (`nvrtcGetErrorString`), else the `nvrtc.h` table.
+fn code_name(f: &NvrtcFns, code: c_int) -> String {
+    // SAFETY: `const char *nvrtcGetErrorString(nvrtcResult)` takes any value and returns a
+    // static string (or, defensively, null, handled below).
+    let p = unsafe { (f.get_error_string)(code) };
+    if p.is_null() {
+        return nvrtc_code_name(code).to_string();
+    }
+    // SAFETY: non-null: a NUL-terminated string with static lifetime inside the library, which
+    // is never unloaded; copied out at once.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    if s.is_empty() {
+        nvrtc_code_name(code).to_string()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! `DeviceArray`: what a kernel declared with ``device_arrays`` receives per tensor on a device
+//! whose memory the host cannot reach (cuda): the task's view of device memory, exported
+//! through the CUDA Array Interface and DLPack, valid only during the kernel's call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use simpler_runtime::Geometry;
+
+use crate::cell::Shared;
+use crate::errors::state_err;
+use crate::helpers;
+
+/// `kDLCUDA` of DLPack's `DLDeviceType`.
+const KDL_CUDA: i32 = 2;
+
+/// One tensor of a task, as device memory: hand it to CuPy (``cupy.asarray(a)``) or PyTorch
+/// (``torch.from_dlpack(a)``) without a copy. ``stream`` is the worker's stream, on which the
+/// memory is ready (the runtime has also waited for it before the call). Valid only during
+/// the kernel's call: afterwards every export raises ``StateError``. The arrays of IN tensors
+/// are read-only (the interface says so).
+#[pyclass(module = "simpler._core", name = "DeviceArray", frozen)]
+pub struct DeviceArray {
+    cell: Arc<Shared>,
+    addr: u64,
+    geometry: Geometry,
+    writable: bool,
+    name: Arc<str>,
+    live: Arc<AtomicBool>,
+}
+
+impl DeviceArray {
+    pub fn new(
+        cell: Arc<Shared>,
+        (addr, geometry, writable): (u64, Geometry, bool),
+        name: Arc<str>,
+        live: Arc<AtomicBool>,
+    ) -> DeviceArray {
+        DeviceArray {
+            cell,
+            addr,
+            geometry,
+            writable,
+            name,
+            live,
+        }
+    }
+
+    fn check_live(&self) -> PyResult<()> {
+        if self.live.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(state_err(format!(
+            "device array of tensor {}: its task is over (a DeviceArray is valid only during \
+             the kernel's call)",
+            self.name
+        )))
+    }
+
+    fn np_dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        helpers::get(py)?
+            .np_dtype
+            .bind(py)
+            .call1((self.geometry.dtype().name(),))
+    }
+}
+
+#[pymethods]
+impl DeviceArray {
+    /// The view's shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.geometry.shape())
+    }
+
+    /// Strides in elements.
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.geometry.strides())
+    }
+
+    /// The numpy dtype of the elements.
+    #[getter]
+    fn dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.np_dtype(py)
+    }
+
+    /// The worker's stream (a ``CUstream`` handle as an int).
+    #[getter]
+    fn stream(&self) -> Option<u64> {
+        self.cell.dev.stream_handle()
+    }
+
+    /// Whether the kernel may write the tensor (OUT or INOUT).
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The CUDA Array Interface (version 3); ``stream`` is the worker's stream.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.check_live()?;
+        let dt = self.np_dtype(py)?;
+        if dt.getattr("kind")?.extract::<String>()? == "V" {
+            return Err(PyTypeError::new_err(format!(
+                "__cuda_array_interface__: {} has no typestr consumers read as that type; use \
+                 DLPack",
+                self.geometry.dtype().name()
+            )));
+        }
+        let item = self.geometry.dtype().size();
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, self.geometry.shape())?)?;
+        d.set_item("typestr", dt.getattr("str")?)?;
+        d.set_item("data", (self.addr, !self.writable))?;
+        if self.geometry.is_contiguous() {
+            d.set_item("strides", py.None())?;
+        } else {
+            let s: Vec<u64> = self.geometry.strides().iter().map(|s| s * item).collect();
+            d.set_item("strides", PyTuple::new(py, s)?)?;
+        }
+        d.set_item("version", 3)?;
+        d.set_item("stream", self.cell.dev.stream_handle())?;
+        Ok(d)
+    }
+
+    /// ``(kDLCUDA, device id)``.
+    fn __dlpack_device__(&self) -> (i32, u32) {
+        (KDL_CUDA, self.cell.device_id)
+    }
+
+    /// A DLPack capsule of the view (no copy); ``stream`` as for ``DeviceTensor.__dlpack__``.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, u32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = max_version;
+        let py = slf.py();
+        let a = slf.get();
+        a.check_live()?;
+        let device = a.__dlpack_device__();
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err("DeviceArray.__dlpack__ cannot copy"));
+        }
+        if dl_device.is_some_and(|d| d != device) {
+            return Err(PyBufferError::new_err(format!(
+                "the array is on DLPack device {device:?}, not {dl_device:?}"
+            )));
+        }
+        match stream {
+            Some(-1) => {}
+            Some(s) if s <= 0 => {
+                return Err(PyBufferError::new_err(format!(
+                    "__dlpack__: stream {s} is not a CUDA stream"
+                )))
+            }
+            s => a
+                .cell
+                .dev
+                .order_stream(s.map_or(1, |s| s as u64))
+                .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?,
+        }
+        let dt = a.np_dtype(py)?;
+        helpers::get(py)?
+            .dlpack_export
+            .bind(py)
+            .call1((slf, a.addr, device, dt, py.None()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "DeviceArray({}, shape={:?}, dtype={}, address={:#x})",
+            self.name,
+            self.geometry.shape(),
+            self.geometry.dtype().name(),
+            self.addr
+        )
+    }
+}

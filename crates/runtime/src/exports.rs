@@ -1,0 +1,143 @@
+//! Exports of device memory to other libraries (the CUDA Array Interface, DLPack): which
+//! allocations a consumer may be using right now, so that their memory is never freed under it.
+//!
+//! An export is counted from the moment it is made until the consumer lets go: its
+//! [`ExportGuard`] is dropped (a DLPack capsule's deleter ran, or the tensor that handed out its
+//! array interface is gone). While an allocation has a live export:
+//! * freeing it, releasing its resident set and closing the worker are refused, naming the
+//!   allocation and the count (a forced close at exit goes ahead and warns);
+//! * a consumer may write through it, so its host view goes stale at the export and at the
+//!   start of every run, and the next host read refreshes it.
+//!
+//! The table has its own small lock, never held while anything else runs, so a guard can be
+//! dropped from any thread without the worker's lock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use simpler_driver::DevPtr;
+
+use crate::error::{Error, Result};
+use crate::spec::BufferRef;
+
+/// Live exports by allocation base: `(generation, count)`.
+#[derive(Debug, Default)]
+pub(crate) struct Exports {
+    live: Mutex<HashMap<u64, (u64, u32)>>,
+}
+
+impl Exports {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (u64, u32)>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one more export of `buf`.
+    pub fn add(self: &Arc<Self>, buf: BufferRef) -> ExportGuard {
+        let mut live = self.lock();
+        let e = live.entry(buf.ptr.0).or_insert((buf.gen, 0));
+        if e.0 != buf.gen {
+            *e = (buf.gen, 0);
+        }
+        e.1 += 1;
+        ExportGuard {
+            table: self.clone(),
+            ptr: buf.ptr.0,
+            gen: buf.gen,
+        }
+    }
+
+    /// The live exports of the allocation at `ptr`.
+    pub fn count(&self, ptr: DevPtr) -> u32 {
+        self.lock().get(&ptr.0).map_or(0, |e| e.1)
+    }
+
+    /// Every allocation with live exports, and its count.
+    pub fn all(&self) -> Vec<(DevPtr, u32)> {
+        self.lock()
+            .iter()
+            .map(|(&p, &(_, n))| (DevPtr(p), n))
+            .collect()
+    }
+
+    /// Refuses `what` of the allocation at `ptr` while it has live exports.
+    pub fn refuse(&self, ptr: DevPtr, what: &str) -> Result<()> {
+        match self.count(ptr) {
+            0 => Ok(()),
+            n => Err(Error::State(format!(
+                "{what}: allocation {ptr} has {n} live export(s) (a DLPack capsule or array made \
+                 from __dlpack__, or a tensor whose __cuda_array_interface__ was read): another \
+                 library may still use its memory; drop those objects first"
+            ))),
+        }
+    }
+}
+
+/// One live export; dropping it ends the export.
+#[derive(Debug)]
+pub struct ExportGuard {
+    table: Arc<Exports>,
+    ptr: u64,
+    gen: u64,
+}
+
+impl ExportGuard {
+    /// The exported allocation's base address.
+    pub fn ptr(&self) -> DevPtr {
+        DevPtr(self.ptr)
+    }
+}
+
+impl Drop for ExportGuard {
+    fn drop(&mut self) {
+        let mut live = self.table.lock();
+        if let Some(e) = live.get_mut(&self.ptr).filter(|e| e.0 == self.gen) {
+            e.1 = e.1.saturating_sub(1);
+            if e.1 == 0 {
+                live.remove(&self.ptr);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(ptr: u64, gen: u64) -> BufferRef {
+        BufferRef {
+            worker: 1,
+            ptr: DevPtr(ptr),
+            gen,
+        }
+    }
+
+    #[test]
+    fn guards_count_and_release_once() {
+        let t = Arc::new(Exports::default());
+        let a = t.add(buf(0x1000, 1));
+        let b = t.add(buf(0x1000, 1));
+        assert_eq!(t.count(DevPtr(0x1000)), 2);
+        let e = t.refuse(DevPtr(0x1000), "free").unwrap_err().to_string();
+        assert!(
+            e.contains("free: allocation 0x1000 has 2 live export(s)"),
+            "{e}"
+        );
+        drop(a);
+        assert_eq!(t.count(DevPtr(0x1000)), 1);
+        drop(b);
+        assert_eq!(t.count(DevPtr(0x1000)), 0);
+        assert!(t.refuse(DevPtr(0x1000), "free").is_ok());
+        assert!(t.all().is_empty());
+    }
+
+    #[test]
+    fn a_stale_guard_does_not_release_a_newer_allocation_at_the_same_address() {
+        let t = Arc::new(Exports::default());
+        let old = t.add(buf(0x2000, 1));
+        let new = t.add(buf(0x2000, 2));
+        drop(old);
+        assert_eq!(t.count(DevPtr(0x2000)), 1);
+        drop(new);
+        assert_eq!(t.count(DevPtr(0x2000)), 0);
+    }
+}

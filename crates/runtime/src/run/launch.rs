@@ -1,0 +1,385 @@
+//! Device execution of a run's batches of device code, natively (no host call per task).
+//!
+//! When execution reaches its first batch of device code, the run plans every such batch at
+//! once: it writes one task row per task (the ABI in `crate::device_code`), uploads all rows
+//! with one copy into the worker's task-row buffer, and decides each batch's launches:
+//!
+//! * a batch whose tasks are independent (no task writes a byte another task of the batch reads
+//!   or writes) is one launch over all its rows: grid `(gx, gy, gz * n)`, the task being
+//!   `blockIdx.z / gz`;
+//! * a batch with dependences runs in *levels*: a task's level is one past the last earlier task
+//!   of the batch it depends on, the rows are ordered by level, and each level is one launch, so
+//!   every dependence is ordered by the stream. When tasks' footprints overlap other than
+//!   exactly (two views sharing some bytes), each task is its own level.
+//!
+//! A launch covers at most `65535 / gz` tasks (the grid's z limit); longer levels are split.
+//! Launches are enqueued in submission order on the worker's stream as execution reaches each
+//! batch; the end of execute waits for the stream once.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use simpler_driver::{DevPtr, FuncId, LaunchDims};
+
+use crate::error::{Error, Phase, Result};
+use crate::memory::{Memory, Owner};
+use crate::run::state::RunState;
+use crate::run::tasks::BatchInfo;
+
+/// Largest grid along z.
+const MAX_GRID_Z: u32 = 65_535;
+
+/// One launch of a planned batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlannedLaunch {
+    pub func: FuncId,
+    pub dims: LaunchDims,
+    /// Byte offset of its first row in the task-row buffer.
+    pub row_offset: u64,
+}
+
+/// The launches of one run: per batch of device code, its range of `launches`.
+#[derive(Debug, Default)]
+pub(crate) struct LaunchPlan {
+    pub planned: bool,
+    pub launches: Vec<PlannedLaunch>,
+    pub batches: Vec<(usize, Range<usize>)>,
+    /// The next entry of `batches` to launch.
+    pub next: usize,
+}
+
+impl LaunchPlan {
+    pub fn clear(&mut self) {
+        self.planned = false;
+        self.launches.clear();
+        self.batches.clear();
+        self.next = 0;
+    }
+}
+
+/// The bytes one task tensor touches: `[start, end)` and whether the task writes them.
+type Footprint = (u64, u64, bool);
+
+/// Each task's level (see the module docs), or `None` when the tasks are independent.
+fn levels(n: usize, prints: &[Vec<Footprint>]) -> Option<Vec<u32>> {
+    if n < 2 || !prints.iter().flatten().any(|f| f.2) {
+        return None;
+    }
+    let mut all: Vec<(u64, u64, u32, bool)> = prints
+        .iter()
+        .enumerate()
+        .flat_map(|(t, fs)| fs.iter().map(move |&(s, e, w)| (s, e, t as u32, w)))
+        .collect();
+    all.sort_unstable_by_key(|f| (f.0, f.1));
+    if !conflicts(&all) {
+        return None;
+    }
+    // Exact footprints only: distinct intervals must not overlap.
+    let mut max_end = 0u64;
+    let mut prev: Option<(u64, u64)> = None;
+    for &(s, e, _, _) in &all {
+        if prev == Some((s, e)) {
+            continue;
+        }
+        if s < max_end {
+            return Some((0..n as u32).collect());
+        }
+        max_end = max_end.max(e);
+        prev = Some((s, e));
+    }
+    // Per footprint: the last writer's level and the highest reader level (-1: none).
+    let mut seen: HashMap<(u64, u64), (i64, i64)> = HashMap::new();
+    let mut out = Vec::with_capacity(n);
+    for fs in prints {
+        let mut level = 0i64;
+        for &(s, e, w) in fs {
+            if let Some(&(lw, lr)) = seen.get(&(s, e)) {
+                level = level.max(lw + 1);
+                if w {
+                    level = level.max(lr + 1);
+                }
+            }
+        }
+        for &(s, e, w) in fs {
+            let entry = seen.entry((s, e)).or_insert((-1, -1));
+            if w {
+                entry.0 = entry.0.max(level);
+            } else {
+                entry.1 = entry.1.max(level);
+            }
+        }
+        out.push(level as u32);
+    }
+    Some(out)
+}
+
+/// Whether two footprints of different tasks share a byte, one of them writing. `all` is
+/// sorted by start. Keeps the two furthest-reaching footprints of distinct tasks, for all and
+/// for writes.
+fn conflicts(all: &[(u64, u64, u32, bool)]) -> bool {
+    #[derive(Default, Clone, Copy)]
+    struct Top2 {
+        a: Option<(u64, u32)>,
+        b: Option<(u64, u32)>,
+    }
+    impl Top2 {
+        fn overlaps_other(&self, start: u64, task: u32) -> bool {
+            let hit = |x: Option<(u64, u32)>| x.is_some_and(|(e, t)| e > start && t != task);
+            hit(self.a) || hit(self.b)
+        }
+        fn add(&mut self, end: u64, task: u32) {
+            match self.a {
+                Some((ea, ta)) if ta == task => self.a = Some((ea.max(end), task)),
+                Some((ea, _)) if end <= ea => {
+                    if self.b.is_none_or(|(eb, _)| end > eb) {
+                        self.b = Some((end, task));
+                    }
+                }
+                _ => {
+                    self.b = self.a;
+                    self.a = Some((end, task));
+                }
+            }
+            if let (Some((ea, _)), Some((eb, tb))) = (self.a, self.b) {
+                if eb > ea {
+                    self.a = Some((eb, tb));
+                    self.b = Some((ea, self.a.map_or(0, |x| x.1)));
+                }
+            }
+        }
+    }
+    let (mut any, mut writes) = (Top2::default(), Top2::default());
+    for &(s, e, t, w) in all {
+        if writes.overlaps_other(s, t) || (w && any.overlaps_other(s, t)) {
+            return true;
+        }
+        any.add(e, t);
+        if w {
+            writes.add(e, t);
+        }
+    }
+    false
+}
+
+impl RunState {
+    /// Plans and uploads every batch of device code of the run (see the module docs).
+    pub(crate) fn plan_launches(&mut self, mem: &mut Memory) -> Result<()> {
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.clear();
+        let mut rows = std::mem::take(&mut mem.launcher.rows);
+        rows.clear();
+        let r = self.write_rows(mem, &mut plan, &mut rows);
+        let r = r.and_then(|()| upload(mem, &rows));
+        let r = r.map(|table| {
+            for l in &mut plan.launches {
+                l.row_offset += table.0 .0;
+            }
+        });
+        plan.planned = true;
+        mem.launcher.rows = rows;
+        self.plan = plan;
+        r
+    }
+
+    fn write_rows(&self, mem: &Memory, plan: &mut LaunchPlan, rows: &mut Vec<u8>) -> Result<()> {
+        let mut fields: Vec<u64> = Vec::new();
+        for i in 0..self.tasks.batch_count() {
+            let b = self.tasks.batch(i);
+            let Some((db, consts)) = b.device else {
+                continue;
+            };
+            let (func, code) = mem.launcher.get(db.key).ok_or_else(|| {
+                Error::State(format!(
+                    "execute: the device code of batch {i} is not loaded on this worker"
+                ))
+            })?;
+            let n = b.count as usize;
+            let prints: Vec<Vec<Footprint>> =
+                (0..b.count).map(|t| self.footprints(&b, t)).collect();
+            let level = levels(n, &prints);
+            let mut order: Vec<u32> = (0..b.count).collect();
+            if let Some(l) = &level {
+                order.sort_by_key(|&t| l[t as usize]);
+            }
+            let gz = db.dims.grid[2].max(1);
+            let per_launch = (MAX_GRID_Z / gz).max(1) as usize;
+            let first = plan.launches.len();
+            let mut at = 0usize;
+            while at < n {
+                let lvl = level.as_ref().map(|l| l[order[at] as usize]);
+                let mut end = at + 1;
+                while end < n
+                    && end - at < per_launch
+                    && level.as_ref().map(|l| l[order[end] as usize]) == lvl
+                {
+                    end += 1;
+                }
+                let mut dims = db.dims;
+                dims.grid[2] = gz * (end - at) as u32;
+                plan.launches.push(PlannedLaunch {
+                    func,
+                    dims,
+                    row_offset: rows.len() as u64,
+                });
+                for &t in &order[at..end] {
+                    fields.clear();
+                    self.task_addresses(&b, t, &mut fields);
+                    let per = b.per_task as usize;
+                    let s = &b.scalars[t as usize * per..(t as usize + 1) * per];
+                    code.encode_scalars(s, &mut fields)?;
+                    fields.extend(consts.iter().map(|&c| c as u64));
+                    rows.extend(fields.iter().flat_map(|f| f.to_le_bytes()));
+                }
+                at = end;
+            }
+            plan.batches.push((i, first..plan.launches.len()));
+        }
+        Ok(())
+    }
+
+    /// The device address of each tensor of task `t` of batch `b` (0 for an empty view).
+    fn task_addresses(&self, b: &BatchInfo<'_>, t: u32, out: &mut Vec<u64>) {
+        for s in b.first_slot..b.first_slot + u32::from(b.slots) {
+            let g = self.tasks.task_geometry(s, t);
+            let a = &self.args[self.tasks.slot(s).arg as usize];
+            out.push(match a.alloc {
+                Some((p, _)) if g.extent() > 0 => p.0 + g.start_byte(),
+                _ => 0,
+            });
+        }
+    }
+
+    fn footprints(&self, b: &BatchInfo<'_>, t: u32) -> Vec<Footprint> {
+        (b.first_slot..b.first_slot + u32::from(b.slots))
+            .filter_map(|s| {
+                let g = self.tasks.task_geometry(s, t);
+                let slot = self.tasks.slot(s);
+                let (p, _) = self.args[slot.arg as usize].alloc?;
+                let start = p.0 + g.start_byte();
+                (g.extent() > 0).then_some((start, start + g.extent(), slot.dir.writes()))
+            })
+            .collect()
+    }
+
+    /// Enqueues the launches of device batch `batch` (execution reached it).
+    pub(crate) fn launch_batch(&mut self, mem: &mut Memory, batch: usize) -> Result<()> {
+        if !self.plan.planned {
+            self.plan_launches(mem)?;
+        }
+        let Some((b, range)) = self.plan.batches.get(self.plan.next).cloned() else {
+            return Err(Error::State(format!(
+                "execute: batch {batch} of device code was not planned"
+            )));
+        };
+        debug_assert_eq!(b, batch);
+        self.plan.next += 1;
+        let info = self.tasks.batch(batch);
+        for l in &self.plan.launches[range] {
+            mem.dev
+                .launch(l.func, l.dims, &[l.row_offset])
+                .map_err(|mut e| {
+                    e.detail = format!(
+                        "{} (kernel {}, tasks {}..{})",
+                        e.detail,
+                        self.tasks.kernel_name(info.first_task),
+                        info.first_task,
+                        info.first_task + u64::from(info.count)
+                    );
+                    Error::device(Phase::Execute, None, e)
+                })?;
+            self.report.counters.device_launches += 1;
+        }
+        self.report.counters.device_tasks += u64::from(info.count);
+        Ok(())
+    }
+}
+
+/// Uploads `rows` into the worker's task-row buffer (grown when too small); returns it.
+fn upload(mem: &mut Memory, rows: &[u8]) -> Result<(DevPtr, u64)> {
+    let need = rows.len() as u64;
+    let table = match mem.launcher.table {
+        Some((p, cap)) if cap >= need => (p, cap),
+        old => {
+            if let Some((p, _)) = old {
+                mem.launcher.table = None;
+                mem.release_or_orphan(p, &"the task-row buffer")
+                    .map_err(|e| Error::device(Phase::Execute, None, e))?;
+            }
+            let cap = need
+                .max(old.map_or(0, |(_, c)| c.saturating_mul(2)))
+                .max(4096);
+            let buf = mem.alloc(cap, Owner::Staging, Phase::Execute, Some("<task rows>"))?;
+            mem.launcher.table = Some((buf.ptr, cap));
+            (buf.ptr, cap)
+        }
+    };
+    if !rows.is_empty() {
+        mem.dev
+            .copy_h2d(table.0, rows)
+            .map_err(|e| Error::device(Phase::Execute, Some("<task rows>"), e))?;
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(s: u64, e: u64, w: bool) -> Footprint {
+        (s, e, w)
+    }
+
+    #[test]
+    fn disjoint_writes_are_independent() {
+        let prints = vec![
+            vec![fp(0, 8, false), fp(100, 108, true)],
+            vec![fp(0, 8, false), fp(108, 116, true)],
+            vec![fp(0, 8, false), fp(116, 124, true)],
+        ];
+        assert_eq!(levels(3, &prints), None);
+    }
+
+    #[test]
+    fn a_shared_accumulator_makes_a_chain_and_other_tasks_run_beside_it() {
+        // Tasks 0, 1, 3 update [0, 8); task 2 updates [8, 16).
+        let prints = vec![
+            vec![fp(0, 8, true)],
+            vec![fp(0, 8, true)],
+            vec![fp(8, 16, true)],
+            vec![fp(0, 8, true)],
+        ];
+        assert_eq!(levels(4, &prints), Some(vec![0, 1, 0, 2]));
+    }
+
+    #[test]
+    fn a_reader_after_a_writer_waits_and_readers_share_a_level() {
+        let prints = vec![
+            vec![fp(0, 8, true)],
+            vec![fp(0, 8, false), fp(16, 24, true)],
+            vec![fp(0, 8, false), fp(24, 32, true)],
+            vec![fp(0, 8, true)],
+        ];
+        assert_eq!(levels(4, &prints), Some(vec![0, 1, 1, 2]));
+    }
+
+    #[test]
+    fn partial_overlaps_run_one_task_per_level() {
+        let prints = vec![
+            vec![fp(0, 8, true)],
+            vec![fp(4, 12, true)],
+            vec![fp(100, 108, true)],
+        ];
+        assert_eq!(levels(3, &prints), Some(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn conflicts_finds_an_overlap_hidden_behind_a_longer_span_of_the_same_task() {
+        // Task 0 spans [0, 100) read-only; task 1 writes [10, 20); task 0 also reads [50, 60).
+        let mut all = vec![(0, 100, 0, false), (10, 20, 1, true), (50, 60, 0, false)];
+        all.sort_unstable_by_key(|f| (f.0, f.1));
+        assert!(conflicts(&all));
+        let mut none = vec![(0, 10, 0, true), (10, 20, 1, true), (20, 30, 2, false)];
+        none.sort_unstable_by_key(|f| (f.0, f.1));
+        assert!(!conflicts(&none));
+    }
+}
