@@ -3,7 +3,10 @@
 //! Each stream made by `cuStreamCreate` has a FIFO queue of operations. A background thread
 //! runs them in order; it is started when the queue goes from idle to busy, first sleeps the
 //! launch latency, and ends as soon as the queue is empty again, so an idle fake has no threads
-//! of its own (nothing keeps the process alive or runs in the library at exit). The built-in
+//! of its own (nothing keeps the process alive or runs in the library at exit). It is a plain,
+//! detached pthread, so a host kernel ended by `pthread_exit` (a Python callback while the
+//! interpreter finalizes) ends just that thread instead of aborting the process (see
+//! `spawn_executor`). The built-in
 //! streams (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) have no queue: their operations run
 //! on the calling thread before the call returns ([`run_inline`]).
 //!
@@ -19,12 +22,13 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{c_uint, c_void, CString};
+use std::ptr;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::{
-    with_state, CUdevice, CUresult, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED,
-    CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
+    with_state, CUdevice, CUresult, HostKernel, CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS,
 };
 
 /// `CU_STREAM_LEGACY`.
@@ -194,10 +198,7 @@ impl Exec {
         s.ops.push_back(op);
         s.enq += 1;
         if !s.worker {
-            let spawned = std::thread::Builder::new()
-                .name(format!("fake-cuda-stream-{h:#x}"))
-                .spawn(move || worker(h));
-            if spawned.is_err() {
+            if !spawn_executor(h) {
                 s.ops.pop_back();
                 s.enq -= 1;
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -279,42 +280,104 @@ pub fn run_inline(h: usize, op: Op) -> CUresult {
     run(op)
 }
 
-/// The executor of stream `h`.
+/// Starts a detached executor thread for stream `h`; `false` when the system refuses.
+///
+/// A plain pthread rather than a `std::thread`: a host kernel may be a Python ctypes callback,
+/// and Python (before 3.14) ends a thread that wants the GIL while the interpreter finalizes
+/// with `pthread_exit`, a forced unwind. A `std::thread` would catch that at its top and abort
+/// the whole process at exit; on a plain thread it unwinds to the thread's start, through
+/// frames of the fake that own nothing while a host kernel runs ([`worker`] to
+/// [`call_kernel`] hold only raw pointers and plain values), and just ends the thread.
+fn spawn_executor(h: usize) -> bool {
+    extern "C" {
+        fn pthread_create(
+            thread: *mut std::ffi::c_ulong,
+            attr: *const c_void,
+            start: extern "C-unwind" fn(*mut c_void) -> *mut c_void,
+            arg: *mut c_void,
+        ) -> std::ffi::c_int;
+        fn pthread_detach(thread: std::ffi::c_ulong) -> std::ffi::c_int;
+    }
+    let mut t: std::ffi::c_ulong = 0;
+    // SAFETY: `t` is a valid out pointer, a null `attr` asks for the defaults, and
+    // `executor_start` takes the stream handle smuggled in `arg` (no pointer is dereferenced).
+    let rc = unsafe { pthread_create(&mut t, std::ptr::null(), executor_start, h as *mut c_void) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: `t` is the thread just created, detached once (it is never joined).
+    unsafe { pthread_detach(t) };
+    true
+}
+
+/// The start routine of an executor thread: `arg` is the stream handle.
+extern "C-unwind" fn executor_start(arg: *mut c_void) -> *mut c_void {
+    worker(arg as usize);
+    std::ptr::null_mut()
+}
+
+/// The executor of stream `h`: runs its queue until it is empty (or the stream is gone).
 fn worker(h: usize) {
     EXECUTOR.with(|c| c.set(true));
     let latency = lock().latency;
     if !latency.is_zero() {
         std::thread::sleep(latency);
     }
-    loop {
-        let op = {
-            let mut ex = lock();
-            loop {
-                let held = ex.held;
-                let Some(s) = ex.streams.get_mut(&h) else {
-                    return;
-                };
-                if s.ops.is_empty() {
-                    s.worker = false;
-                    return;
-                }
-                if !held {
-                    if let Some(op) = s.ops.pop_front() {
-                        break op;
-                    }
-                }
-                ex = CHANGED.wait(ex).unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        if let Work::Wait(p) = op.work {
-            wait_until(|ex| ex.complete(p));
-        } else {
-            run(op);
-        }
+    while let Some(job) = next_job(h) {
+        run_job(job);
         if let Some(s) = lock().streams.get_mut(&h) {
             s.done += 1;
         }
         notify();
+    }
+}
+
+/// The next operation of stream `h` once the streams are not held (boxed and leaked, so no
+/// frame owns it while it runs), or `None` when the queue is empty: the thread then ends.
+fn next_job(h: usize) -> Option<*mut Op> {
+    let mut ex = lock();
+    loop {
+        let held = ex.held;
+        let s = ex.streams.get_mut(&h)?;
+        if s.ops.is_empty() {
+            s.worker = false;
+            return None;
+        }
+        if !held {
+            if let Some(op) = s.ops.pop_front() {
+                return Some(Box::into_raw(Box::new(op)));
+            }
+        }
+        ex = CHANGED.wait(ex).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Runs and frees `job` (from [`next_job`]); a fault poisons the device.
+fn run_job(job: *mut Op) {
+    // SAFETY: `job` is a live box from `next_job`, freed below and nowhere else.
+    let (dev, launch) = unsafe {
+        match &(*job).work {
+            Work::Launch(l) => ((*job).dev, Some(ptr::from_ref(l))),
+            _ => ((*job).dev, None),
+        }
+    };
+    let Some(l) = launch else {
+        // SAFETY: as above; `job` is not used again.
+        let op = unsafe { Box::from_raw(job) };
+        match op.work {
+            Work::Wait(p) => wait_until(|ex| ex.complete(p)),
+            _ => {
+                run(*op);
+            }
+        }
+        return;
+    };
+    // Nothing owned lives in this frame (or `call_kernel`'s) while the host kernel runs.
+    let code = call_kernel(l);
+    // SAFETY: as above; `job` is not used again.
+    let op = unsafe { Box::from_raw(job) };
+    if code != CUDA_SUCCESS {
+        fault(dev, code, &op.what);
     }
 }
 
@@ -359,7 +422,7 @@ fn run(op: Op) -> CUresult {
             unsafe { std::ptr::write_bytes(to, value, n) };
             CUDA_SUCCESS
         }),
-        Work::Launch(l) => launch(&l),
+        Work::Launch(ref l) => call_kernel(l),
         Work::Wait(p) => {
             wait_point(p);
             CUDA_SUCCESS
@@ -371,21 +434,32 @@ fn run(op: Op) -> CUresult {
     code
 }
 
-/// Calls the host implementation of `l.entry`; its result as a `CUresult`.
-fn launch(l: &Launch) -> CUresult {
+/// The host implementation registered for `l`'s entry.
+fn kernel_of(l: &Launch) -> Option<(HostKernel, usize)> {
     let name = l.entry.to_string_lossy();
-    let Some((f, user)) = with_state(|st| st.kernels.get(name.as_ref()).copied()) else {
+    let found = with_state(|st| st.kernels.get(name.as_ref()).copied());
+    if found.is_none() {
         with_state(|st| {
             st.log.line(&format!(
                 "fake_cuda exec {name}: no host implementation registered"
             ))
         });
+    }
+    found
+}
+
+/// Calls the host implementation of `l`'s entry; its result as a `CUresult`
+/// (`CUDA_ERROR_LAUNCH_FAILED` without one). Holds no lock and owns nothing during the call.
+fn call_kernel(l: *const Launch) -> CUresult {
+    // SAFETY: `l` points at a launch its caller keeps alive for this call.
+    let l = unsafe { &*l };
+    let Some((f, user)) = kernel_of(l) else {
         return CUDA_ERROR_LAUNCH_FAILED;
     };
     let n = c_uint::try_from(l.params.len()).unwrap_or(c_uint::MAX);
-    // SAFETY: `f` was registered by the test as a `fake_cuda_host_kernel`; every pointer passed
-    // points at data owned by `l`, alive for the call; no lock of the fake is held, so the
-    // function may call `fake_cuda_translate` (or any control).
+    // SAFETY: `f` was registered as a `fake_cuda_host_kernel`; every pointer passed points at
+    // data of `l`, alive for the call; no lock of the fake is held, so the function may call
+    // `fake_cuda_translate` (or any control).
     let rc = unsafe {
         f(
             user as *mut c_void,

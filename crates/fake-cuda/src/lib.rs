@@ -58,9 +58,9 @@
 //!   discarded, and every later call needing the context returns the code (synchronize calls
 //!   included). The releasing calls (`cuMemFree_v2`, `cuMemHostUnregister`,
 //!   `cuStreamDestroy_v2`, `cuEventDestroy_v2`, `cuModuleUnload`) return it too but still
-//!   release their object, so a driver's cleanup path leaves nothing behind. `cuCtxGetCurrent`, `cuCtxSetCurrent` and
-//!   `cuDevicePrimaryCtxRelease_v2` keep working; when the retain count drops to 0 the poison is
-//!   cleared (the next retain makes a fresh context).
+//!   release their object, so a driver's cleanup path leaves nothing behind. `cuCtxGetCurrent`,
+//!   `cuCtxSetCurrent` and `cuDevicePrimaryCtxRelease_v2` keep working; when the retain count
+//!   drops to 0 the poison is cleared (the next retain makes a fresh context).
 //! * **NVRTC** ([`nvrtc`]). "Compiling" finds the `extern "C" __global__` entries of the source
 //!   and counts their parameters; `#error` fails the compile with its message in the log; the
 //!   output is a module image for `cuModuleLoadData`. A CUBIN exists only for a real `sm_NN`
@@ -138,8 +138,9 @@ pub type CUfunction = *mut c_void;
 pub type CUdevice_attribute = c_int;
 
 /// A host implementation of a kernel entry (`fake_cuda_host_kernel`): returns 0 on success, 700
-/// for an illegal address, anything else for another device fault.
-pub type HostKernel = unsafe extern "C" fn(
+/// for an illegal address, anything else for another device fault. `C-unwind`: a foreign
+/// forced unwind (`pthread_exit` from Python's finalization) may pass through it.
+pub type HostKernel = unsafe extern "C-unwind" fn(
     user: *mut c_void,
     entry: *const std::ffi::c_char,
     params: *const std::ffi::c_ulonglong,

@@ -468,7 +468,7 @@ fn register(entry: &CStr, f: HostKernel) {
 
 /// The host kernel of `fill(p, n, v)`: sets `n` bytes at `p` to `v`; 700 when `p` is no
 /// device memory.
-unsafe extern "C" fn fill_kernel(
+unsafe extern "C-unwind" fn fill_kernel(
     _user: *mut c_void,
     _entry: *const c_char,
     params: *const u64,

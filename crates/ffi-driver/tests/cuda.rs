@@ -38,7 +38,7 @@ fn cuda_round_trip_counts_and_mirrors() {
     assert_eq!(d.alloc(0).unwrap_err().call, "cuMemAlloc_v2");
     d.inject_fault(Op::H2d, 1, None).unwrap();
     let e = d.copy_h2d(p, &[1]).unwrap_err();
-    assert_eq!(e.call, "cuMemcpyHtoD_v2");
+    assert_eq!(e.call, "cuMemcpyHtoDAsync_v2");
     d.free(p).unwrap();
     let s = d.stats();
     assert_eq!(

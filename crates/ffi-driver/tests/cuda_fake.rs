@@ -69,14 +69,14 @@ fn round_trip_is_exact_counted_and_every_view_is_a_mirror() {
     assert!(
         !e.called
             && e.to_string()
-                .starts_with("h2d refused before calling cuMemcpyHtoD_v2"),
+                .starts_with("h2d refused before calling cuMemcpyHtoDAsync_v2"),
         "{e}"
     );
     d.inject_fault(Op::H2d, 1, None).unwrap();
     let e = d.copy_h2d(p, &[1]).unwrap_err();
     assert_eq!(
         (e.call.as_str(), e.code_name.as_str()),
-        ("cuMemcpyHtoD_v2", "CUDA_ERROR_ILLEGAL_ADDRESS")
+        ("cuMemcpyHtoDAsync_v2", "CUDA_ERROR_ILLEGAL_ADDRESS")
     );
     fake.inject("cuMemAlloc_v2", 1, 2);
     let e = d.alloc(64).unwrap_err();

@@ -73,6 +73,8 @@ CUDA_ERROR_ILLEGAL_ADDRESS = 700
 CUDA_ERROR_LAUNCH_FAILED = 719
 
 #: Environment override of the driver library's path, as the runtime reads it.
+#: The environment setting the runtime reads for the NVRTC library.
+ENV_NVRTC_LIB = "SIMPLER_NVRTC_LIB"
 ENV_CUDA_LIB = "SIMPLER_CUDA_LIB"
 #: Names tried when neither a path nor ``SIMPLER_CUDA_LIB`` is given (as the runtime does).
 DEFAULT_CUDA_LIBS = ("libcuda.so.1", "libcuda.so")
@@ -92,13 +94,17 @@ _FAILURES_KEPT = 100
 def host_impl(entry: str) -> Callable[[HostImpl], HostImpl]:
     """Decorator: registers ``fn`` as the host implementation of device entry ``entry``.
 
-    Only fills :data:`IMPLS` (a later definition replaces an earlier one); :func:`install`
-    hands the dict to the fake library. Returns ``fn`` unchanged."""
+    Fills :data:`IMPLS` (a later definition replaces an earlier one), which :func:`install`
+    hands to the fake library; once installed, later implementations reach the library at
+    once. Returns ``fn`` unchanged."""
     if not isinstance(entry, str) or not entry:
         raise ValueError(f"host_impl needs an entry name, got {entry!r}")
 
     def register(fn: HostImpl) -> HostImpl:
         IMPLS[entry] = fn
+        with _lock:
+            for lib, callback in _installed.values():
+                lib.fake_cuda_register_kernel(entry.encode(), callback, None)
         return fn
 
     return register
@@ -453,3 +459,16 @@ def install(lib_path: str | os.PathLike[str] | None = None) -> list[str]:
             if rc != 0:
                 raise RuntimeError(f"fake_cuda_register_kernel({entry!r}) answered {rc}")
     return entries
+
+
+def install_if_fake(lib_path: str | os.PathLike[str] | None = None) -> bool:
+    """On a machine whose CUDA driver library is the fake: :func:`install`, and point NVRTC at
+    the fake's own (``SIMPLER_NVRTC_LIB``, unless it is set), whose images the fake loads.
+    Returns whether the library is the fake; does nothing otherwise (a real GPU)."""
+    if not is_fake(lib_path):
+        return False
+    install(lib_path)
+    lib = _open(lib_path)
+    if lib is not None and not os.environ.get(ENV_NVRTC_LIB):
+        os.environ[ENV_NVRTC_LIB] = lib._name
+    return True

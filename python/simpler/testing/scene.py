@@ -50,6 +50,7 @@ import numpy as np
 from ..args import ResidentTaskArgs, TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection, Callable, RunReport, Worker
+from . import fake_cuda
 
 __all__ = ["CaseRun", "SceneTestCase", "run_case", "scene_test"]
 
@@ -256,6 +257,9 @@ class CaseRun:
         cls, label, callable = self.cls, self.label, self.callable
         level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
         if self._own:
+            if self.platform == "cuda":
+                # CI's GPU-less machines: device launches run through the fake's host kernels.
+                fake_cuda.install_if_fake()
             self.worker = Worker(self.platform, **self.worker_options)
         args = self._inst.generate_args(self.params)
         if not isinstance(args, TaskArgsBuilder):

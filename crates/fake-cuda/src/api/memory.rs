@@ -77,7 +77,7 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 
 /// `CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)` (the
 /// `_v2` entry point). Synchronous; waits for the blocking streams first (see
-/// [`legacy_barrier`]).
+/// `legacy_barrier`).
 ///
 /// # Safety
 /// `src_host` must be valid for reads of `byte_count` bytes.

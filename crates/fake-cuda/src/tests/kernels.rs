@@ -12,7 +12,7 @@ use crate::exec::CU_STREAM_NON_BLOCKING;
 type Seen = (Vec<u64>, [u32; 3], [u32; 3], u32, String);
 static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
 
-unsafe extern "C" fn record_kernel(
+unsafe extern "C-unwind" fn record_kernel(
     user: *mut c_void,
     entry: *const c_char,
     params: *const u64,
@@ -143,7 +143,12 @@ fn modules_load_and_launches_run_host_kernels() {
     assert_eq!(rc, 0);
 
     let log = call_log();
-    assert!(log.contains(&format!("cuLaunchKernel fill {:#x} grid=(4,1,1) block=(128,1,1) shared=0 stream={:#x} params=[{d:#x},0x10,0x5a] -> 0\n", fill as usize, s as usize)), "{log}");
+    let line = format!(
+        "cuLaunchKernel fill {:#x} grid=(4,1,1) block=(128,1,1) shared=0 stream={:#x} \
+         params=[{d:#x},0x10,0x5a] -> 0\n",
+        fill as usize, s as usize
+    );
+    assert!(log.contains(&line), "{log}");
     assert!(
         log.contains(&format!("cuModuleLoadData {:#x} image=", m as usize)),
         "{log}"
@@ -314,7 +319,7 @@ fn launches_are_checked_at_call_time() {
 static BOOM_SEEN: AtomicI32 = AtomicI32::new(0);
 
 /// The host kernel of `boom(code)`: returns `code`; first tries a driver call, refused.
-unsafe extern "C" fn boom_kernel(
+unsafe extern "C-unwind" fn boom_kernel(
     _: *mut c_void,
     _: *const c_char,
     params: *const u64,

@@ -166,7 +166,7 @@ fn pinned_copies_read_the_host_when_they_run_pageable_ones_at_call_time() {
 static OPEN: AtomicBool = AtomicBool::new(false);
 
 /// The host kernel of `gate()`: returns once [`OPEN`] is set.
-unsafe extern "C" fn gate_kernel(
+unsafe extern "C-unwind" fn gate_kernel(
     _: *mut c_void,
     _: *const c_char,
     _: *const u64,
@@ -251,7 +251,7 @@ fn events_order_work_across_streams() {
 static SLOW_WRITE: AtomicI32 = AtomicI32::new(-1);
 
 /// The host kernel of `slow_write(p, v)`: after 50 ms, stores `v` at `p` (700 if `p` is gone).
-unsafe extern "C" fn slow_write_kernel(
+unsafe extern "C-unwind" fn slow_write_kernel(
     _: *mut c_void,
     _: *const c_char,
     params: *const u64,
