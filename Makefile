@@ -40,7 +40,8 @@ rust-test:
 
 # The scene tests (examples) run on sim, on the ascend platform through the fake CANN runtime +
 # HAL (small allocations refused and mirrored, large ones mapped, as on 64 KiB-page hosts), and
-# on the cuda platform through the fake libcuda (every view a page-locked mirror).
+# on the cuda platform through the fake libcuda (every view a page-locked mirror); then the
+# device checks of `make device-check`, from the in-tree build against the fake libcuda.
 FAKE_ASCEND := target/fake-ascend-libs
 FAKE_CUDA := target/fake-cuda-libs
 py-test: build
@@ -55,6 +56,7 @@ py-test: build
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform ascend --simpler-rounds 3
 	SIMPLER_CUDA_LIB=$(CURDIR)/$(FAKE_CUDA)/libcuda.so.1 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform cuda --simpler-rounds 3
+	.ci/device-check --dry-run
 
 test: lint rust-test py-test
 
@@ -83,8 +85,12 @@ test-min: wheel
 	target/venv-min/bin/pip install -q --disable-pip-version-check --no-deps $(WHEEL_DIR)/*.whl
 	target/venv-min/bin/python -m pytest -q -p no:cacheprovider tests
 
-# On a machine with a GPU or an Ascend card: the vendor platforms against the real driver
-# (tests, scene tests, benchmarks); skips cleanly without one.
+# On a machine with a GPU (or an Ascend card), without Rust or a package registry: installs the
+# wheel built elsewhere (target/wheels/*.whl, or --wheel) with pip --no-deps --target and runs
+# `python -m simpler.tools.device_check` from it: named, timed checks of the driver, the shipped
+# paged-attention cases on the device (golden checked), the bench's arms, exports read from a
+# torch side stream and the launches benchmark, into target/device-check/device_check.jsonl.
+# Skips cleanly without a device. `make test` runs it as `.ci/device-check --dry-run`.
 device-check:
 	.ci/device-check
 

@@ -11,6 +11,7 @@ a loaded CI machine is not a property of the code).
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import simpler as sp
+from simpler.testing import fake_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ class FakeVendor:
     """The fake vendor libraries `make test` builds and links (crates/fake-ascend, crates/fake-cuda)."""
 
     ascend_libs = ROOT / "target" / "fake-ascend-libs"
-    cuda_lib = ROOT / "target" / "fake-cuda-libs" / "libcuda.so.1"
+    cuda_lib_path = ROOT / "target" / "fake-cuda-libs" / "libcuda.so.1"
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self._env = monkeypatch
@@ -53,16 +55,36 @@ class FakeVendor:
             self._env.setenv("FAKE_ASCEND_MAP", "min:65536")
             self._env.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
         elif platform == "cuda":
-            if not self.cuda_lib.exists():
-                pytest.skip(f"fake libcuda not linked at {self.cuda_lib} (run `make test`)")
-            self._env.setenv("SIMPLER_CUDA_LIB", str(self.cuda_lib))
+            if not self.cuda_lib_path.exists():
+                pytest.skip(f"fake libcuda not linked at {self.cuda_lib_path} (run `make test`)")
+            self._env.setenv("SIMPLER_CUDA_LIB", str(self.cuda_lib_path))
+            self._env.setenv("SIMPLER_NVRTC_LIB", str(self.cuda_lib_path))
         else:
             raise ValueError(f"no fake vendor library for platform {platform!r}")
 
     def worker(self, platform: str, **opts: Any) -> sp.Worker:
-        """A worker on ``platform`` over its fake library (see :meth:`use`)."""
+        """A worker on ``platform`` over its fake library (see :meth:`use`); on cuda the fake
+        runs device launches through the host implementations of ``simpler.testing.fake_cuda``
+        and compiles with its own NVRTC."""
         self.use(platform)
+        if platform == "cuda":
+            fake_cuda.install_if_fake()
         return sp.Worker(platform, **opts)
+
+    def cuda_lib(self) -> ctypes.CDLL:
+        """The fake libcuda, as the runtime loaded it (its controls: ``fake_cuda_*``)."""
+        return ctypes.CDLL(str(self.cuda_lib_path))
+
+    def cuda_log(self) -> list[str]:
+        """The fake libcuda's call log, one ``name args -> code`` line per call."""
+        lib = self.cuda_lib()
+        fn = lib.fake_cuda_call_log
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_size_t
+        n = fn(None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        fn(buf, n + 1)
+        return buf.raw[:n].decode().splitlines()
 
 
 @pytest.fixture

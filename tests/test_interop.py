@@ -84,18 +84,59 @@ def test_cuda_array_interface_fields(cuda):
     buf = cuda.malloc(4096)
     t = buf.tensor((8, 16), "float32")
     cai = t.__cuda_array_interface__
+    stream = cai.pop("stream")
     assert cai == {
         "shape": (8, 16),
         "typestr": "<f4",
         "data": (buf.ptr, False),
         "strides": None,
         "version": 3,
-        "stream": None,
     }
+    # The worker's own stream (a CUstream handle; never None, 0, or a default stream's 1 / 2).
+    assert isinstance(stream, int) and stream > 2
     col = buf.tensor((8, 4), "int16", strides=(32, 2), offset=3)
     cai = col.__cuda_array_interface__
     assert (cai["shape"], cai["typestr"], cai["strides"]) == ((8, 4), "<i2", (64, 4))
     assert cai["data"] == (buf.ptr + 3 * 2, False)
+    assert col.__cuda_array_interface__["stream"] == stream
+    # A tensor without elements exports a null pointer.
+    assert buf.tensor((0, 16), "float32").__cuda_array_interface__["data"] == (0, False)
+    # bfloat16 has no typestr a consumer reads as bfloat16: refused, pointing at DLPack.
+    with pytest.raises(TypeError, match=r"bfloat16 has no typestr .* use DLPack"):
+        _ = buf.tensor((16,), "bfloat16").__cuda_array_interface__
+    del t, col
+    gc.collect()
+    buf.free()
+
+
+def test_an_interface_read_keeps_the_memory_until_the_tensor_goes(cuda):
+    """Reading ``__cuda_array_interface__`` exports the memory for the tensor's life (a consumer
+    array holds the tensor): free, resident release and close are refused meanwhile."""
+    buf = cuda.malloc(4096)
+    t = buf.tensor((16,), "float32")
+    _ = t.__cuda_array_interface__
+    with pytest.raises(sp.StateError, match=r"free: allocation 0x[0-9a-f]+ has 1 live export"):
+        buf.free()
+    with pytest.raises(sp.StateError, match=r"close: .* live export"):
+        cuda.close()
+    assert not cuda.closed
+    res = sp.ResidentTaskArgs(cuda)
+    r = res.add("x", np.arange(8, dtype=np.float32))
+    _ = r.__cuda_array_interface__
+    with pytest.raises(sp.StateError, match=r"release of resident tensor 'x': .* live export"):
+        res.release()
+    del t, r
+    gc.collect()
+    buf.free()
+    res.release()
+    assert cuda.stats()["live_allocations"] == 0
+    # A freed buffer, or a closed worker, cannot be exported.
+    t = cuda.malloc(64).tensor((16,), "float32")
+    t.buffer.free()
+    with pytest.raises(sp.StateError, match=r"export: .* freed|not a live allocation"):
+        _ = t.__cuda_array_interface__
+    with pytest.raises(sp.StateError, match=r"export: .* freed|not a live allocation"):
+        t.__dlpack__()
 
 
 _API = ctypes.PyDLL(None)  # the C API, as a consumer's extension module would call it
@@ -150,7 +191,9 @@ def test_dlpack_fields_and_both_ways_the_export_ends(cuda):
     del t
     m = _managed(capsule)
     d = m.dl_tensor
-    assert (d.data, d.byte_offset) == (buf.ptr, 5 * 4)
+    assert (d.data, d.byte_offset) == (buf.ptr + 5 * 4, 0)
+    with pytest.raises(sp.StateError, match=r"free: .* 1 live export"):
+        buf.free()
     assert (d.device.device_type, d.device.device_id, d.ndim) == (2, 0, 2)
     assert (d.dtype.code, d.dtype.bits, d.dtype.lanes) == (2, 32, 1)
     assert (d.shape[0], d.shape[1], d.strides[0], d.strides[1]) == (4, 8, 16, 2)
@@ -163,6 +206,8 @@ def test_dlpack_fields_and_both_ways_the_export_ends(cuda):
     m.deleter(ctypes.pointer(m))
     gc.collect()
     assert exported() is None, "the deleter let the tensor go"
+    buf.free()  # the export ended with the deleter
+    buf = cuda.malloc(4096)
     del capsule, m, d
     gc.collect()  # a consumed capsule does not delete twice (a second delete would crash here)
     # A capsule nobody consumed is deleted with it.
@@ -187,3 +232,32 @@ def test_dlpack_refusals(cuda):
         t.__dlpack__(dl_device=(1, 0))
     with pytest.raises(BufferError, match="float8_e4m3fn has no DLPack type"):
         cuda.malloc(64).tensor((16,), "float8_e4m3fn").__dlpack__()
+
+
+def test_dlpack_streams_and_keywords(cuda, fake_vendor):
+    """``stream`` makes the consumer's stream wait for the worker's (an event, no host wait):
+    ``None`` means the legacy default stream; -1 asks for nothing; 0 is refused as ambiguous.
+    ``max_version`` is accepted (the capsule stays the unversioned kind every consumer reads)."""
+    t = cuda.malloc(64).tensor((16,), "float32")
+    log = fake_vendor.cuda_log()
+    for stream in (None, 1, 2, -1):
+        capsule = t.__dlpack__(stream=stream, max_version=(1, 0))
+        del capsule
+    calls = [line for line in fake_vendor.cuda_log()[len(log) :] if "Event" in line]
+    waits = [line for line in calls if line.startswith("cuStreamWaitEvent")]
+    assert [w.split()[1] for w in waits] == ["0x1", "0x1", "0x2"], calls
+    with pytest.raises(BufferError, match="stream 0 is not a CUDA stream"):
+        t.__dlpack__(stream=0)
+    gc.collect()
+    t.buffer.free()  # every capsule above is gone, so is its export
+
+
+def test_numpy_refuses_a_cuda_capsule_clearly_and_nothing_leaks(cuda):
+    buf = cuda.malloc(64)
+    t = buf.tensor((16,), "float32")
+    with pytest.raises((BufferError, RuntimeError, TypeError)) as e:
+        np.from_dlpack(t)
+    assert "device" in str(e.value).lower() or "cuda" in str(e.value).lower(), e.value
+    del t, e
+    gc.collect()
+    buf.free()  # no export was left behind

@@ -142,7 +142,7 @@ def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library(
     env["SIMPLER_ASCEND_LIB_DIR"] = "/nonexistent"
     out = subprocess.run([str(script)], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "device-check: skipped: no device driver" in out.stdout, out
-    if fake_vendor.cuda_lib.exists():
-        env["SIMPLER_CUDA_LIB"] = str(fake_vendor.cuda_lib)
+    if fake_vendor.cuda_lib_path.exists():
+        env["SIMPLER_CUDA_LIB"] = str(fake_vendor.cuda_lib_path)
         out = subprocess.run([str(script), "--probe"], env=env, capture_output=True, text=True)
         assert out.returncode == 0 and "platforms with a driver: cuda" in out.stdout, out

@@ -24,12 +24,16 @@ __all__ = [
     "Buffer",
     "BuiltArgs",
     "Callable",
+    "CompileError",
+    "CudaCode",
+    "DeviceArray",
     "DeviceError",
     "DeviceTensor",
     "GeometryError",
     "HazardError",
     "HostWindow",
     "Kernel",
+    "Launch",
     "NoHostViewError",
     "Orchestrator",
     "PlatformUnavailableError",
@@ -40,9 +44,12 @@ __all__ = [
     "SimplerError",
     "StateError",
     "Worker",
+    "_Export",
     "check_name",
     "check_scalar",
     "check_worker_options",
+    "device_code_stats",
+    "dlpack_destructor",
     "install_helpers",
     "parse_svm",
 ]
@@ -101,6 +108,9 @@ class NoHostViewError(SimplerError, LookupError):
 class PlatformUnavailableError(SimplerError, RuntimeError):
     """The platform's vendor library is missing or failed to initialize."""
 
+class CompileError(SimplerError, RuntimeError):
+    """A kernel's device code did not compile, or the compiler (NVRTC) could not be found."""
+
 class DeviceError(SimplerError, RuntimeError):
     """A driver call failed."""
 
@@ -139,6 +149,8 @@ def install_helpers(
     dtype_name: _Fn[..., Any],
     np_dtype: _Fn[..., Any],
     dlpack_export: _Fn[..., Any],
+    nvrtc_dirs: _Fn[..., Any],
+    device_array: _Fn[..., Any],
 ) -> None:
     """Hands the native module its Python helpers (``simpler._arrays`` does, at import)."""
 
@@ -240,15 +252,119 @@ class HostWindow:
     def zero_copy(self) -> bool: ...
 
 class Kernel:
-    """A task body: ``fn(*arrays, *scalars)`` runs once per submitted task."""
+    """A task body: ``fn(*arrays, *scalars)`` runs once per submitted task; ``cuda`` is its
+    program for CUDA devices, launched natively there."""
 
-    def __new__(cls, fn_: _Fn[..., Any], signature: Sequence[Any], name: str | None = None) -> Self: ...
+    def __new__(
+        cls,
+        fn_: _Fn[..., Any],
+        signature: Sequence[Any],
+        name: str | None = None,
+        *,
+        cuda: CudaCode | None = None,
+        device_arrays: bool | Literal["cupy", "torch"] | None = None,
+    ) -> Self: ...
     @property
     def fn(self) -> _Fn[..., Any]: ...
     @property
     def name(self) -> str: ...
     @property
     def signature(self) -> tuple[tuple[ArgDirection, str | None], ...]: ...
+    @property
+    def cuda(self) -> CudaCode | None: ...
+    @property
+    def device_arrays(self) -> bool | str: ...
+
+@final
+class Launch:
+    """How one submit call of a device kernel launches: per-task grid and block, dynamic
+    shared memory, and int64 constants appended to every task row."""
+
+    def __new__(
+        cls,
+        grid: int | Sequence[int],
+        block: int | Sequence[int] | None = None,
+        shared_bytes: int = 0,
+        consts: Sequence[int] | None = None,
+    ) -> Launch: ...
+    @property
+    def grid(self) -> tuple[int, int, int]: ...
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def shared_bytes(self) -> int: ...
+    @property
+    def consts(self) -> tuple[int, ...]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class CudaCode:
+    """A kernel's program for CUDA devices: CUDA C++ source (compiled with NVRTC), or a PTX or
+    cubin image; ``entry`` names its ``extern "C" __global__`` function."""
+
+    def __new__(
+        cls,
+        source: str | None = None,
+        *,
+        entry: str,
+        launch: Launch | _Fn[..., Launch],
+        ptx: str | bytes | None = None,
+        cubin: bytes | None = None,
+        options: Sequence[str] | None = None,
+        scalars: Sequence[Literal["int64", "uint64", "float64"]] | None = None,
+    ) -> CudaCode: ...
+    @property
+    def entry(self) -> str: ...
+    @property
+    def source(self) -> str | None: ...
+    @property
+    def image(self) -> bytes | None: ...
+    @property
+    def options(self) -> list[str]: ...
+    @property
+    def scalars(self) -> list[str] | None: ...
+    @property
+    def launch(self) -> Launch | _Fn[..., Launch]: ...
+    def launch_for(self, shapes: Sequence[Sequence[int]]) -> Launch: ...
+
+@final
+class DeviceArray:
+    """One tensor of a task as device memory (CUDA Array Interface and DLPack), for kernels
+    declared with ``device_arrays``; valid only during the kernel's call."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+    @property
+    def stream(self) -> int | None: ...
+    @property
+    def writable(self) -> bool: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+
+@final
+class _Export:
+    """One live export of a tensor's memory (held by a DLPack capsule until its deleter runs)."""
+
+    def release(self) -> None: ...
+
+def device_code_stats() -> dict[str, int]:
+    """``compiles`` and ``cache_hits`` of device-code source in this process."""
+
+def dlpack_destructor() -> int:
+    """The address of the DLPack capsule destructor ``simpler._dlpack`` uses."""
 
 class Callable:
     """A device program: an orchestration function over tensor arguments."""

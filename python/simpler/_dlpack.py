@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
+
 #: ``DLDeviceType``: CUDA device memory.
 KDL_CUDA = 2
 
@@ -64,10 +66,6 @@ _NAME = b"dltensor"
 _api = ctypes.PyDLL(None)
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
 @_Deleter
@@ -75,12 +73,10 @@ def _deleter(managed: Any) -> None:
     _LIVE.pop(ctypes.addressof(managed.contents), None)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_destructor(capsule: int) -> None:
-    # A capsule still named "dltensor" was never consumed: its tensor is ours to delete. (The
-    # argument is the raw pointer, so no new reference is made to an object being destroyed.)
-    if _api.PyCapsule_IsValid(capsule, _NAME):
-        _LIVE.pop(_api.PyCapsule_GetPointer(capsule, _NAME), None)
+#: The capsule destructor (native: see ``crates/ffi-driver/src/capsule.rs``). A capsule still
+#: named "dltensor" when it dies was never consumed: the destructor calls its deleter, which
+#: releases the entry; a consumer that refused the capsule keeps its own error intact.
+_CAPSULE_DESTRUCTOR = _core.dlpack_destructor()
 
 
 def dl_dtype(dtype: np.dtype) -> DLDataType:
@@ -113,4 +109,4 @@ def export(tensor: Any, data: int, device: tuple[int, int], dtype: np.dtype, gua
     managed.deleter = _deleter
     addr = ctypes.addressof(managed)
     _LIVE[addr] = (managed, shape, strides, tensor, guard)
-    return _api.PyCapsule_New(addr, _NAME, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    return _api.PyCapsule_New(addr, _NAME, _CAPSULE_DESTRUCTOR)

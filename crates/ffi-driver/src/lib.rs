@@ -10,6 +10,7 @@
 //!   non-dereferenceable range, a mapping policy, poison fill, fault injection and counters.
 
 pub mod ascend;
+pub mod capsule;
 pub mod cuda;
 mod device;
 mod error;

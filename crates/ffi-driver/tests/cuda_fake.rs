@@ -1,15 +1,28 @@
 //! The CUDA driver end to end against the fake `libcuda` (`crates/fake-cuda`): one primary-context
 //! reference per device, the caller's context restored, page-locked mirrors, errors, address
-//! reuse. The same driver on a real GPU: `cuda.rs`.
+//! reuse; then device execution: modules and entries, launches in stream order on the worker's
+//! stream (host kernels registered with the fake stand in for device code), copies that wait for
+//! them, a sticky device fault and the cleanup after it, the checks made before a launch, ordering
+//! another stream after ours (an event), the compute capability, and NVRTC (the fake library
+//! also exports `nvrtc*`) compiling what the device then loads. The same driver on a real GPU:
+//! `cuda.rs`.
+//!
+//! Isolation: every test makes its own copy of the fake library ([`Fake::new`]), so the fake's
+//! process-global state (call log, counters, registered kernels, stream latency and hold, retain
+//! counts, sticky errors) is private to the test, and tests run in parallel.
 
 mod common;
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::Fake;
 use simpler_driver::cuda::{CudaConfig, CudaDevice};
-use simpler_driver::{DevPtr, Device, MapGrant, Op};
+use simpler_driver::nvrtc::{CompileError, Nvrtc, Target};
+use simpler_driver::{DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Op};
 
 type Ctx = *mut c_void;
 
@@ -284,4 +297,872 @@ fn a_failed_context_bind_names_the_address_and_size() {
     let e = d.alloc(64).unwrap_err();
     assert_eq!((e.addr, e.bytes), (None, Some(64)), "{e}");
     d.free(p).unwrap();
+}
+
+// Device execution. Host kernels stand in for device code: the fake runs the one registered for
+// an entry on the stream's thread, in stream order, with the launch's parameter values.
+
+/// `fake_cuda_host_kernel`: `int (*)(void *user, const char *entry, const unsigned long long
+/// *params, unsigned n_params, const unsigned *grid, const unsigned *block, unsigned shared)`,
+/// `extern "C-unwind"` as the fake declares it.
+type HostKernel = unsafe extern "C-unwind" fn(
+    *mut c_void,
+    *const c_char,
+    *const u64,
+    c_uint,
+    *const c_uint,
+    *const c_uint,
+    c_uint,
+) -> c_int;
+
+/// `void *fake_cuda_translate(unsigned long long dev_addr, unsigned long long len)`.
+type Translate = extern "C" fn(u64, u64) -> *mut c_void;
+
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`: what a host kernel returns to fault.
+const ILLEGAL_ADDRESS: c_int = 700;
+
+/// One block of one thread, no shared memory.
+const ONE: LaunchDims = LaunchDims {
+    grid: [1, 1, 1],
+    block: [1, 1, 1],
+    shared_bytes: 0,
+};
+
+fn dims(grid: [u32; 3], block: [u32; 3]) -> LaunchDims {
+    LaunchDims {
+        grid,
+        block,
+        shared_bytes: 0,
+    }
+}
+
+/// What the host kernels of one test reach through their `user` pointer: that test's copy of
+/// `fake_cuda_translate` (each test has its own fake), and how many kernels ran.
+struct Kernels {
+    translate: Translate,
+    runs: AtomicU32,
+}
+
+impl Kernels {
+    fn new(fake: &Fake) -> Kernels {
+        Kernels {
+            // SAFETY: the fake exports `void *fake_cuda_translate(unsigned long long, unsigned
+            // long long)`, which is `Translate`.
+            translate: unsafe { fake.sym::<Translate>("fake_cuda_translate") },
+            runs: AtomicU32::new(0),
+        }
+    }
+
+    /// Makes `f` the host implementation of `entry`, called with `self` as its `user` pointer.
+    /// `self` must outlive every launch of it: tests declare it before the device, which drains
+    /// its stream when it closes (or drops).
+    fn register(&self, fake: &Fake, entry: &str, f: HostKernel) {
+        type Register =
+            unsafe extern "C" fn(*const c_char, Option<HostKernel>, *mut c_void) -> c_int;
+        let entry = CString::new(entry).unwrap();
+        let user = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
+        // SAFETY: `int fake_cuda_register_kernel(const char *, fake_cuda_host_kernel, void *)`
+        // is `Register`; `entry` is NUL-terminated; `f` has the host kernel's type and `user`
+        // points at `self`, which outlives the launches (see above) and is only read through a
+        // shared reference (its counter is atomic).
+        let rc = unsafe {
+            fake.sym::<Register>("fake_cuda_register_kernel")(entry.as_ptr(), Some(f), user)
+        };
+        assert_eq!(rc, 0);
+    }
+
+    /// The host address of device range `[addr, addr + len)`; null when it is not inside one
+    /// live allocation.
+    fn host(&self, addr: u64, len: u64) -> *mut u8 {
+        (self.translate)(addr, len).cast()
+    }
+
+    /// The `len` bytes at device address `addr`, read from the fake's memory behind the
+    /// driver's back. Only while no stream can run work on them (held, or synchronized).
+    fn peek(&self, addr: DevPtr, len: usize) -> Vec<u8> {
+        let p = self.host(addr.0, len as u64);
+        assert!(!p.is_null(), "{addr} is not {len} live bytes");
+        // SAFETY: `p` is the host address of `len` bytes of a live allocation (non-null above),
+        // which nothing writes while we read (the callers' condition).
+        unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+    }
+
+    fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// The `Kernels` behind a host kernel's `user` pointer.
+///
+/// # Safety
+/// `user` must be the pointer [`Kernels::register`] registered, whose `Kernels` is alive.
+unsafe fn kernels<'a>(user: *mut c_void) -> &'a Kernels {
+    // SAFETY: per this function's contract.
+    unsafe { &*user.cast::<Kernels>() }
+}
+
+/// A host kernel's parameter values.
+///
+/// # Safety
+/// `params` must hold `n` values when `n > 0` (as the fake passes them).
+unsafe fn params<'a>(params: *const u64, n: c_uint) -> &'a [u64] {
+    if n == 0 {
+        return &[];
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts(params, n as usize) }
+}
+
+/// Host kernel `add_one(row)`: `row` is the device address of a row `[ptr: u64, n: u64]`; adds
+/// 1 to each of the `n` bytes at device address `ptr`. Faults (700) on an address that is not
+/// live device memory.
+unsafe extern "C-unwind" fn add_one(
+    user: *mut c_void,
+    _entry: *const c_char,
+    p: *const u64,
+    n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    // SAFETY: the fake calls host kernels with the registered `user` and its copy of the
+    // launch's `n_params` parameter values.
+    let (k, p) = unsafe { (kernels(user), params(p, n_params)) };
+    let Some(&row_addr) = p.first() else {
+        return ILLEGAL_ADDRESS;
+    };
+    let row = k.host(row_addr, 16).cast::<u64>();
+    if row.is_null() {
+        return ILLEGAL_ADDRESS;
+    }
+    // SAFETY: `row` is the host address of 16 live bytes (checked above); unaligned reads.
+    let (ptr, n) = unsafe { (row.read_unaligned(), row.add(1).read_unaligned()) };
+    let data = k.host(ptr, n);
+    if data.is_null() {
+        return ILLEGAL_ADDRESS;
+    }
+    for i in 0..n as usize {
+        // SAFETY: `data` is the host address of `n` live bytes (checked above), which only this
+        // stream's thread touches while the kernel runs.
+        unsafe {
+            let b = data.add(i);
+            *b = (*b).wrapping_add(1);
+        }
+    }
+    k.runs.fetch_add(1, Ordering::SeqCst);
+    0
+}
+
+/// Host kernel `fill(ptr, n, value)`: sets the `n` bytes at device address `ptr` to `value`.
+unsafe extern "C-unwind" fn fill(
+    user: *mut c_void,
+    _entry: *const c_char,
+    p: *const u64,
+    n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    // SAFETY: as in `add_one`.
+    let (k, p) = unsafe { (kernels(user), params(p, n_params)) };
+    let &[ptr, n, value] = p else {
+        return ILLEGAL_ADDRESS;
+    };
+    let data = k.host(ptr, n);
+    if data.is_null() {
+        return ILLEGAL_ADDRESS;
+    }
+    // SAFETY: `data` is the host address of `n` live bytes (checked above), which only this
+    // stream's thread touches while the kernel runs.
+    unsafe { std::ptr::write_bytes(data, value as u8, n as usize) };
+    k.runs.fetch_add(1, Ordering::SeqCst);
+    0
+}
+
+/// Host kernel that only counts its run.
+unsafe extern "C-unwind" fn noop(
+    user: *mut c_void,
+    _entry: *const c_char,
+    _p: *const u64,
+    _n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    // SAFETY: the fake calls host kernels with the registered `user`.
+    unsafe { kernels(user) }.runs.fetch_add(1, Ordering::SeqCst);
+    0
+}
+
+/// Host kernel that takes 30 ms, then counts its run.
+unsafe extern "C-unwind" fn slow(
+    user: *mut c_void,
+    _entry: *const c_char,
+    _p: *const u64,
+    _n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    std::thread::sleep(Duration::from_millis(30));
+    // SAFETY: the fake calls host kernels with the registered `user`.
+    unsafe { kernels(user) }.runs.fetch_add(1, Ordering::SeqCst);
+    0
+}
+
+/// Host kernel that faults with `CUDA_ERROR_ILLEGAL_ADDRESS`.
+unsafe extern "C-unwind" fn boom(
+    _user: *mut c_void,
+    _entry: *const c_char,
+    _p: *const u64,
+    _n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    ILLEGAL_ADDRESS
+}
+
+/// A module image of the fake NVRTC for `sm_90` with these entries (name, parameter count),
+/// NUL-terminated.
+fn image(entries: &[(&str, u32)]) -> Vec<u8> {
+    let mut s = String::from("FAKECUDA-MODULE 1\narch sm_90\n");
+    for (name, n) in entries {
+        s.push_str(&format!("entry {name} {n}\n"));
+    }
+    let mut v = s.into_bytes();
+    v.push(0);
+    v
+}
+
+/// Indexes of the lines of `log` that are calls of `name`.
+fn positions(log: &[String], name: &str) -> Vec<usize> {
+    let prefix = format!("{name} ");
+    (0..log.len())
+        .filter(|&i| log[i].starts_with(&prefix))
+        .collect()
+}
+
+/// Holds every stream of the fake (queued work waits) until dropped. Declared after the
+/// device, so a failing assertion releases it before the device drains its stream.
+struct Hold<'a>(&'a Fake);
+
+impl<'a> Hold<'a> {
+    fn new(fake: &'a Fake) -> Hold<'a> {
+        fake.query::<c_int, ()>("hold_streams", 1);
+        Hold(fake)
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.0.query::<c_int, ()>("hold_streams", 0);
+    }
+}
+
+/// A module loads and its entry resolves; launches are enqueued on the worker's stream in call
+/// order, after the memset before them (which returns at once too), and the copy back waits for
+/// all of them: it sees every byte +3 (+3 over the memset's value where it ran). The counters
+/// (`launches`, `module_loads`) and both call logs (three `cuLaunchKernel` on the worker's
+/// stream, then the `cuMemcpyDtoHAsync_v2`, then the wait) say the same.
+#[test]
+fn launches_run_in_stream_order_and_the_copy_back_waits_for_them() {
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    k.register(&fake, "add_one", add_one);
+    let d = open_id(&fake, 0);
+    let n = 1000u64;
+    let data = d.alloc(n).unwrap();
+    let row = d.alloc(16).unwrap();
+    d.copy_h2d(row, &[data.0.to_ne_bytes(), n.to_ne_bytes()].concat())
+        .unwrap();
+    let bytes: Vec<u8> = (0..n).map(|i| (i * 3) as u8).collect();
+    d.copy_h2d(data, &bytes).unwrap();
+    d.fill(data, 10, 0xF0).unwrap();
+    let m = d.load_module(&image(&[("add_one", 1)])).unwrap();
+    let f = d.function(m, "add_one").unwrap();
+    assert_eq!(
+        d.function(m, "add_one").unwrap(),
+        f,
+        "one function per entry"
+    );
+    for _ in 0..3 {
+        d.launch(f, ONE, &[row.0]).unwrap();
+    }
+    let mut out = vec![0u8; n as usize];
+    d.copy_d2h(&mut out, data).unwrap();
+    let mut want: Vec<u8> = bytes.iter().map(|b| b.wrapping_add(3)).collect();
+    want[..10].fill(0xF3);
+    assert_eq!(out, want);
+    assert_eq!(k.runs(), 3);
+    let s = d.stats();
+    assert_eq!((s.launches, s.module_loads), (3, 1));
+    assert_eq!(
+        (fake.count("launch_count"), fake.count("module_loads")),
+        (3, 1)
+    );
+    let log = fake.log();
+    let stream = format!("stream={:#x}", d.stream_handle().unwrap());
+    let launches = positions(&log, "cuLaunchKernel");
+    assert_eq!(launches.len(), 3, "{log:#?}");
+    for &i in &launches {
+        assert!(
+            log[i].starts_with("cuLaunchKernel add_one ")
+                && log[i].contains(&stream)
+                && log[i].contains(&format!("params=[{:#x}]", row.0))
+                && log[i].ends_with("-> 0"),
+            "{}",
+            log[i]
+        );
+    }
+    let dtoh = positions(&log, "cuMemcpyDtoHAsync_v2");
+    assert_eq!(dtoh.len(), 1, "{log:#?}");
+    assert!(log[dtoh[0]].contains(&stream), "{}", log[dtoh[0]]);
+    assert!(launches.iter().all(|&i| i < dtoh[0]), "{log:#?}");
+    let waits = positions(&log, "cuStreamSynchronize");
+    assert!(waits.iter().any(|&i| i > dtoh[0]), "{log:#?}");
+    let ops: Vec<Op> = d
+        .call_log()
+        .iter()
+        .map(|c| c.op)
+        .filter(|op| matches!(op, Op::Launch | Op::D2h))
+        .collect();
+    assert_eq!(ops, [Op::Launch, Op::Launch, Op::Launch, Op::D2h]);
+    let r = d.close();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(
+        (fake.count("live_modules"), fake.count("live_streams")),
+        (0, 0)
+    );
+}
+
+/// The synchronization a caller relies on is there, and needed: with a 20 ms launch latency, a
+/// copy back right after a launch sees what the kernel wrote, and returns no sooner than the
+/// stream ran it (a copy that did not wait would return at once with stale bytes). And the
+/// fake is really asynchronous: right after a launch (streams held, so deterministically) the
+/// device memory, read through `fake_cuda_translate`, still holds the old bytes and the kernel
+/// has not run; after `synchronize()` it holds the new ones.
+#[test]
+fn a_launch_is_asynchronous_and_the_copy_back_and_synchronize_wait_for_it() {
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    k.register(&fake, "fill", fill);
+    let d = open_id(&fake, 0);
+    let n = 4096u64;
+    let p = d.alloc(n).unwrap();
+    d.copy_h2d(p, &vec![0; n as usize]).unwrap();
+    let m = d.load_module(&image(&[("fill", 3)])).unwrap();
+    let f = d.function(m, "fill").unwrap();
+    fake.query::<c_uint, ()>("set_stream_latency_us", 20_000);
+
+    let t = std::time::Instant::now();
+    d.launch(f, ONE, &[p.0, n, 0x5A]).unwrap();
+    let mut out = vec![0u8; n as usize];
+    d.copy_d2h(&mut out, p).unwrap();
+    assert!(out.iter().all(|&b| b == 0x5A), "the copy did not wait");
+    assert!(
+        t.elapsed() >= Duration::from_millis(20),
+        "returned before the stream ran"
+    );
+    assert_eq!(k.runs(), 1);
+
+    let hold = Hold::new(&fake);
+    d.launch(f, ONE, &[p.0, n, 0x77]).unwrap();
+    assert!(
+        k.peek(p, n as usize).iter().all(|&b| b == 0x5A),
+        "the launch ran before it returned"
+    );
+    assert_eq!(k.runs(), 1);
+    drop(hold);
+    d.synchronize().unwrap();
+    assert_eq!(k.runs(), 2);
+    assert!(k.peek(p, n as usize).iter().all(|&b| b == 0x77));
+    let s = d.stats();
+    assert_eq!((s.launches, s.syncs), (2, 1));
+    assert_eq!(fake.calls("cuCtxSynchronize").len(), 0);
+    d.synchronize_device().unwrap();
+    assert_eq!(fake.calls("cuCtxSynchronize").len(), 1);
+}
+
+/// A kernel fault is sticky: the launch itself succeeds (asynchronous), `synchronize()` reports
+/// 700 `CUDA_ERROR_ILLEGAL_ADDRESS` from `cuStreamSynchronize`, and every later call (alloc,
+/// copy, launch) fails with 700 too. `close()` reports the errors of its cleanup calls but
+/// still releases everything: the fake's live modules, streams, events and allocations are back
+/// to what they were, and the primary context is released; that clears the poison, so a new
+/// device on the same ordinal opens and works.
+#[test]
+fn a_kernel_fault_is_sticky_and_close_still_releases_everything() {
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    k.register(&fake, "boom", boom);
+    let live = || {
+        [
+            "live_modules",
+            "live_streams",
+            "live_events",
+            "live_allocations",
+        ]
+        .map(|c| fake.count(c))
+    };
+    let before = live();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(64).unwrap();
+    let m = d.load_module(&image(&[("boom", 0)])).unwrap();
+    let f = d.function(m, "boom").unwrap();
+    d.order_stream(1).unwrap(); // makes the event, for close to destroy
+    d.launch(f, ONE, &[]).unwrap();
+    let e = d.synchronize().unwrap_err();
+    assert_eq!(
+        (
+            e.op,
+            e.call.as_str(),
+            e.code,
+            e.code_name.as_str(),
+            e.called
+        ),
+        (
+            Op::Sync,
+            "cuStreamSynchronize",
+            700,
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+            true
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("cuStreamSynchronize failed with code 700"),
+        "{e}"
+    );
+    assert_eq!(fake.query::<c_int, c_int>("poisoned", 0), 700);
+    let e = d.alloc(64).unwrap_err();
+    assert_eq!((e.call.as_str(), e.code), ("cuMemAlloc_v2", 700), "{e}");
+    let e = d.copy_h2d(p, &[1; 8]).unwrap_err();
+    assert_eq!(
+        (e.call.as_str(), e.code, e.addr, e.bytes),
+        ("cuMemcpyHtoDAsync_v2", 700, Some(p.0), Some(8)),
+        "{e}"
+    );
+    let mut b = [0u8; 8];
+    let e = d.copy_d2h(&mut b, p).unwrap_err();
+    assert_eq!(
+        (e.call.as_str(), e.code),
+        ("cuMemcpyDtoHAsync_v2", 700),
+        "{e}"
+    );
+    let e = d.launch(f, ONE, &[]).unwrap_err();
+    assert_eq!((e.call.as_str(), e.code), ("cuLaunchKernel", 700), "{e}");
+    let e = d.synchronize().unwrap_err();
+    assert_eq!(e.code, 700, "{e}");
+
+    let r = d.close();
+    assert!(!r.errors.is_empty());
+    assert!(r.errors.iter().all(|e| e.code == 700), "{:#?}", r.errors);
+    let calls: Vec<&str> = r.errors.iter().map(|e| e.call.as_str()).collect();
+    for call in [
+        "cuStreamSynchronize",
+        "cuModuleUnload",
+        "cuEventDestroy_v2",
+        "cuStreamDestroy_v2",
+        "cuMemFree_v2",
+    ] {
+        assert!(calls.contains(&call), "{call} missing from {calls:?}");
+    }
+    assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 64));
+    assert_eq!(live(), before, "close left something live");
+    assert_eq!(retains(&fake, 0), 0);
+    assert_eq!(
+        fake.query::<c_int, c_int>("poisoned", 0),
+        0,
+        "the last release clears the poison"
+    );
+
+    let d2 = open_id(&fake, 0);
+    let q = d2.alloc(64).unwrap();
+    d2.copy_h2d(q, &[7; 64]).unwrap();
+    let mut out = [0u8; 64];
+    d2.copy_d2h(&mut out, q).unwrap();
+    assert_eq!(out, [7; 64]);
+    d2.synchronize().unwrap();
+    let r = d2.close();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(live(), before);
+}
+
+/// Launch geometry, handles, images and entry names are checked: zero dimensions, a grid z
+/// past 65535, more than 1024 threads a block and an unknown function are refused before
+/// `cuLaunchKernel` (no call reaches the fake); the limits themselves are accepted; an image
+/// that is not one is `cuModuleLoadData`'s 200 `CUDA_ERROR_INVALID_IMAGE`, a missing entry
+/// `cuModuleGetFunction`'s 500 `CUDA_ERROR_NOT_FOUND`, an entry name with a NUL is refused
+/// before the call; and injected faults for `Op::Launch`, `Op::Module` and `Op::Sync` fail the
+/// call before the vendor function runs.
+#[test]
+fn launches_modules_and_entries_are_validated_and_faults_fire_before_the_call() {
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    k.register(&fake, "k", noop);
+    let d = open_id(&fake, 0);
+    let m = d.load_module(&image(&[("k", 1)])).unwrap();
+    let f = d.function(m, "k").unwrap();
+    for (grid, block, code) in [
+        ([0, 1, 1], [1, 1, 1], 1),
+        ([1, 1, 1], [1, 0, 1], 1),
+        ([1, 1, 65_536], [1, 1, 1], 1),
+        ([1, 65_536, 1], [1, 1, 1], 1),
+        ([1, 1, 1], [1024, 2, 1], 1),
+        ([1, 1, 1], [33, 32, 1], 1),
+    ] {
+        let e = d.launch(f, dims(grid, block), &[0]).unwrap_err();
+        assert_eq!(
+            (e.op, e.call.as_str(), e.code, e.called),
+            (Op::Launch, "cuLaunchKernel", code, false),
+            "{grid:?} {block:?}: {e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("launch refused before calling cuLaunchKernel"),
+            "{e}"
+        );
+    }
+    let e = d.launch(FuncId(0xdead_beef), ONE, &[0]).unwrap_err();
+    assert_eq!(
+        (e.call.as_str(), e.code, e.code_name.as_str(), e.called),
+        ("cuLaunchKernel", 400, "CUDA_ERROR_INVALID_HANDLE", false),
+        "{e}"
+    );
+    assert!(e.detail.contains("0xdeadbeef"), "{e}");
+    assert!(
+        fake.calls("cuLaunchKernel").is_empty(),
+        "a refused launch reached the fake"
+    );
+    // The limits themselves are fine.
+    d.launch(f, dims([1, 65_535, 65_535], [1024, 1, 1]), &[0])
+        .unwrap();
+    d.launch(f, dims([i32::MAX as u32, 1, 1], [8, 8, 16]), &[0])
+        .unwrap();
+    d.synchronize().unwrap();
+    assert_eq!((k.runs(), fake.count("launch_count")), (2, 2));
+    // A limit of the device's the driver leaves to it (block z <= 64): the vendor's answer.
+    let e = d.launch(f, dims([1, 1, 1], [1, 1, 128]), &[0]).unwrap_err();
+    assert_eq!(
+        (e.call.as_str(), e.code, e.called),
+        ("cuLaunchKernel", 1, true),
+        "{e}"
+    );
+
+    let e = d.load_module(b"not an image").unwrap_err();
+    assert_eq!(
+        (
+            e.op,
+            e.call.as_str(),
+            e.code,
+            e.code_name.as_str(),
+            e.called
+        ),
+        (
+            Op::Module,
+            "cuModuleLoadData",
+            200,
+            "CUDA_ERROR_INVALID_IMAGE",
+            true
+        ),
+        "{e}"
+    );
+    let e = d.load_module(b"").unwrap_err();
+    assert_eq!(
+        (e.call.as_str(), e.called),
+        ("cuModuleLoadData", false),
+        "{e}"
+    );
+    let e = d.function(m, "missing").unwrap_err();
+    assert_eq!(
+        (
+            e.op,
+            e.call.as_str(),
+            e.code,
+            e.code_name.as_str(),
+            e.called
+        ),
+        (
+            Op::Module,
+            "cuModuleGetFunction",
+            500,
+            "CUDA_ERROR_NOT_FOUND",
+            true
+        ),
+        "{e}"
+    );
+    assert!(e.detail.contains("\"missing\""), "{e}");
+    let gets = fake.calls("cuModuleGetFunction").len();
+    let e = d.function(m, "k\0x").unwrap_err();
+    assert_eq!((e.op, e.code, e.called), (Op::Module, 1, false), "{e}");
+    assert!(e.detail.contains("contains a NUL byte"), "{e}");
+    let e = d.function(ModuleId(0x1234), "k").unwrap_err();
+    assert_eq!((e.op, e.code, e.called), (Op::Module, 400, false), "{e}");
+    assert!(e.detail.contains("0x1234 is not loaded"), "{e}");
+    assert_eq!(fake.calls("cuModuleGetFunction").len(), gets);
+
+    // Injected faults fail the call before the vendor function: the fake sees nothing.
+    let log_len = fake.log().len();
+    d.inject_fault(Op::Launch, 1, None).unwrap();
+    let e = d.launch(f, ONE, &[0]).unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.code, e.detail.as_str()),
+        (Op::Launch, "cuLaunchKernel", 700, "injected fault"),
+        "{e}"
+    );
+    d.inject_fault(Op::Module, 1, Some(200)).unwrap();
+    let e = d.load_module(&image(&[("k", 1)])).unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.code, e.detail.as_str()),
+        (Op::Module, "cuModuleLoadData", 200, "injected fault"),
+        "{e}"
+    );
+    d.inject_fault(Op::Sync, 1, None).unwrap();
+    let e = d.synchronize().unwrap_err();
+    assert_eq!(
+        (e.op, e.call.as_str(), e.code, e.detail.as_str()),
+        (Op::Sync, "cuStreamSynchronize", 700, "injected fault"),
+        "{e}"
+    );
+    let after = fake.log();
+    assert_eq!(after.len(), log_len, "{:#?}", &after[log_len..]);
+    assert_eq!(
+        (fake.count("launch_count"), fake.count("module_loads")),
+        (2, 1)
+    );
+    // Each fired once; the device works on.
+    assert_eq!(fake.query::<c_int, c_int>("poisoned", 0), 0);
+    d.launch(f, ONE, &[0]).unwrap();
+    d.synchronize().unwrap();
+    assert_eq!(k.runs(), 3);
+    let failed = d.call_log().iter().filter(|c| c.code != 0).count();
+    assert!(failed >= 3, "refusals and injected faults are logged");
+}
+
+/// `order_stream` makes another stream of the device wait for the work enqueued on the
+/// worker's stream so far, without blocking the host: it records an event on the worker's
+/// stream (`cuEventRecord`) and makes the consumer wait for it (`cuStreamWaitEvent` with the
+/// consumer's handle), so the consumer does not finish before a slow kernel enqueued before
+/// the call. Stream 0 is refused before any call; 1 and 2 (the default streams) are accepted;
+/// one event serves every call, and close destroys it.
+#[test]
+fn order_stream_makes_another_stream_wait_for_the_workers_stream() {
+    type Retain = unsafe extern "C" fn(*mut Ctx, c_int) -> c_int;
+    type SetCurrent = unsafe extern "C" fn(Ctx) -> c_int;
+    type StreamCreate = unsafe extern "C" fn(*mut Ctx, c_uint) -> c_int;
+    type StreamCall = unsafe extern "C" fn(Ctx) -> c_int;
+    type Release = unsafe extern "C" fn(c_int) -> c_int;
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    k.register(&fake, "slow", slow);
+    // SAFETY: each type is the `cuda.h` signature of its symbol.
+    let (retain, set_current, stream_create, stream_sync, stream_destroy, release) = unsafe {
+        (
+            fake.sym::<Retain>("cuDevicePrimaryCtxRetain"),
+            fake.sym::<SetCurrent>("cuCtxSetCurrent"),
+            fake.sym::<StreamCreate>("cuStreamCreate"),
+            fake.sym::<StreamCall>("cuStreamSynchronize"),
+            fake.sym::<StreamCall>("cuStreamDestroy_v2"),
+            fake.sym::<Release>("cuDevicePrimaryCtxRelease_v2"),
+        )
+    };
+    let (streams0, events0) = (fake.count("live_streams"), fake.count("live_events"));
+    let d = open_id(&fake, 0);
+    let worker = d.stream_handle().unwrap();
+    assert_eq!(
+        fake.count("live_streams"),
+        streams0 + 1,
+        "the worker's stream"
+    );
+    let m = d.load_module(&image(&[("slow", 0)])).unwrap();
+    let f = d.function(m, "slow").unwrap();
+
+    // The consumer: a stream of device 0 that someone else (a library) made in the primary
+    // context, on this thread.
+    let mut ctx: Ctx = std::ptr::null_mut();
+    let mut consumer: Ctx = std::ptr::null_mut();
+    // SAFETY: the out-pointers are valid for the writes; `ctx` is the retained primary context.
+    unsafe {
+        assert_eq!(retain(&mut ctx, 0), 0);
+        assert_eq!(set_current(ctx), 0);
+        assert_eq!(stream_create(&mut consumer, 1), 0);
+        assert_eq!(set_current(std::ptr::null_mut()), 0);
+    }
+    let c = consumer as u64;
+
+    let from = fake.log().len();
+    let hold = Hold::new(&fake);
+    d.launch(f, ONE, &[]).unwrap();
+    d.order_stream(c).unwrap();
+    assert_eq!(k.runs(), 0, "the host waited");
+    drop(hold);
+    // SAFETY: the primary context (retained above) and the consumer stream made in it.
+    unsafe {
+        assert_eq!(set_current(ctx), 0);
+        assert_eq!(stream_sync(consumer), 0);
+        assert_eq!(set_current(std::ptr::null_mut()), 0);
+    }
+    assert_eq!(
+        k.runs(),
+        1,
+        "the consumer finished before the worker's kernel"
+    );
+    let log = fake.log()[from..].to_vec();
+    let created = positions(&log, "cuEventCreate");
+    let recorded = positions(&log, "cuEventRecord");
+    let waited = positions(&log, "cuStreamWaitEvent");
+    assert_eq!(
+        (created.len(), recorded.len(), waited.len()),
+        (1, 1, 1),
+        "{log:#?}"
+    );
+    assert!(
+        created[0] < recorded[0] && recorded[0] < waited[0],
+        "{log:#?}"
+    );
+    let event = log[created[0]].split_whitespace().nth(1).unwrap();
+    assert_eq!(
+        log[recorded[0]],
+        format!("cuEventRecord {event} stream={worker:#x} -> 0")
+    );
+    assert_eq!(
+        log[waited[0]],
+        format!("cuStreamWaitEvent {c:#x} event={event} flags=0 -> 0")
+    );
+    assert_eq!(fake.count("live_events"), events0 + 1);
+
+    let from = fake.log().len();
+    let e = d.order_stream(0).unwrap_err();
+    assert_eq!((e.op, e.code, e.called), (Op::Sync, 1, false), "{e}");
+    assert!(e.detail.contains("stream 0 is ambiguous"), "{e}");
+    assert_eq!(fake.log().len(), from, "a refused call reached the fake");
+    d.order_stream(1).unwrap();
+    d.order_stream(2).unwrap();
+    let log = fake.log()[from..].to_vec();
+    assert!(
+        positions(&log, "cuEventCreate").is_empty(),
+        "one event serves every call"
+    );
+    let waited: Vec<&str> = positions(&log, "cuStreamWaitEvent")
+        .into_iter()
+        .map(|i| log[i].split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(waited, ["0x1", "0x2"]);
+
+    let r = d.close();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(
+        fake.count("live_events"),
+        events0,
+        "close destroys the event"
+    );
+    assert_eq!(fake.calls("cuEventDestroy_v2").len(), 1);
+    assert_eq!(
+        fake.count("live_streams"),
+        streams0 + 1,
+        "the consumer is theirs"
+    );
+    // SAFETY: the consumer stream and the primary context retained above, released once.
+    unsafe {
+        assert_eq!(set_current(ctx), 0);
+        assert_eq!(stream_destroy(consumer), 0);
+        assert_eq!(set_current(std::ptr::null_mut()), 0);
+        assert_eq!(release(0), 0);
+    }
+    assert_eq!(fake.count("live_streams"), streams0);
+    assert_eq!(retains(&fake, 0), 0);
+}
+
+/// The compute capability comes from the device's attributes (75, 76): 9.0, the fake's
+/// default (`FAKE_CUDA_CC`).
+#[test]
+fn compute_capability_is_the_devices() {
+    let fake = fake();
+    let d = open_id(&fake, 0);
+    assert!(d.runs_device_code());
+    assert_eq!(d.compute_capability().unwrap(), (9, 0));
+    let asked: Vec<String> = fake
+        .calls("cuDeviceGetAttribute")
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    assert_eq!(asked, ["75", "76"]);
+}
+
+/// NVRTC through the fake (the same library exports `nvrtc*`, linked as `libnvrtc.so.13` in a
+/// folder passed to `Nvrtc::open`): a source with two `extern "C" __global__` entries compiles
+/// to a CUBIN for `sm_90`, which the device loads, both entries resolve and one runs; a source
+/// with `#error boom` is a `CompileError` from `nvrtcCompileProgram` whose message carries the
+/// compiler's log line. Every program is destroyed, whatever the outcome.
+#[test]
+fn nvrtc_compiles_what_the_device_loads_and_reports_the_log() {
+    let fake = Fake::new(
+        "fake-cuda",
+        "fake_cuda",
+        &["libcuda.so.1", "libnvrtc.so.13"],
+    );
+    // SAFETY: both controls are `uint64_t name(void)`.
+    let (live_programs, compiles) = unsafe {
+        (
+            fake.sym::<extern "C" fn() -> u64>("fake_nvrtc_live_programs"),
+            fake.sym::<extern "C" fn() -> u64>("fake_nvrtc_compile_count"),
+        )
+    };
+    let dirs: [PathBuf; 1] = [fake.dir.clone()];
+    let nv = Nvrtc::open(&dirs).unwrap();
+    assert_eq!(nv.version(), (13, 0));
+    assert_eq!(
+        nv.library(),
+        fake.dir.join("libnvrtc.so.13").display().to_string()
+    );
+    let sm90 = Target::Cubin { major: 9, minor: 0 };
+    let src = r#"
+        extern "C" __global__ void scale(float* x, float a, unsigned long long n) {}
+        extern "C" __global__ void add_one(unsigned long long* row) {}
+    "#;
+    let img = nv.compile(src, "two.cu", &[], sm90).unwrap();
+    assert_eq!(img.kind, simpler_driver::nvrtc::ImageKind::Cubin);
+    assert!(
+        img.bytes
+            .starts_with(b"FAKECUDA-MODULE 1\narch sm_90\nentry scale 3\nentry add_one 1\n"),
+        "{}",
+        String::from_utf8_lossy(&img.bytes)
+    );
+    assert_eq!((live_programs(), compiles()), (0, 1));
+
+    let k = Kernels::new(&fake);
+    k.register(&fake, "add_one", add_one);
+    let d = open_id(&fake, 0);
+    let m = d.load_module(&img.bytes).unwrap();
+    let scale = d.function(m, "scale").unwrap();
+    let add = d.function(m, "add_one").unwrap();
+    assert_ne!(scale, add);
+    let data = d.alloc(8).unwrap();
+    let row = d.alloc(16).unwrap();
+    d.copy_h2d(data, &[1; 8]).unwrap();
+    d.copy_h2d(row, &[data.0.to_ne_bytes(), 8u64.to_ne_bytes()].concat())
+        .unwrap();
+    d.launch(add, ONE, &[row.0]).unwrap();
+    let mut out = [0u8; 8];
+    d.copy_d2h(&mut out, data).unwrap();
+    assert_eq!(out, [2; 8]);
+
+    let bad = "#error boom\nextern \"C\" __global__ void k() {}\n";
+    let e = nv.compile(bad, "bad.cu", &[], sm90).unwrap_err();
+    let line = "bad.cu(1): catastrophic error: #error directive: boom";
+    match &e {
+        CompileError::Nvrtc { call, log, .. } => {
+            assert_eq!(*call, "nvrtcCompileProgram");
+            assert!(log.contains(line), "{log}");
+        }
+        other => panic!("{other}"),
+    }
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("nvrtcCompileProgram failed with code 6 (NVRTC_ERROR_COMPILATION)"),
+        "{msg}"
+    );
+    assert!(msg.contains(line), "{msg}");
+    assert_eq!((live_programs(), compiles()), (0, 1));
 }

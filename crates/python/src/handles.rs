@@ -349,6 +349,16 @@ impl DeviceTensor {
         Self::checked(buffer, geometry, &what)
     }
 
+    /// A tensor over `buffer` from the parts of one made (and checked) before.
+    pub fn from_parts(buffer: Py<Buffer>, buf: BufferRef, geometry: Geometry) -> DeviceTensor {
+        DeviceTensor {
+            buffer,
+            buf,
+            geometry,
+            cai_export: OnceLock::new(),
+        }
+    }
+
     /// A tensor of `geometry` over `buffer`, checked against its allocation.
     pub fn checked(
         buffer: &Bound<'_, Buffer>,
@@ -669,4 +679,13 @@ pub fn window_array<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let w = Bound::new(py, PyHostWindow { win, readonly })?;
     helpers::get(py)?.window_array.bind(py).call1((w,))
+}
+
+/// The address of the DLPack capsule destructor (``PyCapsule_New``'s third argument) that
+/// ``simpler._dlpack`` gives its capsules: it calls the tensor's deleter when a capsule dies
+/// unconsumed, leaving alone the error a refusing consumer has set.
+#[pyfunction]
+pub fn dlpack_destructor() -> PyResult<usize> {
+    simpler_driver::capsule::dlpack_destructor_address()
+        .ok_or_else(|| state_err("the interpreter's C API is not visible in this process"))
 }

@@ -101,6 +101,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::check_worker_options, m)?)?;
     m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
     m.add_function(wrap_pyfunction!(devcode::device_code_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(handles::dlpack_destructor, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;
     m.add("PLATFORMS", simpler_driver::PLATFORMS.to_vec())?;

@@ -27,9 +27,39 @@ use crate::worker::PyWorker;
 struct Entry {
     name: Arc<str>,
     dir: Direction,
-    /// The device tensor; the host array itself for a fixture without bytes (host-staged).
-    value: Py<PyAny>,
+    /// The host array itself, for a fixture without bytes (host-staged); `None` for a resident
+    /// tensor (see `tensor`).
+    host: Option<Py<PyAny>>,
+    /// A resident tensor: held weakly, so that the set's own reference never keeps an export of
+    /// it alive (a tensor whose `__cuda_array_interface__` was read exports its memory for its
+    /// life); made again, equal, when the caller's object is gone.
+    tensor: Option<HeldTensor>,
     resident: bool,
+}
+
+struct HeldTensor {
+    weak: Py<PyWeakrefReference>,
+    buffer: Py<Buffer>,
+    buf: simpler_runtime::BufferRef,
+    geometry: Geometry,
+}
+
+impl Entry {
+    /// The entry's value: its device tensor (the caller's object while it lives), or the host
+    /// array.
+    fn value(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(h) = &self.host {
+            return Ok(h.clone_ref(py));
+        }
+        let Some(t) = &self.tensor else {
+            return Err(state_err("resident entry without a value"));
+        };
+        if let Some(live) = t.weak.bind(py).upgrade() {
+            return Ok(live.unbind());
+        }
+        let again = DeviceTensor::from_parts(t.buffer.clone_ref(py), t.buf, t.geometry);
+        Ok(Bound::new(py, again)?.into_any().unbind())
+    }
 }
 
 /// The host storage of a fixture still alive: a later fixture overlapping it is refused.
@@ -81,7 +111,7 @@ impl ResidentSet {
     fn entry(&self, py: Python<'_>, name: &str) -> PyResult<(Direction, Py<PyAny>, bool)> {
         let inner = self.inner();
         match inner.entries.iter().find(|e| &*e.name == name) {
-            Some(e) => Ok((e.dir, e.value.clone_ref(py), e.resident)),
+            Some(e) => Ok((e.dir, e.value(py)?, e.resident)),
             None => {
                 let have: Vec<&str> = inner.entries.iter().map(|e| &*e.name).collect();
                 Err(PyKeyError::new_err(format!(
@@ -181,7 +211,13 @@ impl ResidentSet {
         // Never blocks: a set being changed on another thread is visited next time.
         if let Ok(inner) = self.inner.try_lock() {
             for e in &inner.entries {
-                visit.call(&e.value)?;
+                if let Some(h) = &e.host {
+                    visit.call(h)?;
+                }
+                if let Some(t) = &e.tensor {
+                    visit.call(&t.weak)?;
+                    visit.call(&t.buffer)?;
+                }
             }
             for f in &inner.fixtures {
                 visit.call(&f.owner)?;
@@ -334,7 +370,8 @@ impl ResidentSet {
             self.inner().entries.push(Entry {
                 name,
                 dir,
-                value: host.clone().unbind(),
+                host: Some(host.clone().unbind()),
+                tensor: None,
                 resident: false,
             });
             return Ok(host.clone().unbind());
@@ -365,11 +402,21 @@ impl ResidentSet {
                 return Err(e);
             }
         };
+        let held = {
+            let t = tensor.cast::<DeviceTensor>()?.get();
+            HeldTensor {
+                weak: PyWeakrefReference::new(&tensor)?.unbind(),
+                buffer: t.buffer.clone_ref(py),
+                buf: t.buf,
+                geometry: t.geometry,
+            }
+        };
         let mut inner = self.inner();
         inner.entries.push(Entry {
             name: name.clone(),
             dir,
-            value: tensor.clone().unbind(),
+            host: None,
+            tensor: Some(held),
             resident: true,
         });
         if let Some((owner, start, end)) = fixture {
@@ -402,8 +449,8 @@ impl ResidentSet {
             inner
                 .entries
                 .iter()
-                .map(|e| (e.name.clone(), e.value.clone_ref(py)))
-                .collect()
+                .map(|e| Ok((e.name.clone(), e.value(py)?)))
+                .collect::<PyResult<_>>()?
         };
         if let Some(c) = expected_count {
             if c.is_instance_of::<pyo3::types::PyBool>() || !c.hasattr("__index__")? {
@@ -455,9 +502,9 @@ impl ResidentSet {
                 .iter()
                 .map(|(n, _)| {
                     let e = inner.entries.iter().find(|e| e.name == *n && e.resident);
-                    e.map(|e| e.value.clone_ref(py))
+                    e.map(|e| e.value(py)).transpose()
                 })
-                .collect()
+                .collect::<PyResult<_>>()?
         };
         let pairs = named
             .into_iter()

@@ -1,7 +1,7 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
-``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [--quick]
-[--platform P]``
+``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [launches]
+[--quick] [--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
   malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
@@ -19,6 +19,15 @@
   ``read_tensor`` plus numpy indexing against numpy indexing alone; a read that lands inside
   the span of earlier strided writes, after 1K and after 64K tasks. Every comparison runs its
   arms interleaved, repeated, and reports medians.
+* ``launches`` — device launches, on ``--platform`` (default sim): a tiny kernel with device
+  code (each task adds a scalar to one float32 element) run as N single ``submit`` calls (N
+  launches on cuda) against one ``submit_many`` of N tasks (one launch), N = 1024 and 16384
+  (256 and 2048 with ``--quick``), the arms interleaved round by round; per task the
+  orchestrate and execute phases (median of the warm rounds, the cold first round apart), tasks
+  and launches per second, the ratios, and the counters that show where the tasks ran
+  (``device_launches``, ``device_tasks``, ``host_path_tasks``). On sim the kernel's numpy
+  reference runs; on cuda its CUDA code (through the fake libcuda's host implementation when
+  that is the driver). Every element is checked afterwards.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from ..worker import ArgDirection, Callable, Kernel, Worker
+from ..testing import fake_cuda
+from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -434,6 +444,201 @@ def bench_mirrors(quick: bool, platform: str = "sim") -> None:
             w.close()
 
 
+# -- launches --------------------------------------------------------------------------------------
+
+#: The device entry of the ``launches`` benchmark's kernel.
+LAUNCH_ENTRY = "simpler_bench_add"
+
+#: Its CUDA C++ source: self-contained (no ``#include``), one entry in the simpler ABI — one
+#: parameter, the task rows; a launch over n tasks has grid (1, 1, n), task = ``blockIdx.z``; a
+#: row is the task view's first-element address, then the ``float64`` scalar.
+LAUNCH_SOURCE = r"""
+/* simpler: the `launches` benchmark kernel (simpler.tools.benchmarks) */
+struct simpler_bench_add_row {
+    float* x;     /* the task's view: one float32 element */
+    double value; /* the task's scalar ("float64") */
+};
+
+extern "C" __global__ void simpler_bench_add(const simpler_bench_add_row* rows) {
+    const simpler_bench_add_row& r = rows[blockIdx.z];
+    if (blockIdx.x == 0 && threadIdx.x == 0) r.x[0] += (float)r.value;
+}
+"""
+
+
+def _bench_add(x: np.ndarray, value: float) -> None:
+    """The reference (what runs on sim): ``x[0] += value`` in float32."""
+    x[...] += np.float32(value)
+
+
+#: The benchmark's kernel: one INOUT float32 view of one element, one ``float64`` scalar.
+LAUNCH_KERNEL = Kernel(
+    _bench_add,
+    [(INOUT, "float32")],
+    name="bench_add",
+    cuda=CudaCode(LAUNCH_SOURCE, entry=LAUNCH_ENTRY, launch=Launch(1, 32), scalars=("float64",)),
+)
+
+
+@fake_cuda.host_impl(LAUNCH_ENTRY)
+def _bench_add_host(launch: fake_cuda.Launch) -> None:
+    """The fake libcuda's ``simpler_bench_add``, vectorised over the launch's rows: one
+    translation of the span the tasks touch and one fancy-indexed add (a task per row)."""
+    rows = launch.rows(2)
+    if len(rows) == 0:
+        return
+    addrs = rows[:, 0]
+    values = np.ascontiguousarray(rows[:, 1]).view(np.float64).astype(np.float32)
+    if np.unique(addrs).size != addrs.size:
+        raise fake_cuda.LaunchRace(f"{launch.entry}: two tasks of one launch add to the same element")
+    lo = int(addrs.min())
+    offsets = addrs - np.uint64(lo)
+    if np.all(offsets % np.uint64(4) == 0):
+        count = int(offsets.max()) // 4 + 1
+        span = launch.array(lo, (count,), np.float32)
+        span[(offsets // np.uint64(4)).astype(np.intp)] += values
+        return
+    for addr, value in zip(addrs, values):  # unaligned views: one element at a time
+        launch.array(int(addr), (1,), np.float32)[0] += value
+
+
+#: ``launches``: the task counts N, and the arms.
+LAUNCH_SIZES = (1024, 16384)
+LAUNCH_SIZES_QUICK = (256, 2048)
+LAUNCH_ARMS = ("single", "submit_many")
+
+
+def _launch_callable(arm: str, n: int) -> Callable:
+    """N single submits (a view each) or one ``submit_many`` of N tasks, each task adding 0.5
+    to its own element of the first N."""
+    if arm == "single":
+
+        def single(o, x):
+            for i in range(n):
+                o.submit(LAUNCH_KERNEL, x.view([1], [i]), 0.5)
+
+        return Callable(single, [INOUT], name=f"launches_single_{n}")
+    offsets = np.arange(n, dtype=np.int64).reshape(n, 1)
+
+    def many(o, x):
+        o.submit_many(LAUNCH_KERNEL, x.views([1], offsets), 0.5)
+
+    return Callable(many, [INOUT], name=f"launches_many_{n}")
+
+
+def _si(v: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= scale:
+            return f"{v / scale:6.2f} {unit}"
+    return f"{v:6.1f}  "
+
+
+def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None) -> dict[str, Any]:
+    """N single submits vs one ``submit_many`` of N tasks of a device kernel (see the module
+    doc); prints the tables and returns the figures: per ``(N, arm)`` the warm medians and the
+    cold round per task (ns), tasks and launches per second, the last round's counters; the
+    single/submit_many ratios per N; whether every element came out right (``verified``)."""
+    sizes = LAUNCH_SIZES_QUICK if quick else LAUNCH_SIZES
+    rounds = rounds or (3 if quick else 7)
+    fake = False
+    if platform == "cuda":
+        fake = fake_cuda.install_if_fake()  # CI's GPU-less machines: the fake runs the launches
+    where = f"{platform} (fake libcuda)" if fake else platform
+    calls = {(n, arm): _launch_callable(arm, n) for n in sizes for arm in LAUNCH_ARMS}
+    samples: dict[tuple[int, str], list[tuple[float, float]]] = {k: [] for k in calls}
+    counters: dict[tuple[int, str], dict[str, int]] = {}
+    with Worker(platform, poison=False) as w:
+        cap = max(sizes)
+        buf = w.malloc(cap * 4)
+        try:
+            w.copy_to(buf, np.zeros(cap, np.float32))
+            x = buf.tensor((cap,), "float32")
+            expected = np.zeros(cap, np.float32)
+            for r in range(rounds):
+                for n in sizes:
+                    order = LAUNCH_ARMS if r % 2 == 0 else LAUNCH_ARMS[::-1]
+                    for arm in order:
+                        rep = w.run(calls[n, arm], [x])
+                        expected[:n] += np.float32(0.5)
+                        c = rep.counters
+                        if c["tasks"] != n:
+                            raise AssertionError(f"launches {arm} {n}: {c['tasks']} tasks ran, not {n}")
+                        samples[n, arm].append((rep.phases["orchestrate"] / n, rep.phases["execute"] / n))
+                        counters[n, arm] = {
+                            k: int(c[k])
+                            for k in ("tasks", "device_launches", "device_tasks", "host_path_tasks")
+                        }
+            got = np.empty(cap, np.float32)
+            w.copy_from(got, buf)
+            del x
+        finally:
+            buf.free()
+    wrong = int(np.count_nonzero(got != expected))
+    print(
+        f"\n== launches on {where}: N single submits vs one submit_many of N tasks "
+        f"(per task; median of {rounds - 1} warm round(s), interleaved; cold = round 1) =="
+    )
+    head = (
+        f"{'N':>7} {'arm':<12} {'orchestrate':>12} {'execute':>12} {'total':>12} {'tasks/s':>10} "
+        f"{'launches/s':>11} {'cold total':>12}   device_launches device_tasks host_path_tasks"
+    )
+    print(head)
+    figures: dict[str, Any] = {"platform": platform, "fake": fake, "rounds": rounds, "results": []}
+    ratios: dict[str, float] = {}
+    for n in sizes:
+        med: dict[str, tuple[float, float]] = {}
+        for arm in LAUNCH_ARMS:
+            s = samples[n, arm]
+            warm = s[1:] or s
+            orch, exe = median(v[0] for v in warm), median(v[1] for v in warm)
+            med[arm] = (orch, exe)
+            total = orch + exe
+            c = counters[n, arm]
+            tasks_s = 1e9 / total if total else float("inf")
+            launches_s = c["device_launches"] / (total * n) * 1e9 if total else 0.0
+            cold = sum(s[0])
+            print(
+                f"{n:>7} {arm:<12} {_fmt_ns(orch):>12} {_fmt_ns(exe):>12} {_fmt_ns(total):>12} "
+                f"{_si(tasks_s):>10} {_si(launches_s):>11} {_fmt_ns(cold):>12}   "
+                f"{c['device_launches']:>15} {c['device_tasks']:>12} {c['host_path_tasks']:>15}"
+            )
+            figures["results"].append(
+                {
+                    "n": n,
+                    "arm": arm,
+                    "orchestrate_ns_per_task": orch,
+                    "execute_ns_per_task": exe,
+                    "total_ns_per_task": total,
+                    "cold_orchestrate_ns_per_task": s[0][0],
+                    "cold_execute_ns_per_task": s[0][1],
+                    "tasks_per_s": tasks_s,
+                    "launches_per_s": launches_s,
+                    **c,
+                }
+            )
+        (so, se), (mo, me) = med["single"], med["submit_many"]
+        r_o = so / mo if mo else float("inf")
+        r_e = se / me if me else float("inf")
+        r_t = (so + se) / (mo + me) if mo + me else float("inf")
+        ratios.update({f"orchestrate_{n}": r_o, f"execute_{n}": r_e, f"total_{n}": r_t})
+        print(
+            f"{n:>7} {'single/many':<12} {r_o:>11.2f}x {r_e:>11.2f}x {r_t:>11.2f}x"
+            f"   (tasks/s: submit_many / single = {r_t:.2f}x)"
+        )
+    figures["ratios"] = ratios
+    figures["verified"] = wrong == 0
+    if platform == "cuda":
+        figures["device_code"] = dict(device_code_stats())
+        print(f"device code: {figures['device_code']} (NVRTC compiles / cache hits in this process)")
+    print(
+        f"checked: every element of the {max(sizes)} got 0.5 per task that viewed it: "
+        + ("yes" if wrong == 0 else f"NO, {wrong} element(s) differ")
+    )
+    if wrong:
+        raise AssertionError(f"launches: {wrong} element(s) differ from the expected sums")
+    return figures
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m simpler.tools.benchmarks",
@@ -442,12 +647,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("which", nargs="*", help=f"{', '.join(BENCHES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
-    p.add_argument("--platform", default="sim", help="platform of the mirrors benchmark (default sim)")
+    p.add_argument(
+        "--platform", default="sim", help="platform of the mirrors and launches benchmarks (default sim)"
+    )
     return p
 
 
 #: The benchmarks, by name.
-BENCHES = ("staging", "views", "bind", "mirrors", "orchestration")
+BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -463,6 +670,7 @@ def main(argv: list[str] | None = None) -> None:
         "bind": bench_bind,
         "mirrors": lambda quick: bench_mirrors(quick, a.platform),
         "orchestration": bench_orchestration,
+        "launches": lambda quick: bench_launches(quick, a.platform),
     }
     for name in a.which or BENCHES:
         benches[name](a.quick)

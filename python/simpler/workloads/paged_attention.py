@@ -125,7 +125,9 @@ def _zero(out):
 # the runtime launches that natively; the numpy functions above are the reference and run on sim.
 _cu = _pa_cuda.cuda_code
 QK = sp.Kernel(_qk, [sp.IN, sp.IN, (sp.OUT, "float32")], name="qk", cuda=_cu("pa_qk"))
-SOFTMAX = sp.Kernel(_block_softmax, [sp.IN, sp.OUT, sp.OUT], name="block_softmax", cuda=_cu("pa_block_softmax"))
+SOFTMAX = sp.Kernel(
+    _block_softmax, [sp.IN, sp.OUT, sp.OUT], name="block_softmax", cuda=_cu("pa_block_softmax")
+)
 PV = sp.Kernel(_pv, [sp.IN, sp.IN, sp.OUT], name="pv", cuda=_cu("pa_pv"))
 UPDATE = sp.Kernel(
     _online_update,
@@ -133,7 +135,9 @@ UPDATE = sp.Kernel(
     name="online_update",
     cuda=_cu("pa_online_update"),
 )
-NORMALIZE = sp.Kernel(_normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize", cuda=_cu("pa_normalize"))
+NORMALIZE = sp.Kernel(
+    _normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize", cuda=_cu("pa_normalize")
+)
 ZERO = sp.Kernel(_zero, [(sp.OUT, "float32")], name="zero", cuda=_cu("pa_zero"))
 
 #: Blocks whose QK / softmax / PV / update are submitted together; the per-block scratch (about

@@ -38,6 +38,7 @@ pub use sys::cuda_code_name;
 use crate::device::{
     CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
 };
+use crate::ledger::Outcome;
 use crate::loader::{LoadError, VendorLib};
 use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 use loading::CudaFns;
@@ -78,6 +79,42 @@ struct State {
     pinned: BTreeMap<usize, Arc<HostMem>>,
     /// The worker's stream, modules and functions.
     exec: exec::Exec,
+    /// The sticky fault a vendor call reported (a kernel's illegal address, say): the context
+    /// is unusable from then on, so every later call is refused with it, and close abandons
+    /// what the context held instead of freeing it one call at a time.
+    fault: Option<i64>,
+}
+
+impl State {
+    /// Records `e` as the context's fault when the vendor answered a sticky code.
+    fn note_fault(&mut self, e: &DeviceError) {
+        if e.called && self.fault.is_none() && sys::is_sticky(e.code) {
+            log::error!(
+                "the CUDA context is unusable after {} ({}) from {}: close this worker",
+                e.code,
+                e.code_name,
+                e.call
+            );
+            self.fault = Some(e.code);
+        }
+    }
+}
+
+/// One driver call (see `traced`); a sticky fault the vendor call reports poisons the device.
+fn call<T: Outcome>(
+    st: &mut State,
+    op: Op,
+    addr: u64,
+    bytes: u64,
+    body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
+) -> Result<T, DeviceError> {
+    traced(st, op, addr, bytes, CudaDevice::injected(op), |st| {
+        let r = body(st);
+        if let Err(e) = &r {
+            st.note_fault(e);
+        }
+        r
+    })
 }
 
 impl Ledgered for State {
@@ -192,6 +229,7 @@ impl CudaDevice {
                 ctx: Some(ctx),
                 pinned: BTreeMap::new(),
                 exec: exec::Exec::default(),
+                fault: None,
             }),
         };
         // On failure `device` drops, which releases the primary context.
@@ -260,6 +298,15 @@ impl CudaDevice {
                 "the device is closed (its primary context was released)",
             ));
         };
+        if let Some(code) = st.fault {
+            return Err(Self::refused(
+                op,
+                code,
+                "the device's context is unusable after a fault an earlier call reported (a \
+                 kernel's, usually); close this worker: the device works again once every holder \
+                 of its primary context has released it",
+            ));
+        }
         let mut cur: CuContext = std::ptr::null_mut();
         // SAFETY: `&mut cur` is valid for the pointer the call writes.
         CuResult(unsafe { (self.f.ctx_get_current)(&mut cur) })
@@ -374,7 +421,7 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        traced(&mut *self.lock(), op, 0, bytes, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
@@ -383,98 +430,66 @@ impl Device for CudaDevice {
         let mut st = self.lock();
         let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
-        traced(&mut *st, op, ptr.0, size, Self::injected(op), |st| {
-            self.do_free(st, ptr)
-        })
+        call(&mut *st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            Self::injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |stream| {
-                    // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
-                    // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
-                    // `transfer`); the stream is the device's own.
-                    CuResult(unsafe {
-                        (self.f.memcpy_htod_async)(dst.0, src.as_ptr().cast(), src.len(), stream)
-                    })
+        call(&mut *self.lock(), op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |stream| {
+                // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
+                // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
+                // `transfer`); the stream is the device's own.
+                CuResult(unsafe {
+                    (self.f.memcpy_htod_async)(dst.0, src.as_ptr().cast(), src.len(), stream)
                 })
-            },
-        )
+            })
+        })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let (out, len) = (dst.as_mut_ptr(), dst.len());
-        traced(
-            &mut *self.lock(),
-            op,
-            src.0,
-            bytes,
-            Self::injected(op),
-            |st| {
-                self.transfer(st, op, src.0, bytes, |stream| {
-                    // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
-                    // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
-                    // allocation (checked by `transfer`); the stream is the device's own.
-                    CuResult(unsafe { (self.f.memcpy_dtoh_async)(out.cast(), src.0, len, stream) })
-                })
-            },
-        )
+        call(&mut *self.lock(), op, src.0, bytes, |st| {
+            self.transfer(st, op, src.0, bytes, |stream| {
+                // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
+                // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
+                // allocation (checked by `transfer`); the stream is the device's own.
+                CuResult(unsafe { (self.f.memcpy_dtoh_async)(out.cast(), src.0, len, stream) })
+            })
+        })
     }
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            Self::injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |stream| {
-                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
-                    // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
-                    // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
-                    // `cuMemsetD8Async` touches only those bytes; no host memory is involved.
-                    CuResult(unsafe {
-                        (self.f.memset_d8_async)(dst.0, value, bytes as usize, stream)
-                    })
-                })
-            },
-        )
+        call(&mut *self.lock(), op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |stream| {
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
+                // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
+                // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
+                // `cuMemsetD8Async` touches only those bytes; no host memory is involved.
+                CuResult(unsafe { (self.f.memset_d8_async)(dst.0, value, bytes as usize, stream) })
+            })
+        })
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        traced(
-            &mut *self.lock(),
-            op,
-            ptr.0,
-            bytes,
-            Self::injected(op),
-            |st| {
-                Self::containing(st, op, ptr.0, bytes.max(1))?;
-                st.ledger.on_map(false);
-                Ok(MapGrant::Refused {
-                    code: sys::CUDA_ERROR_NOT_SUPPORTED,
-                    reason:
-                        "cuMemAlloc memory has no host mapping on CUDA; every host view is a mirror"
-                            .to_string(),
-                })
-            },
-        )
+        call(&mut *self.lock(), op, ptr.0, bytes, |st| {
+            Self::containing(st, op, ptr.0, bytes.max(1))?;
+            st.ledger.on_map(false);
+            Ok(MapGrant::Refused {
+                code: sys::CUDA_ERROR_NOT_SUPPORTED,
+                reason:
+                    "cuMemAlloc memory has no host mapping on CUDA; every host view is a mirror"
+                        .to_string(),
+            })
+        })
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Unmap;
-        traced(&mut *self.lock(), op, ptr.0, 0, Self::injected(op), |_| {
+        call(&mut *self.lock(), op, ptr.0, 0, |_| {
             Err(Self::refused(
                 op,
                 CUDA_ERROR_INVALID_VALUE,
@@ -491,9 +506,7 @@ impl Device for CudaDevice {
         }
         let mut st = self.lock();
         let op = Op::Pin;
-        let r = traced(&mut *st, op, 0, len as u64, Self::injected(op), |st| {
-            self.do_pin(st, &mem)
-        });
+        let r = call(&mut *st, op, 0, len as u64, |st| self.do_pin(st, &mem));
         if let Err(e) = r {
             let addr = mem.owned_addr().unwrap_or_default();
             log::debug!("mirror at host {addr:#x} ({len} bytes) stays pageable: {e}");
@@ -510,14 +523,9 @@ impl Device for CudaDevice {
             return Ok(());
         }
         let op = Op::Unpin;
-        traced(
-            &mut *st,
-            op,
-            0,
-            mem.len() as u64,
-            Self::injected(op),
-            |st| self.do_unpin(st, addr, mem.len() as u64),
-        )
+        call(&mut *st, op, 0, mem.len() as u64, |st| {
+            self.do_unpin(st, addr, mem.len() as u64)
+        })
     }
 
     fn runs_device_code(&self) -> bool {
@@ -531,35 +539,33 @@ impl Device for CudaDevice {
     fn load_module(&self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         let op = Op::Module;
         let bytes = image.len() as u64;
-        traced(&mut *self.lock(), op, 0, bytes, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, bytes, |st| {
             self.do_load_module(st, image)
         })
     }
 
     fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
         let op = Op::Module;
-        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, 0, |st| {
             self.do_function(st, module, entry)
         })
     }
 
     fn launch(&self, func: FuncId, dims: LaunchDims, params: &[u64]) -> Result<(), DeviceError> {
         let op = Op::Launch;
-        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, 0, |st| {
             self.do_launch(st, func, dims, params)
         })
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
-            self.do_synchronize(st)
-        })
+        call(&mut *self.lock(), op, 0, 0, |st| self.do_synchronize(st))
     }
 
     fn synchronize_device(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, 0, |st| {
             self.do_synchronize_device(st)
         })
     }
@@ -571,7 +577,7 @@ impl Device for CudaDevice {
 
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        traced(&mut *self.lock(), op, 0, 0, Self::injected(op), |st| {
+        call(&mut *self.lock(), op, 0, 0, |st| {
             self.do_order_stream(st, consumer)
         })
     }
@@ -607,9 +613,13 @@ impl Device for CudaDevice {
         if st.ctx.is_none() {
             return report;
         }
+        if let Some(code) = st.fault {
+            self.abandon(&mut st, code, &mut report);
+        }
         match self.enter(&st, Op::Device) {
             Ok(_bound) => self.close_exec(&mut st, &mut report.errors),
-            Err(e) => report.errors.push(e),
+            Err(e) if st.fault.is_none() => report.errors.push(e),
+            Err(_) => {}
         }
         let pinned: Vec<(usize, u64)> = st
             .pinned
@@ -662,6 +672,37 @@ impl Device for CudaDevice {
             );
         }
         report
+    }
+}
+
+impl CudaDevice {
+    /// Close after a sticky fault: what the context held (allocations, registrations, the
+    /// stream, modules) goes with the context, since no call on it can succeed; one error says
+    /// so. The primary context is still released.
+    fn abandon(&self, st: &mut State, code: i64, report: &mut CloseReport) {
+        let live = st.ledger.live_allocations();
+        for (ptr, size) in &live {
+            report.leaked_allocations += 1;
+            report.leaked_bytes += size;
+            st.ledger.on_free(*ptr);
+        }
+        st.exec = exec::Exec::default();
+        let pinned = std::mem::take(&mut st.pinned);
+        let kept = pinned.len();
+        if kept > 0 {
+            let mut q = STILL_REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+            q.extend(pinned.into_values());
+        }
+        report.errors.push(status(code).error(
+            Op::Device,
+            "(the device's context, after a sticky fault)",
+            format!(
+                "closing device {} after a sticky fault: {} allocation(s) and {kept} host \
+                     registration(s) go with the context (no call on it can succeed)",
+                self.config.device_id,
+                live.len()
+            ),
+        ));
     }
 }
 

@@ -113,11 +113,25 @@ const CODES: &[(i64, &str)] = &[
     (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
     (712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"),
     (713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"),
+    (710, "CUDA_ERROR_ASSERT"),
+    (714, "CUDA_ERROR_HARDWARE_STACK_ERROR"),
+    (715, "CUDA_ERROR_ILLEGAL_INSTRUCTION"),
+    (716, "CUDA_ERROR_MISALIGNED_ADDRESS"),
+    (717, "CUDA_ERROR_INVALID_ADDRESS_SPACE"),
+    (718, "CUDA_ERROR_INVALID_PC"),
     (719, "CUDA_ERROR_LAUNCH_FAILED"),
     (800, "CUDA_ERROR_NOT_PERMITTED"),
     (801, "CUDA_ERROR_NOT_SUPPORTED"),
     (999, "CUDA_ERROR_UNKNOWN"),
 ];
+
+/// Whether `code` is a sticky fault: the CUDA documentation says the context is unusable after
+/// it and every later call returns it (an illegal address, a failed or timed-out launch, a
+/// device assert, an illegal instruction, a misaligned or invalid address space, an invalid
+/// program counter, a hardware stack error).
+pub fn is_sticky(code: i64) -> bool {
+    matches!(code, 700 | 702 | 710 | 714..=719)
+}
 
 /// The symbolic name of a `CUresult`, or `"UNKNOWN"`.
 pub fn cuda_code_name(code: i64) -> &'static str {

@@ -1,0 +1,867 @@
+"""Checks of a vendor platform on a machine with a real device, from an installed package.
+
+``python -m simpler.tools.device_check --out DIR [--platform cuda] [--quick]``
+
+What ``make device-check`` (``.ci/device-check``) runs on a GPU machine, which has no Rust
+toolchain and no package registry: the wheel built elsewhere, installed with ``pip --no-deps
+--target``, and this module, in one process. Every check is named and timed; a failure is recorded
+(with its traceback on stdout) and the next check runs. ``DIR/device_check.jsonl`` gets one JSON
+line per check (``kind: "check"``: ``name``, ``status`` — passed, failed or skipped —, ``ok`` (not
+failed), ``seconds``, ``figures``, ``error``, ``skip_reason``) and per figure (``kind: "figure"``:
+``check``, ``name``, ``value``), after a ``kind: "run"`` line (versions, driver, host) and before a
+``kind: "summary"`` line. The bench's round records also go to ``DIR/bench_<case>.jsonl``
+(``simpler report`` re-prints them). Exit status 1 when a check failed, else 0.
+
+The checks (``--platform cuda``, the default):
+
+* ``driver.*`` — through the public API: workers opened and closed on 4 threads at once;
+  ``copy_to`` / ``copy_from`` of 256 MiB (16 MiB with ``--quick``) from pageable memory, GB/s;
+  mirror refreshes into page-locked vs pageable mirrors (``SIMPLER_CUDA_PIN_MIRRORS=1`` / ``0``),
+  GB/s; the poison memset (a staged OUT tensor a kernel never writes reads back 0xA5, for a
+  host-path kernel and for a device kernel); errors (a copy past an allocation is an
+  ``ArgumentError`` / ``DeviceError`` naming the call, an injected ``h2d`` fault a
+  ``DeviceError``, in a copy and in a run, and the worker works afterwards); a resident set round
+  trip through a device kernel.
+* ``paged_attention.*`` — the shipped workload's Small1 / Small2 cases, all three arms, golden
+  checked, with the batched orchestration and with the per-task one; on cuda every task runs on
+  the device (``host_path_tasks == 0``, ``device_tasks == tasks``).
+* ``bench.paged_attention[B64_8K]`` and ``[B256_8K]`` (``--quick``: Small1, Small2) — the bench's
+  three arms interleaved (:func:`simpler.tools.bench.bench_records`, golden checked): per-phase
+  warm medians per arm, the dispatch ratios bulk/staged and all/bulk, execute ms per round.
+* ``export.torch_side_stream`` — a torch side stream reads a :class:`~simpler.DeviceTensor`
+  right after ``Buffer.copy_to`` wrote new data, many times, through ``torch.from_dlpack`` (the
+  capsule made for the side stream, and torch asking itself) and through
+  ``__cuda_array_interface__`` (the side stream waiting for the interface's ``stream``, as CAI v3
+  asks of a consumer): every read sees the new data. ``torch.as_tensor`` without that wait is
+  counted (stale reads, a figure) but not judged: it shows the race the protocol prevents.
+  Skipped without torch, without a CUDA device torch can see, and on the fake libcuda.
+* ``launches`` — the ``launches`` benchmark (:func:`simpler.tools.benchmarks.bench_launches`):
+  N single submits vs one ``submit_many``, per task; on cuda one launch per single submit and one
+  per ``submit_many``, every task on the device.
+
+On CI's fake libcuda (``simpler.testing.fake_cuda``; ``.ci/device-check --dry-run``) the fake's
+host kernels are installed first and what needs a real GPU is skipped with the reason. On other
+platforms (``ascend``, ``sim``) the CUDA-only checks are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform as _platform
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable as Fn
+from pathlib import Path
+from statistics import median
+from typing import IO, Any
+
+import numpy as np
+
+from .. import __version__
+from ..args import ResidentTaskArgs
+from ..errors import ArgumentError, DeviceError, PlatformUnavailableError
+from ..testing import fake_cuda
+from ..testing.scene import run_case
+from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker
+from ..workloads import paged_attention as pa
+from .bench import BenchOptions, bench_records
+from .benchmarks import LAUNCH_KERNEL, _mirror_worker, bench_launches
+from .report import format_tables
+
+__all__ = ["CHECKS", "Context", "Skip", "main", "run_checks"]
+
+IN_, OUT_, INOUT_ = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
+
+
+class Skip(Exception):
+    """A check that does not apply here: recorded as skipped, with this reason."""
+
+
+class Context:
+    """What every check gets: the platform, ``--quick``, whether the driver is the fake, the
+    output folder."""
+
+    def __init__(self, platform: str, quick: bool, fake: bool, out: Path) -> None:
+        self.platform = platform
+        self.quick = quick
+        self.fake = fake
+        self.out = out
+
+    @property
+    def cuda(self) -> bool:
+        return self.platform == "cuda"
+
+    def worker(self, **options: Any) -> Worker:
+        return Worker(self.platform, **options)
+
+
+Figures = dict[str, Any]
+Check = Fn[[Context], Figures]
+
+
+def _need_cuda(ctx: Context) -> None:
+    if not ctx.cuda:
+        raise Skip(f"a cuda check (platform {ctx.platform})")
+
+
+def _gbps(nbytes: float, ns: float) -> float:
+    return round(nbytes / ns, 3) if ns > 0 else float("nan")  # bytes per ns == GB/s
+
+
+def _pattern(nbytes: int, seed: int) -> np.ndarray:
+    """``nbytes`` (a multiple of 8) of distinct-looking bytes, made fast."""
+    words = np.arange(nbytes // 8, dtype=np.uint64)
+    words *= np.uint64(0x9E3779B97F4A7C15)
+    words ^= np.uint64((seed * 0x5851F42D4C957F2D + 1) & 0xFFFF_FFFF_FFFF_FFFF)
+    return words.view(np.uint8)
+
+
+# -- a: the driver, through the public API ------------------------------------------------------------
+
+
+def check_open(ctx: Context) -> Figures:
+    """The device opens (a worker), allocates, copies and closes; when it does not, the other
+    checks are skipped."""
+    with ctx.worker() as w:
+        buf = w.malloc(4096)
+        data = _pattern(4096, 0)
+        back = np.empty_like(data)
+        w.copy_to(buf, data)
+        w.copy_from(back, buf)
+        buf.free()
+        if not np.array_equal(back, data):
+            raise AssertionError("4 KiB copied there and back came back different")
+        return {"device_id": w.device_id, "worker": repr(w)}
+
+
+def _threads(n: int, body: Fn[[int], None], barrier: threading.Barrier | None = None) -> None:
+    """Runs ``body(k)`` on ``n`` threads; raises what they raised, one line each."""
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def run(k: int) -> None:
+        try:
+            body(k)
+        except BaseException as e:
+            with lock:
+                errors.append(f"thread {k}: {type(e).__name__}: {e}")
+            if barrier is not None:
+                barrier.abort()
+
+    ts = [threading.Thread(target=run, args=(k,), name=f"device-check-{k}") for k in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise AssertionError("; ".join(sorted(errors)))
+
+
+def check_open_close_threads(ctx: Context) -> Figures:
+    """Workers opened and closed on 4 threads at once (each copies 1 MiB there and back); then
+    one worker opened here and used from 4 threads (copies at once, runs of a device kernel one
+    at a time: a worker runs one call at a time) and closed here."""
+    threads, cycles = 4, (3 if ctx.quick else 10)
+    barrier = threading.Barrier(threads)
+    per_cycle: list[float] = []
+
+    def own_worker(k: int) -> None:
+        data = _pattern(1 << 20, k)
+        back = np.empty_like(data)
+        for c in range(cycles):
+            barrier.wait(timeout=120)  # every thread opens at the same moment
+            t0 = time.perf_counter()
+            with ctx.worker() as w:
+                buf = w.malloc(data.nbytes)
+                w.copy_to(buf, data)
+                w.copy_from(back, buf)
+                buf.free()
+            per_cycle.append(time.perf_counter() - t0)
+            if not np.array_equal(back, data):
+                raise AssertionError(f"cycle {c}: the copy came back different")
+
+    _threads(threads, own_worker, barrier)
+
+    n, runs = 1024, 5
+    offsets = np.arange(n, dtype=np.int64).reshape(n, 1)
+    call = Callable(lambda o, x: o.submit_many(LAUNCH_KERNEL, x.views([1], offsets), 0.5), [INOUT_])
+    run_lock = threading.Lock()
+    device_tasks: list[int] = []
+    with ctx.worker() as shared:
+
+        def use_shared(k: int) -> None:
+            data = _pattern(1 << 20, 10 + k)
+            back = np.empty_like(data)
+            buf = shared.malloc(data.nbytes)
+            try:
+                shared.copy_to(buf, data)
+                shared.copy_from(back, buf)
+                if not np.array_equal(back, data):
+                    raise AssertionError("a copy on the shared worker came back different")
+                shared.copy_to(buf, np.zeros(n, np.float32))
+                x = buf.tensor((n,), "float32")
+                for _ in range(runs):
+                    with run_lock:
+                        rep = shared.run(call, [x])
+                    device_tasks.append(rep.counters["device_tasks"])
+                got = np.empty(n, np.float32)
+                shared.copy_from(got, buf)
+                if not np.all(got == np.float32(0.5 * runs)):
+                    raise AssertionError(f"the kernel's sums on the shared worker are {got[:4]}...")
+                del x
+            finally:
+                buf.free()
+
+        _threads(threads, use_shared)
+    if ctx.cuda and device_tasks != [n] * (threads * runs):
+        raise AssertionError(f"runs on the shared worker ran {sorted(set(device_tasks))} tasks on the device")
+    return {
+        "threads": threads,
+        "cycles": cycles,
+        "open_copy_close_ms_median": round(median(per_cycle) * 1e3, 3),
+        "open_copy_close_ms_max": round(max(per_cycle) * 1e3, 3),
+        "shared_worker_runs": threads * runs,
+    }
+
+
+def check_copies(ctx: Context) -> Figures:
+    """``copy_to`` / ``copy_from`` of one large buffer from pageable numpy memory: bandwidth, and
+    the bytes come back."""
+    size = (16 << 20) if ctx.quick else (256 << 20)
+    reps = 3 if ctx.quick else 5
+    data = _pattern(size, 1)
+    back = np.empty_like(data)
+    tiny = np.empty(8, np.uint8)
+    with ctx.worker(poison=False) as w:
+        buf = w.malloc(size)
+        try:
+            w.copy_to(buf, data)  # first touch outside the timing
+            w.copy_from(back, buf)
+            if not np.array_equal(back, data):
+                raise AssertionError(f"{size} bytes copied there and back came back different")
+            h2d, d2h = [], []
+            for _ in range(reps):
+                t0 = time.perf_counter_ns()
+                w.copy_to(buf, data)
+                w.copy_from(tiny, buf)  # ordered after the upload: its end is the upload's end
+                h2d.append(time.perf_counter_ns() - t0)
+                t0 = time.perf_counter_ns()
+                w.copy_from(back, buf)
+                d2h.append(time.perf_counter_ns() - t0)
+            if not np.array_equal(back, data):
+                raise AssertionError("the timed copies came back different")
+            # A copy at an offset lands there.
+            w.copy_to(buf, data[:4096], offset=size - 4096)
+            w.copy_from(back[:4096], buf, offset=size - 4096)
+            if not np.array_equal(back[:4096], data[:4096]):
+                raise AssertionError("a copy at an offset came back different")
+        finally:
+            buf.free()
+        stats = w.stats()
+    return {
+        "bytes": size,
+        "h2d_pageable_GBps": _gbps(size, median(h2d)),
+        "h2d_pageable_GBps_best": _gbps(size, min(h2d)),
+        "d2h_pageable_GBps": _gbps(size, median(d2h)),
+        "d2h_pageable_GBps_best": _gbps(size, min(d2h)),
+        "h2d_calls": stats["h2d_calls"],
+        "d2h_calls": stats["d2h_calls"],
+    }
+
+
+def check_mirror_pinning(ctx: Context) -> Figures:
+    """Mirror refreshes (one D2H into the host mirror of a resident tensor) into page-locked
+    mirrors vs pageable ones, the arms interleaved; the mirror holds the device's bytes."""
+    _need_cuda(ctx)
+    size = (16 << 20) if ctx.quick else (256 << 20)
+    rounds = 4 if ctx.quick else 7
+    n = size // 4
+    arms = ("pinned", "pageable")
+    seen: dict[str, int] = {}
+
+    def orch(o, t):
+        a = o.read_tensor(t)  # refreshes the mirror the previous run left stale (INOUT)
+        seen["first"], seen["last"] = int(a[0]), int(a[-1])
+
+    call = Callable(orch, [INOUT_], name="mirror_refresh")
+    logging.getLogger("simpler").setLevel(logging.ERROR)  # "established a host mirror" notes
+    workers = {arm: _mirror_worker("cuda", arm == "pinned") for arm in arms}
+    gbps: dict[str, list[float]] = {arm: [] for arm in arms}
+    try:
+        bufs = {arm: w.malloc(size) for arm, w in workers.items()}
+        tensors = {}
+        for arm, w in workers.items():
+            w.copy_to(bufs[arm], np.arange(n, dtype=np.int32))
+            tensors[arm] = bufs[arm].tensor((n,), "int32")
+        for r in range(rounds):
+            for arm in arms if r % 2 == 0 else arms[::-1]:
+                rep = workers[arm].run(call, [tensors[arm]])
+                if (seen["first"], seen["last"]) != (0, n - 1):
+                    raise AssertionError(f"{arm} mirror reads {seen} after round {r + 1}, not (0, {n - 1})")
+                moved = rep.counters["mirror_refresh_bytes"]
+                if r > 0:
+                    if moved != size:
+                        raise AssertionError(f"{arm}: round {r + 1} refreshed {moved} bytes, not {size}")
+                    gbps[arm].append(moved / rep.phases["orchestrate"])
+        pins = {arm: w.stats()["pins"] for arm, w in workers.items()}
+        tensors.clear()
+        for arm, w in workers.items():
+            w.free(bufs[arm])
+    finally:
+        for w in workers.values():
+            w.close()
+    if pins["pinned"] < 1 or pins["pageable"] != 0:
+        raise AssertionError(
+            f"page-locked mirrors: pinned worker {pins['pinned']}, pageable {pins['pageable']}"
+        )
+    pinned, pageable = median(gbps["pinned"]), median(gbps["pageable"])
+    return {
+        "bytes": size,
+        "refresh_pinned_GBps": round(pinned, 3),
+        "refresh_pageable_GBps": round(pageable, 3),
+        "pinned_over_pageable": round(pinned / pageable, 3) if pageable else float("nan"),
+        "pins_pinned_worker": pins["pinned"],
+    }
+
+
+def _noop(*arrays: Any) -> None:
+    pass
+
+
+#: A device entry that writes nothing (the poison check's device kernel).
+NOTHING_ENTRY = "simpler_check_nothing"
+NOTHING_SOURCE = """
+/* simpler device-check: writes nothing (simpler.tools.device_check) */
+extern "C" __global__ void simpler_check_nothing(const unsigned long long* rows) {}
+"""
+
+
+def _register_fake_impls() -> None:
+    if NOTHING_ENTRY not in fake_cuda.IMPLS:
+        fake_cuda.host_impl(NOTHING_ENTRY)(lambda launch: None)
+
+
+def check_poison(ctx: Context) -> Figures:
+    """A staged OUT tensor that a kernel never writes reads back as the poison byte 0xA5, with a
+    host-path kernel and (cuda) with a device kernel."""
+    kernels = {"host": Kernel(_noop, [(OUT_, "float32")], name="writes_nothing")}
+    if ctx.cuda:
+        code = CudaCode(NOTHING_SOURCE, entry=NOTHING_ENTRY, launch=Launch(1, 1))
+        kernels["device"] = Kernel(_noop, [(OUT_, "float32")], name="writes_nothing_dev", cuda=code)
+    figures: Figures = {}
+    with ctx.worker() as w:
+        for kind, k in kernels.items():
+            call = Callable(lambda o, out, k=k: o.submit(k, out), [OUT_], name=f"poison_{kind}")
+            out = np.zeros(4096, np.float32)
+            rep = w.run(call, [out])
+            c = rep.counters
+            bad = int(np.count_nonzero(out.view(np.uint8) != 0xA5))
+            if bad:
+                raise AssertionError(f"{kind} kernel: {bad} of {out.nbytes} bytes are not the poison 0xA5")
+            if c["poisoned_bytes"] < out.nbytes:
+                raise AssertionError(f"{kind} kernel: poisoned_bytes {c['poisoned_bytes']} < {out.nbytes}")
+            if kind == "device" and (c["device_tasks"], c["host_path_tasks"]) != (1, 0):
+                raise AssertionError(
+                    f"device kernel ran as {c['device_tasks']} device / {c['host_path_tasks']} host"
+                )
+            figures[f"{kind}_poisoned_bytes"] = c["poisoned_bytes"]
+        figures["memset_calls"] = w.stats()["memset_calls"]
+    if figures["memset_calls"] < 1 and ctx.platform != "sim":
+        raise AssertionError("no device memset was counted")
+    return figures
+
+
+def check_errors(ctx: Context) -> Figures:
+    """Errors name the call: a copy past an allocation (``copy_to`` / ``copy_from``), an injected
+    ``h2d`` fault in a copy and in a run (a ``DeviceError`` naming the phase and tensor); the
+    worker works afterwards."""
+    figures: Figures = {}
+
+    def expect(
+        what: str, exc: tuple[type[BaseException], ...], words: tuple[str, ...], fn: Fn[[], Any]
+    ) -> str:
+        try:
+            fn()
+        except exc as e:
+            msg = str(e)
+            missing = [wd for wd in words if wd not in msg]
+            if missing:
+                raise AssertionError(f"{what}: the error does not name {missing}: {msg}") from e
+            return f"{type(e).__name__}: {msg}"
+        raise AssertionError(f"{what}: no error was raised")
+
+    add = Kernel(_add_one, [(INOUT_, "float32")], name="add_one")
+    call = Callable(lambda o, x: o.submit(add, x), [INOUT_], name="errors")
+    with ctx.worker() as w:
+        buf = w.malloc(4096)
+        big = np.zeros(8192, np.uint8)
+        figures["copy_to_past_end"] = expect(
+            "copy_to past the end", (ArgumentError, DeviceError), ("copy_to",), lambda: w.copy_to(buf, big)
+        )
+        figures["copy_from_past_end"] = expect(
+            "copy_from past the end",
+            (ArgumentError, DeviceError),
+            ("copy_from",),
+            lambda: w.copy_from(big, buf),
+        )
+        figures["copy_at_offset_past_end"] = expect(
+            "copy_to at an offset past the end",
+            (ArgumentError, DeviceError),
+            ("copy_to",),
+            lambda: w.copy_to(buf, big[:128], offset=4000),
+        )
+        w.inject_fault("h2d")
+        figures["injected_h2d_copy"] = expect(
+            "an injected h2d fault", (DeviceError,), ("h2d",), lambda: w.copy_to(buf, big[:1024])
+        )
+        data = _pattern(4096, 3)
+        back = np.empty_like(data)
+        w.copy_to(buf, data)
+        w.copy_from(back, buf)
+        if not np.array_equal(back, data):
+            raise AssertionError("after the injected fault a copy came back different")
+        x = np.zeros(16, np.float32)
+        w.inject_fault("h2d")
+        figures["injected_h2d_run"] = expect(
+            "an injected h2d fault in a run", (DeviceError,), ("bind", "h2d"), lambda: w.run(call, [x])
+        )
+        rep = w.run(call, [x])
+        if not (rep.ok and np.all(x == 1.0)):
+            raise AssertionError(f"after the failed run the next run gave {x[:4]} (ok={rep.ok})")
+        buf.free()
+        figures["live_allocations_after"] = w.stats()["live_allocations"]
+    return figures
+
+
+def _add_one(x: np.ndarray) -> None:
+    x += np.float32(1.0)
+
+
+def check_resident_round_trip(ctx: Context) -> Figures:
+    """A resident set: uploaded once, a device kernel adds to it in place round after round
+    (batched submits), read back through a copy and through the orchestrator's host view."""
+    n, rounds = 4096, 5
+    offsets = np.arange(n, dtype=np.int64).reshape(n, 1)
+    seen: dict[str, np.ndarray] = {}
+
+    def orch(o, x, y):
+        seen["x"] = np.array(o.read_tensor(x))
+        o.submit_many(LAUNCH_KERNEL, x.views([1], offsets), 0.5)
+
+    call = Callable(orch, [INOUT_, IN_], name="resident_round_trip")
+    host = np.arange(n, dtype=np.float32)
+    other = _pattern(n * 4, 4).view(np.float32)
+    with ctx.worker() as w, ResidentTaskArgs(w) as res:
+        x = res.add("x", host, direction=INOUT_)
+        y = res.add("y", other)
+        for r in range(rounds):
+            rep = w.run(call, [x, y])
+            if not np.array_equal(seen["x"], host + np.float32(0.5 * r)):
+                raise AssertionError(f"round {r + 1}: the orchestrator's view of x is not the device's state")
+            c = rep.counters
+            if c["staged_bytes"] != 0:
+                raise AssertionError(
+                    f"round {r + 1}: {c['staged_bytes']} bytes staged for resident arguments"
+                )
+        got = np.empty_like(host)
+        w.copy_from(got, x)
+        if not np.array_equal(got, host + np.float32(0.5 * rounds)):
+            raise AssertionError("x after the rounds is not host + 0.5 per round")
+        got_y = np.empty_like(other)
+        w.copy_from(got_y, y)
+        if not np.array_equal(got_y.view(np.uint8), other.view(np.uint8)):
+            raise AssertionError("the resident IN tensor came back different")
+        figures = {
+            "rounds": rounds,
+            "device_tasks": c["device_tasks"],
+            "device_launches": c["device_launches"],
+            "host_path_tasks": c["host_path_tasks"],
+            "mirror_refreshes": c["mirror_refreshes"],
+        }
+        del x, y
+    if ctx.cuda and (figures["host_path_tasks"], figures["device_tasks"]) != (0, n):
+        raise AssertionError(
+            f"tasks ran {figures['device_tasks']} on the device, {figures['host_path_tasks']} on the host"
+        )
+    return figures
+
+
+# -- b: the shipped workload's cases on the platform, golden checked -----------------------------------
+
+
+def _case_check(case_name: str, per_task: bool = False) -> Check:
+    def check(ctx: Context) -> Figures:
+        cls: type = pa.PagedAttention
+        if per_task:
+
+            class PerTask(pa.PagedAttention):
+                CALLABLE = pa.CALLABLE_PER_TASK
+
+            cls = PerTask
+        rounds = 3
+        reports = run_case(cls, case_name, ctx.platform, rounds)
+        figures: Figures = {"rounds": rounds}
+        for r, rep in enumerate(reports, 1):
+            c = rep.counters
+            if not rep.ok:
+                raise AssertionError(f"round {r}: the run did not succeed")
+            if ctx.cuda and (c["host_path_tasks"] != 0 or c["device_tasks"] != c["tasks"]):
+                raise AssertionError(
+                    f"round {r}: {c['tasks']} tasks, {c['device_tasks']} on the device, "
+                    f"{c['host_path_tasks']} on the host path"
+                )
+        c = reports[-1].counters
+        figures.update(
+            tasks=c["tasks"],
+            submits=c["submits"],
+            device_launches=c["device_launches"],
+            device_tasks=c["device_tasks"],
+            host_path_tasks=c["host_path_tasks"],
+            execute_us_median=round(median(rep.phases["execute"] for rep in reports[1:]) / 1e3, 3),
+        )
+        return figures
+
+    return check
+
+
+# -- c: the bench's three arms -------------------------------------------------------------------------
+
+
+def _bench_check(case: str) -> Check:
+    def check(ctx: Context) -> Figures:
+        rounds = 3 if ctx.quick else 5
+        opts = BenchOptions(workload="paged_attention", rounds=rounds, platform=ctx.platform, cases=[case])
+        records, failures = bench_records(opts, progress=False)
+        if records:
+            with open(ctx.out / f"bench_{case}.jsonl", "w", encoding="utf-8") as f:
+                for rec in records:
+                    f.write(json.dumps(rec, sort_keys=True) + "\n")
+            print(format_tables(records))
+        if failures:
+            raise AssertionError("; ".join(failures))
+        by_arm: dict[str, list[dict[str, Any]]] = {}
+        for rec in records:
+            by_arm.setdefault(rec["arm"], []).append(rec)
+        figures: Figures = {"rounds": rounds}
+        dispatch: dict[str, float] = {}
+        for arm, recs in by_arm.items():
+            recs.sort(key=lambda r: r["round"])
+            warm = recs[1:] or recs
+            for rec in recs:
+                c = rec["counters"]
+                if ctx.cuda and (c["host_path_tasks"] != 0 or c["device_tasks"] != c["tasks"]):
+                    raise AssertionError(
+                        f"{arm} round {rec['round']}: {c['tasks']} tasks, {c['device_tasks']} on the "
+                        f"device, {c['host_path_tasks']} on the host path"
+                    )
+            for phase in warm[0]["phases"]:
+                figures[f"{arm}.{phase}_ms"] = round(median(r["phases"][phase] for r in warm) / 1e6, 4)
+            dispatch[arm] = median(r["dispatch_ns"] for r in warm)
+            figures[f"{arm}.dispatch_ms"] = round(dispatch[arm] / 1e6, 4)
+            figures[f"{arm}.execute_ms_per_round"] = [round(r["phases"]["execute"] / 1e6, 4) for r in recs]
+            figures[f"{arm}.bytes_per_round"] = warm[-1]["bytes_moved"]
+            figures[f"{arm}.tasks"] = warm[-1]["counters"]["tasks"]
+            figures[f"{arm}.device_launches"] = warm[-1]["counters"]["device_launches"]
+        if "Residency_staged" in dispatch and "Residency_bulk" in dispatch:
+            figures["dispatch_ratio_bulk_over_staged"] = round(
+                dispatch["Residency_bulk"] / dispatch["Residency_staged"], 4
+            )
+        if "Residency_bulk" in dispatch and "Residency_all" in dispatch:
+            figures["dispatch_ratio_all_over_bulk"] = round(
+                dispatch["Residency_all"] / dispatch["Residency_bulk"], 4
+            )
+        return figures
+
+    return check
+
+
+# -- d: exports read from a torch side stream --------------------------------------------------------
+
+
+def check_export_race(ctx: Context) -> Figures:
+    """A torch side stream reads a device tensor right after ``copy_to`` wrote new data (see the
+    module doc); every read that follows the protocol sees the new data."""
+    _need_cuda(ctx)
+    if ctx.fake:
+        raise Skip("the fake libcuda: torch needs a real GPU")
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
+    n = (4 << 20) // 4 if ctx.quick else (64 << 20) // 4
+    iters = 20 if ctx.quick else 100
+    side = torch.cuda.Stream()
+    methods = ("dlpack_capsule_side_stream", "from_dlpack", "cai_wait_stream", "cai_unsynced")
+    stale = {m: 0 for m in methods}
+    host = np.empty(n, np.float32)
+    value = 0.0
+    w = ctx.worker()
+    try:
+        buf = w.malloc(n * 4)
+        for _ in range(iters):
+            for m in methods:
+                value += 1.0
+                host.fill(value)
+                t = buf.tensor((n,), "float32")
+                buf.copy_to(host)  # new data, ordered on the worker's stream
+                with torch.cuda.stream(side):
+                    if m == "dlpack_capsule_side_stream":
+                        x = torch.from_dlpack(t.__dlpack__(stream=side.cuda_stream))
+                    elif m == "from_dlpack":
+                        x = torch.from_dlpack(t)  # torch hands its current stream (side)
+                    else:
+                        cai = t.__cuda_array_interface__
+                        s = cai.get("stream")
+                        if m == "cai_wait_stream" and s:  # CAI v3: 1, 2 are the default streams
+                            ext = torch.cuda.ExternalStream(s) if s > 2 else torch.cuda.default_stream()
+                            side.wait_stream(ext)
+                        x = torch.as_tensor(t, device="cuda")
+                    lo_hi = torch.stack(list(torch.aminmax(x)))
+                side.synchronize()
+                lo, hi = lo_hi.tolist()
+                if lo != value or hi != value:
+                    stale[m] += 1
+                del x, lo_hi, t
+        torch.cuda.synchronize()
+        gc.collect()
+        buf.free()
+    finally:
+        gc.collect()
+        w.close()
+    judged = {m: k for m, k in stale.items() if m != "cai_unsynced"}
+    figures: Figures = {"iterations": iters, "bytes": n * 4, "torch": torch.__version__}
+    figures.update({f"stale_reads.{m}": k for m, k in stale.items()})
+    figures["device"] = torch.cuda.get_device_name()
+    if any(judged.values()):
+        raise AssertionError(f"stale reads after copy_to (of {iters} each): {judged}")
+    return figures
+
+
+# -- e: the launches benchmark ---------------------------------------------------------------------------
+
+
+def check_launches(ctx: Context) -> Figures:
+    """The ``launches`` benchmark; on cuda: a launch per single submit, one per ``submit_many``,
+    every task on the device, every element right."""
+    figs = bench_launches(ctx.quick, ctx.platform)
+    out: Figures = {"verified": figs["verified"]}
+    problems = []
+    for r in figs["results"]:
+        key = f"{r['arm']}.{r['n']}"
+        for k in ("orchestrate_ns_per_task", "execute_ns_per_task", "tasks_per_s", "launches_per_s"):
+            out[f"{key}.{k}"] = round(r[k], 3)
+        for k in ("device_launches", "device_tasks", "host_path_tasks"):
+            out[f"{key}.{k}"] = r[k]
+        if ctx.cuda:
+            launches = r["n"] if r["arm"] == "single" else -(-r["n"] // 65535)
+            if (r["device_launches"], r["device_tasks"], r["host_path_tasks"]) != (launches, r["n"], 0):
+                problems.append(
+                    f"{key}: {r['device_launches']} launches, {r['device_tasks']} device tasks, "
+                    f"{r['host_path_tasks']} host-path tasks (expected {launches}, {r['n']}, 0)"
+                )
+    out.update({f"ratio_single_over_many.{k}": round(v, 3) for k, v in figs["ratios"].items()})
+    if "device_code" in figs:
+        out.update({f"device_code.{k}": v for k, v in figs["device_code"].items()})
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return out
+
+
+# -- the list, and running it -------------------------------------------------------------------------
+
+
+def _checks(quick: bool) -> list[tuple[str, Check]]:
+    checks: list[tuple[str, Check]] = [
+        ("driver.open", check_open),
+        ("driver.open_close_threads", check_open_close_threads),
+        ("driver.copies_pageable", check_copies),
+        ("driver.mirror_refresh_pinned_vs_pageable", check_mirror_pinning),
+        ("driver.poison_memset", check_poison),
+        ("driver.errors", check_errors),
+        ("driver.resident_round_trip", check_resident_round_trip),
+    ]
+    for base in ("Small1", "Small2"):
+        for arm in ("Residency_staged", "Residency_bulk", "Residency_all"):
+            checks.append((f"paged_attention.{base}_{arm}", _case_check(f"{base}_{arm}")))
+    checks.append(
+        ("paged_attention.per_task.Small1_Residency_all", _case_check("Small1_Residency_all", True))
+    )
+    for case in ("Small1", "Small2") if quick else ("B64_8K", "B256_8K"):
+        checks.append((f"bench.paged_attention[{case}]", _bench_check(case)))
+    checks.append(("export.torch_side_stream", check_export_race))
+    checks.append(("launches", check_launches))
+    return checks
+
+
+#: The names of the checks, in order (``--quick`` replaces the bench's cases with Small1, Small2).
+CHECKS = tuple(name for name, _ in _checks(False))
+
+
+def _driver_info(platform: str) -> dict[str, Any]:
+    """What the run line records about the driver (best effort)."""
+    info: dict[str, Any] = {}
+    if platform == "cuda":
+        info["SIMPLER_CUDA_LIB"] = os.environ.get("SIMPLER_CUDA_LIB")
+        info["SIMPLER_NVRTC_LIB"] = os.environ.get("SIMPLER_NVRTC_LIB")
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL(os.environ.get("SIMPLER_CUDA_LIB") or "libcuda.so.1")
+            v = ctypes.c_int(0)
+            if lib.cuDriverGetVersion(ctypes.byref(v)) == 0:
+                info["cuda_driver_version"] = v.value
+        except (OSError, AttributeError):
+            pass
+    return info
+
+
+def _write(f: IO[str], rec: dict[str, Any]) -> None:
+    f.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+    f.flush()
+
+
+def _fmt_fig(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt_fig(x) for x in v) + "]"
+    s = str(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def run_checks(
+    platform: str, out: Path, quick: bool = False, only: list[str] | None = None
+) -> tuple[list[dict[str, Any]], Path]:
+    """Runs the checks (those whose name contains one of ``only``, else all); returns one
+    record per check and the path of the JSON lines written."""
+    import simpler  # where it was imported from, for the run line
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "device_check.jsonl"
+    fake = False
+    if platform == "cuda":
+        _register_fake_impls()
+        fake = fake_cuda.install_if_fake()  # CI: the fake's host kernels run the launches
+    ctx = Context(platform, quick, fake, out)
+    meta = {
+        "kind": "run",
+        "platform": platform,
+        "fake_driver": fake,
+        "quick": quick,
+        "simpler": __version__,
+        "simpler_path": str(Path(simpler.__file__).parent),
+        "python": _platform.python_version(),
+        "numpy": np.__version__,
+        "host": _platform.node(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **_driver_info(platform),
+    }
+    print(
+        f"device-check: platform {platform}{' (fake libcuda)' if fake else ''}, simpler {__version__} "
+        f"from {meta['simpler_path']}, python {meta['python']}, numpy {np.__version__}"
+    )
+    results: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    with open(path, "w", encoding="utf-8") as f:
+        _write(f, meta)
+        for name, fn in _checks(quick):
+            if only and name != "driver.open" and not any(o in name for o in only):
+                continue
+            print(f"\n== device-check: {name} ==", flush=True)
+            t0 = time.perf_counter()
+            rec: dict[str, Any] = {
+                "kind": "check",
+                "name": name,
+                "figures": {},
+                "error": None,
+                "skip_reason": None,
+            }
+            try:
+                rec["figures"] = fn(ctx) or {}
+                rec["status"] = "passed"
+            except Skip as e:
+                rec["status"], rec["skip_reason"] = "skipped", str(e)
+            except Exception as e:
+                rec["status"] = "failed"
+                rec["error"] = f"{type(e).__name__}: {e}"
+                traceback.print_exc(file=sys.stdout)
+            rec["seconds"] = round(time.perf_counter() - t0, 3)
+            rec["ok"] = rec["status"] != "failed"
+            sys.stdout.flush()
+            _write(f, rec)
+            for k, v in rec["figures"].items():
+                _write(f, {"kind": "figure", "check": name, "name": k, "value": v})
+            word = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[rec["status"]]
+            why = _short(rec["error"] or rec["skip_reason"] or "")
+            print(f"{word} {name} ({rec['seconds']:.1f} s){': ' + why if why else ''}")
+            for k, v in rec["figures"].items():
+                print(f"     {k} = {_fmt_fig(v)}")
+            results.append(rec)
+        counts = {s: sum(r["status"] == s for r in results) for s in ("passed", "failed", "skipped")}
+        _write(f, {"kind": "summary", **counts, "seconds": round(time.perf_counter() - t_all, 3)})
+    return results, path
+
+
+def _short(text: str, limit: int = 160) -> str:
+    """The first line of ``text``, cut at ``limit`` characters (the whole is in the JSON)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _summary(results: list[dict[str, Any]], path: Path, seconds: float) -> str:
+    lines = ["", "== device-check: summary =="]
+    for r in results:
+        word = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[r["status"]]
+        why = _short(r["error"] or r["skip_reason"] or "")
+        lines.append(f"{word}  {r['seconds']:7.1f} s  {r['name']}{'  (' + why + ')' if why else ''}")
+    counts = {s: sum(r["status"] == s for r in results) for s in ("passed", "failed", "skipped")}
+    lines.append(
+        f"device-check: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
+        f"in {seconds:.1f} s; JSON lines in {path}"
+    )
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m simpler.tools.device_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="folder for device_check.jsonl (made if missing)"
+    )
+    p.add_argument("--platform", default="cuda", choices=("cuda", "ascend", "sim"), help="default cuda")
+    p.add_argument("--quick", action="store_true", help="small sizes, the Small cases in the bench")
+    p.add_argument("--only", action="append", metavar="TEXT", help="only the checks whose name contains TEXT")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m simpler.tools.device_check``; returns the exit status."""
+    a = _parser().parse_args(argv)
+    if a.platform == "cuda":
+        fake_cuda.install_if_fake()
+    try:
+        Worker(a.platform).close()
+    except PlatformUnavailableError as e:
+        print(f"device-check: skipped: {e}")
+        return 0
+    except Exception:
+        pass  # the device does not open: the first check (driver.open) records why
+    t0 = time.perf_counter()
+    results, path = run_checks(a.platform, Path(a.out).resolve(), a.quick, a.only)
+    print(_summary(results, path, time.perf_counter() - t0))
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

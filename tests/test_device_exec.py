@@ -1,0 +1,390 @@
+"""Device execution on cuda, against the fake libcuda (which runs every launch through a host
+implementation registered here, decoding the task rows per the documented ABI, on a thread of
+its own, asynchronously): compile cache, module loads, the row layout, launch counts and
+levels, stream ordering, device-array kernels, faults, compile errors, and paged attention with
+every task on the device."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import simpler as sp
+from simpler.testing import fake_cuda
+from simpler.workloads import paged_attention as pa
+
+F32 = np.dtype(np.float32)
+
+#: y[i] += alpha * x[i] over each task's view of n elements.
+SAXPY = r"""
+struct saxpy_row { const float* x; float* y; double alpha; long long n; };
+extern "C" __global__ void t_saxpy(const saxpy_row* rows) {
+    const saxpy_row r = rows[blockIdx.z];
+    for (long long i = blockIdx.x * blockDim.x + threadIdx.x; i < r.n; i += gridDim.x * blockDim.x)
+        r.y[i] += (float)r.alpha * r.x[i];
+}
+"""
+
+#: Every task's rows as the fake decoded them: (entry, grid, rows array).
+SEEN: list[tuple[str, tuple[int, ...], np.ndarray]] = []
+
+
+@fake_cuda.host_impl("t_saxpy")
+def _saxpy(launch: fake_cuda.Launch) -> None:
+    rows = launch.rows(4)
+    SEEN.append((launch.entry, tuple(launch.grid), rows.copy()))
+    for x, y, alpha, n in rows:
+        n = launch.i64(n)
+        dst = launch.array(int(y), (n,), F32)
+        dst += np.float32(launch.f64(alpha)) * launch.array(int(x), (n,), F32)
+
+
+def _saxpy_fn(x, y, alpha):
+    y += np.float32(alpha) * x
+
+
+def _n_launch(x_shape, y_shape):
+    return sp.Launch(grid=1, block=128, consts=(int(np.prod(x_shape)),))
+
+
+def saxpy_kernel(source: str = SAXPY) -> sp.Kernel:
+    code = sp.CudaCode(source, entry="t_saxpy", launch=_n_launch, scalars=("float64",))
+    return sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], name="saxpy", cuda=code)
+
+
+SAXPY_K = saxpy_kernel()
+SAXPY_HOST = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], name="saxpy_host")
+
+
+@pytest.fixture
+def cuda(fake_vendor):
+    SEEN.clear()
+    with fake_vendor.worker("cuda", poison=False) as w:
+        yield w
+
+
+def _lib(fake_vendor):
+    return fake_vendor.cuda_lib()
+
+
+def test_a_batch_is_one_launch_over_rows_laid_out_as_documented(cuda):
+    """One submit_many of independent tasks is one launch with grid z = tasks; each row holds
+    the device address of each view's first element, the scalar in its declared kind and the
+    launch consts; nothing runs on the host."""
+    res = sp.ResidentTaskArgs(cuda)
+    x = res.add("x", np.arange(32, dtype=np.float32).reshape(4, 8))
+    y = res.add("y", np.ones((4, 8), np.float32), direction=sp.INOUT)
+
+    def orch(o, x, y, alpha):
+        o.submit_many(
+            SAXPY_K,
+            x.views([1, 8], [[i, 0] for i in range(4)]),
+            y.views([1, 8], [[i, 0] for i in range(4)]),
+            alpha,
+        )
+
+    r = cuda.run(sp.Callable(orch, [sp.IN, sp.INOUT]), [x, y, 0.5])
+    c = r.counters
+    assert (c["device_launches"], c["device_tasks"], c["host_path_tasks"], c["tasks"]) == (1, 4, 0, 4)
+    [(entry, grid, rows)] = SEEN
+    assert (entry, grid) == ("t_saxpy", (1, 1, 4))
+    xb, yb = x.buffer.ptr, y.buffer.ptr
+    assert rows[:, 0].tolist() == [xb + 32 * i for i in range(4)]
+    assert rows[:, 1].tolist() == [yb + 32 * i for i in range(4)]
+    assert rows[:, 2].view(np.float64).tolist() == [0.5] * 4
+    assert rows[:, 3].tolist() == [8] * 4
+    out = np.empty((4, 8), np.float32)
+    y.buffer.copy_from(out)
+    np.testing.assert_array_equal(out, 1 + 0.5 * np.arange(32, dtype=np.float32).reshape(4, 8))
+    assert cuda.stats()["launches"] == 1 and cuda.stats()["module_loads"] == 1
+    res.release()
+
+
+def test_dependent_tasks_run_in_levels_in_submission_order(cuda):
+    """Tasks that update the same bytes cannot share a launch: each dependence level is its own
+    launch (the fake's host implementation would see both tasks in one launch otherwise), and
+    the result is the sequential one."""
+    x = np.arange(8, dtype=np.float32)
+    y = np.zeros(8, np.float32)
+
+    def orch(o, x, y):
+        # Five tasks on the same y (a chain), with different alphas.
+        o.submit_many(SAXPY_K, x, y, np.arange(1, 6, dtype=np.float64))
+
+    r = cuda.run(sp.Callable(orch, [sp.IN, sp.INOUT]), [x, y])
+    assert (r.counters["device_launches"], r.counters["device_tasks"]) == (5, 5)
+    assert [grid for _, grid, _ in SEEN] == [(1, 1, 1)] * 5
+    assert [rows[0, 2].view(np.float64) for _, _, rows in SEEN] == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(y, 15 * x)
+
+
+def test_single_submits_launch_one_task_each_and_host_kernels_are_counted(cuda):
+    x = np.arange(16, dtype=np.float32)
+    y = np.zeros(16, np.float32)
+
+    def orch(o, x, y):
+        o.submit(SAXPY_K, x, y, 1.0)
+        o.submit(SAXPY_HOST, x, y, 10.0)  # no device code: the host path, over copies
+        o.submit(SAXPY_K, x, y, 100.0)
+
+    r = cuda.run(sp.Callable(orch, [sp.IN, sp.INOUT]), [x, y])
+    c = r.counters
+    assert (c["device_launches"], c["device_tasks"], c["host_path_tasks"]) == (2, 2, 1)
+    # The host task ran between the two launches: the order of submission.
+    np.testing.assert_array_equal(y, 111 * x)
+
+
+def test_compiled_once_per_process_and_loaded_once_per_worker(fake_vendor):
+    src = SAXPY + "\n// a source of its own: compiled once\n"
+    k = saxpy_kernel(src)
+    before = sp.device_code_stats()
+    for _ in range(2):
+        with fake_vendor.worker("cuda") as w:
+            x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+            for _ in range(3):
+                w.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 2.0), [sp.IN, sp.INOUT]), [x, y])
+            assert w.stats()["module_loads"] == 1
+    after = sp.device_code_stats()
+    assert after["compiles"] - before["compiles"] == 1
+    assert after["cache_hits"] - before["cache_hits"] == 1  # the second worker's load
+    np.testing.assert_array_equal(y, [6] * 4)
+
+
+def test_a_ptx_image_loads_without_the_compiler(cuda):
+    image = "FAKECUDA-MODULE 1\narch sm_90\nentry t_saxpy 1\n"
+    code = sp.CudaCode(ptx=image, entry="t_saxpy", launch=_n_launch, scalars=("float64",))
+    k = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], cuda=code)
+    before = sp.device_code_stats()
+    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+    cuda.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 3.0), [sp.IN, sp.INOUT]), [x, y])
+    np.testing.assert_array_equal(y, [3] * 4)
+    assert sp.device_code_stats() == before
+
+
+def test_outputs_are_read_after_the_stream_has_run(cuda, fake_vendor):
+    """The fake runs stream work late (a long wake-up latency here): a copy back or a kernel
+    over device arrays that did not wait for the stream would see the old bytes."""
+    lib = _lib(fake_vendor)
+    lib.fake_cuda_set_stream_latency_us(30_000)
+    seen = []
+
+    def peek(x, y):
+        # A device-array kernel reads y right after the launch that wrote it.
+        a = np.ctypeslib.as_array(
+            ctypes.cast(
+                lib_translate(lib, y.__cuda_array_interface__["data"][0], 16), ctypes.POINTER(ctypes.c_float)
+            ),
+            (4,),
+        )
+        seen.append(a.copy())
+
+    k_peek = sp.Kernel(peek, [sp.IN, sp.IN], name="peek", device_arrays=True)
+    try:
+        x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+
+        def orch(o, x, y):
+            o.submit(SAXPY_K, x, y, 7.0)
+            o.submit(k_peek, x, y)
+
+        cuda.run(sp.Callable(orch, [sp.IN, sp.INOUT]), [x, y])
+    finally:
+        lib.fake_cuda_set_stream_latency_us(0)
+    np.testing.assert_array_equal(y, [7] * 4)
+    np.testing.assert_array_equal(seen[0], [7] * 4)
+
+
+def lib_translate(lib, addr, nbytes):
+    fn = lib.fake_cuda_translate
+    fn.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong]
+    fn.restype = ctypes.c_void_p
+    p = fn(addr, nbytes)
+    assert p, f"{addr:#x} is not device memory"
+    return p
+
+
+def test_device_array_kernels_get_the_views_not_copies(cuda, fake_vendor):
+    lib = _lib(fake_vendor)
+    got = {}
+
+    def k(x, y, alpha):
+        got["x"], got["y"] = x.__cuda_array_interface__, y.__cuda_array_interface__
+        got["obj"] = x
+        dst = np.ctypeslib.as_array(
+            ctypes.cast(
+                lib_translate(lib, y.__cuda_array_interface__["data"][0], 32), ctypes.POINTER(ctypes.c_float)
+            ),
+            (8,),
+        )
+        src = np.ctypeslib.as_array(
+            ctypes.cast(
+                lib_translate(lib, x.__cuda_array_interface__["data"][0], 32), ctypes.POINTER(ctypes.c_float)
+            ),
+            (8,),
+        )
+        dst += np.float32(alpha) * src
+
+    kernel = sp.Kernel(k, [sp.IN, sp.INOUT], name="arrays", device_arrays=True)
+    assert kernel.device_arrays is True
+    x, y = np.arange(16, dtype=np.float32).reshape(2, 8), np.zeros((2, 8), np.float32)
+
+    def orch(o, x, y):
+        o.submit(kernel, x.view([1, 8], [1, 0]), y.view([1, 8], [1, 0]), 2.0)
+
+    r = cuda.run(sp.Callable(orch, [sp.IN, sp.INOUT]), [x, y])
+    assert r.counters["host_path_tasks"] == 0
+    np.testing.assert_array_equal(y[1], 2 * x[1])
+    np.testing.assert_array_equal(y[0], 0)
+    cx, cy = got["x"], got["y"]
+    assert cx["shape"] == (1, 8) and cx["typestr"] == "<f4" and cx["version"] == 3
+    assert cx["data"][1] is True and cy["data"][1] is False  # IN arrays are read-only
+    assert cx["stream"] == cy["stream"] and cx["stream"] > 2
+    with pytest.raises(sp.StateError, match="valid only during the kernel's call"):
+        _ = got["obj"].__cuda_array_interface__
+
+
+def test_on_sim_a_device_array_kernel_gets_numpy_arrays():
+    def k(x, y):
+        assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+        y[...] = x * 3
+
+    kernel = sp.Kernel(k, [sp.IN, sp.OUT], device_arrays="cupy")
+    with sp.Worker("sim") as w:
+        x, y = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+        w.run(sp.Callable(lambda o, x, y: o.submit(kernel, x, y), [sp.IN, sp.OUT]), [x, y])
+    np.testing.assert_array_equal(y, 3 * x)
+
+
+def test_a_faulting_kernel_is_a_sticky_device_error(fake_vendor):
+    @fake_cuda.host_impl("t_fault")
+    def _fault(launch):
+        return 700
+
+    code = sp.CudaCode(
+        'extern "C" __global__ void t_fault(const void* rows) {}', entry="t_fault", launch=sp.Launch(1, 1)
+    )
+    k = sp.Kernel(lambda y: None, [sp.OUT], name="fault", cuda=code)
+    w = fake_vendor.worker("cuda")
+    y = np.zeros(4, np.float32)
+    call = sp.Callable(lambda o, y: o.submit(k, y), [sp.OUT])
+    with pytest.raises(sp.DeviceError) as e:
+        w.run(call, [y])
+    assert (e.value.code, e.value.code_name, e.value.phase) == (700, "CUDA_ERROR_ILLEGAL_ADDRESS", "execute")
+    assert "cuStreamSynchronize" in str(e.value)
+    # The context is poisoned: the next call fails with the same code.
+    with pytest.raises(sp.DeviceError) as e2:
+        w.run(sp.Callable(lambda o, y: None, [sp.OUT]), [y])
+    assert e2.value.code == 700
+    # Close completes: what the context held goes with it, said once; a new worker on the same
+    # device works (the fault went with the last reference to the context).
+    report = w.close()
+    assert report["leaked_allocations"] == 2  # the staging arena and the task-row buffer
+    assert any("after a sticky fault: 2 allocation(s)" in e for e in report["errors"]), report
+    with fake_vendor.worker("cuda") as fresh:
+        fresh.malloc(64).copy_to(np.ones(16, np.float32))
+
+
+def test_compile_errors_name_the_kernel_and_carry_the_log(cuda):
+    code = sp.CudaCode(
+        '#error no such intrinsic\nextern "C" __global__ void t_bad(const void* r) {}',
+        entry="t_bad",
+        launch=sp.Launch(1, 1),
+    )
+    k = sp.Kernel(lambda y: None, [sp.OUT], name="bad", cuda=code)
+    y = np.zeros(4, np.float32)
+    with pytest.raises(sp.CompileError, match=r"(?s)kernel t_bad: device code: .*no such intrinsic"):
+        cuda.run(sp.Callable(lambda o, y: o.submit(k, y), [sp.OUT]), [y])
+    # The worker is usable after the failed run.
+    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+    cuda.run(sp.Callable(lambda o, x, y: o.submit(SAXPY_K, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
+    np.testing.assert_array_equal(y, x)
+
+
+def test_a_missing_compiler_says_where_it_looked(fake_vendor, tmp_path):
+    fake_vendor.use("cuda")
+    script = (
+        "import numpy as np, simpler as sp\n"
+        "src = 'extern \"C\" __global__ void t_x(const void* r) {}'\n"
+        "code = sp.CudaCode(src, entry='t_x', launch=sp.Launch(1))\n"
+        "k = sp.Kernel(lambda y: None, [sp.OUT], cuda=code)\n"
+        "with sp.Worker('cuda') as w:\n"
+        "    try:\n"
+        "        w.run(sp.Callable(lambda o, y: o.submit(k, y), [sp.OUT]), [np.zeros(4, np.float32)])\n"
+        "    except sp.CompileError as e:\n"
+        "        print('CompileError:', e)\n"
+    )
+    env = dict(os.environ, SIMPLER_NVRTC_LIB=str(tmp_path / "libnvrtc.so.13"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "CompileError:" in out.stdout and str(tmp_path / "libnvrtc.so.13") in out.stdout, out.stdout
+    assert "SIMPLER_NVRTC_LIB" in out.stdout
+
+
+def test_bad_launches_and_scalars_are_refused_at_submit(cuda):
+    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+    bad = sp.Kernel(
+        _saxpy_fn,
+        [sp.IN, sp.INOUT],
+        cuda=sp.CudaCode(SAXPY, entry="t_saxpy", launch=lambda *s: (1, 1), scalars=("float64",)),
+    )
+    with pytest.raises(sp.ArgumentTypeError, match="launch function returned tuple, not a Launch"):
+        cuda.run(sp.Callable(lambda o, x, y: o.submit(bad, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
+    ints = sp.Kernel(
+        _saxpy_fn,
+        [sp.IN, sp.INOUT],
+        cuda=sp.CudaCode(SAXPY, entry="t_saxpy", launch=_n_launch, scalars=("int64",)),
+    )
+    with pytest.raises(sp.ArgumentError, match=r"scalar 0 travels as int64 .* 2.5 is not an integer"):
+        cuda.run(sp.Callable(lambda o, x, y: o.submit(ints, x, y, 2.5), [sp.IN, sp.INOUT]), [x, y])
+    with pytest.raises(sp.ArgumentError, match="declares 1 scalar"):
+        cuda.run(sp.Callable(lambda o, x, y: o.submit(SAXPY_K, x, y), [sp.IN, sp.INOUT]), [x, y])
+    with pytest.raises(sp.ArgumentError, match="grid\\[0\\] = 0"):
+        sp.Launch(grid=0)
+    with pytest.raises(sp.ArgumentError, match="exactly one of source, ptx and cubin"):
+        sp.CudaCode(SAXPY, ptx="x", entry="t_saxpy", launch=sp.Launch(1))
+
+
+def test_an_external_write_through_an_export_is_seen_by_the_next_run(cuda, fake_vendor):
+    """A consumer may write through an export: the exported allocation's host view is stale at
+    the next run, so the orchestrator reads what the consumer wrote."""
+    lib = _lib(fake_vendor)
+    res = sp.ResidentTaskArgs(cuda)
+    t = res.add("lens", np.array([1, 2, 3, 4], np.int32))
+    seen = []
+
+    def orch(o, lens):
+        seen.append(o.read_tensor(lens).tolist())
+
+    call = sp.Callable(orch, [sp.IN])
+    cuda.run(call, [t])
+    data = t.__cuda_array_interface__["data"][0]
+    p = lib_translate(lib, data, 16)
+    ctypes.memmove(p, np.array([9, 9, 9, 9], np.int32).ctypes.data, 16)  # the consumer writes
+    cuda.run(call, [t])
+    assert seen == [[1, 2, 3, 4], [9, 9, 9, 9]]
+    del t
+    gc.collect()
+    res.release()
+
+
+@pytest.mark.parametrize("arm", pa.ARMS)
+def test_paged_attention_runs_every_task_on_the_device(cuda, arm):
+    params = dict(pa._BASES[1][1], arm=arm)
+    x = pa.make_inputs(params)
+    names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
+    golden = pa.golden_paged_attention(*(x[n] for n in names), x["scale"])
+    with sp.ResidentTaskArgs(cuda) as res:
+        args = [res.add(n, x[n]) if n in pa.RESIDENT[arm] else x[n] for n in names]
+        for _ in range(2):
+            out = np.zeros_like(x["out"])
+            r = cuda.run(pa.CALLABLE, [*args, out, x["scale"]])
+            np.testing.assert_allclose(out, golden, rtol=1e-3, atol=1e-3)
+            c = r.counters
+            assert c["host_path_tasks"] == 0 and c["device_tasks"] == c["tasks"] > 0
+            assert c["device_launches"] < c["tasks"]
+        del args
