@@ -421,7 +421,7 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        call(&mut *self.lock(), op, 0, bytes, |st| {
+        call(&mut self.lock(), op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
@@ -430,12 +430,12 @@ impl Device for CudaDevice {
         let mut st = self.lock();
         let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
-        call(&mut *st, op, ptr.0, size, |st| self.do_free(st, ptr))
+        call(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        call(&mut *self.lock(), op, dst.0, bytes, |st| {
+        call(&mut self.lock(), op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
                 // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
@@ -450,7 +450,7 @@ impl Device for CudaDevice {
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let (out, len) = (dst.as_mut_ptr(), dst.len());
-        call(&mut *self.lock(), op, src.0, bytes, |st| {
+        call(&mut self.lock(), op, src.0, bytes, |st| {
             self.transfer(st, op, src.0, bytes, |stream| {
                 // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
                 // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
@@ -462,7 +462,7 @@ impl Device for CudaDevice {
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        call(&mut *self.lock(), op, dst.0, bytes, |st| {
+        call(&mut self.lock(), op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
                 // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
@@ -475,7 +475,7 @@ impl Device for CudaDevice {
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        call(&mut *self.lock(), op, ptr.0, bytes, |st| {
+        call(&mut self.lock(), op, ptr.0, bytes, |st| {
             Self::containing(st, op, ptr.0, bytes.max(1))?;
             st.ledger.on_map(false);
             Ok(MapGrant::Refused {
@@ -489,7 +489,7 @@ impl Device for CudaDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Unmap;
-        call(&mut *self.lock(), op, ptr.0, 0, |_| {
+        call(&mut self.lock(), op, ptr.0, 0, |_| {
             Err(Self::refused(
                 op,
                 CUDA_ERROR_INVALID_VALUE,
@@ -506,7 +506,7 @@ impl Device for CudaDevice {
         }
         let mut st = self.lock();
         let op = Op::Pin;
-        let r = call(&mut *st, op, 0, len as u64, |st| self.do_pin(st, &mem));
+        let r = call(&mut st, op, 0, len as u64, |st| self.do_pin(st, &mem));
         if let Err(e) = r {
             let addr = mem.owned_addr().unwrap_or_default();
             log::debug!("mirror at host {addr:#x} ({len} bytes) stays pageable: {e}");
@@ -523,7 +523,7 @@ impl Device for CudaDevice {
             return Ok(());
         }
         let op = Op::Unpin;
-        call(&mut *st, op, 0, mem.len() as u64, |st| {
+        call(&mut st, op, 0, mem.len() as u64, |st| {
             self.do_unpin(st, addr, mem.len() as u64)
         })
     }
@@ -539,33 +539,33 @@ impl Device for CudaDevice {
     fn load_module(&self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         let op = Op::Module;
         let bytes = image.len() as u64;
-        call(&mut *self.lock(), op, 0, bytes, |st| {
+        call(&mut self.lock(), op, 0, bytes, |st| {
             self.do_load_module(st, image)
         })
     }
 
     fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
         let op = Op::Module;
-        call(&mut *self.lock(), op, 0, 0, |st| {
+        call(&mut self.lock(), op, 0, 0, |st| {
             self.do_function(st, module, entry)
         })
     }
 
     fn launch(&self, func: FuncId, dims: LaunchDims, params: &[u64]) -> Result<(), DeviceError> {
         let op = Op::Launch;
-        call(&mut *self.lock(), op, 0, 0, |st| {
+        call(&mut self.lock(), op, 0, 0, |st| {
             self.do_launch(st, func, dims, params)
         })
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut *self.lock(), op, 0, 0, |st| self.do_synchronize(st))
+        call(&mut self.lock(), op, 0, 0, |st| self.do_synchronize(st))
     }
 
     fn synchronize_device(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut *self.lock(), op, 0, 0, |st| {
+        call(&mut self.lock(), op, 0, 0, |st| {
             self.do_synchronize_device(st)
         })
     }
@@ -577,7 +577,7 @@ impl Device for CudaDevice {
 
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut *self.lock(), op, 0, 0, |st| {
+        call(&mut self.lock(), op, 0, 0, |st| {
             self.do_order_stream(st, consumer)
         })
     }
