@@ -57,27 +57,24 @@ impl LaunchPlan {
     }
 }
 
-/// The bytes one task tensor touches: `[start, end)` and whether the task writes them.
-type Footprint = (u64, u64, bool);
+/// The bytes one task tensor touches: `[start, end)`, its task, and whether the task writes them.
+type Footprint = (u64, u64, u32, bool);
 
-/// Each task's level (see the module docs), or `None` when the tasks are independent.
-fn levels(n: usize, prints: &[Vec<Footprint>]) -> Option<Vec<u32>> {
-    if n < 2 || !prints.iter().flatten().any(|f| f.2) {
+/// Each task's level (see the module docs), or `None` when the tasks are independent. `prints`
+/// lists every task's footprints, task by task in order.
+fn levels(n: usize, prints: &[Footprint]) -> Option<Vec<u32>> {
+    if n < 2 || !prints.iter().any(|f| f.3) {
         return None;
     }
-    let mut all: Vec<(u64, u64, u32, bool)> = prints
-        .iter()
-        .enumerate()
-        .flat_map(|(t, fs)| fs.iter().map(move |&(s, e, w)| (s, e, t as u32, w)))
-        .collect();
-    all.sort_unstable_by_key(|f| (f.0, f.1));
-    if !conflicts(&all) {
+    let mut sorted = prints.to_vec();
+    sorted.sort_unstable_by_key(|f| (f.0, f.1));
+    if !conflicts(&sorted) {
         return None;
     }
     // Exact footprints only: distinct intervals must not overlap.
     let mut max_end = 0u64;
     let mut prev: Option<(u64, u64)> = None;
-    for &(s, e, _, _) in &all {
+    for &(s, e, _, _) in &sorted {
         if prev == Some((s, e)) {
             continue;
         }
@@ -89,10 +86,10 @@ fn levels(n: usize, prints: &[Vec<Footprint>]) -> Option<Vec<u32>> {
     }
     // Per footprint: the last writer's level and the highest reader level (-1: none).
     let mut seen: HashMap<(u64, u64), (i64, i64)> = HashMap::new();
-    let mut out = Vec::with_capacity(n);
-    for fs in prints {
+    let mut out = vec![0u32; n];
+    for task in prints.chunk_by(|a, b| a.2 == b.2) {
         let mut level = 0i64;
-        for &(s, e, w) in fs {
+        for &(s, e, _, w) in task {
             if let Some(&(lw, lr)) = seen.get(&(s, e)) {
                 level = level.max(lw + 1);
                 if w {
@@ -100,7 +97,7 @@ fn levels(n: usize, prints: &[Vec<Footprint>]) -> Option<Vec<u32>> {
                 }
             }
         }
-        for &(s, e, w) in fs {
+        for &(s, e, _, w) in task {
             let entry = seen.entry((s, e)).or_insert((-1, -1));
             if w {
                 entry.0 = entry.0.max(level);
@@ -108,7 +105,7 @@ fn levels(n: usize, prints: &[Vec<Footprint>]) -> Option<Vec<u32>> {
                 entry.1 = entry.1.max(level);
             }
         }
-        out.push(level as u32);
+        out[task[0].2 as usize] = level as u32;
     }
     Some(out)
 }
@@ -194,9 +191,11 @@ impl RunState {
                 ))
             })?;
             let n = b.count as usize;
-            let prints: Vec<Vec<Footprint>> =
-                (0..b.count).map(|t| self.footprints(&b, t)).collect();
-            let level = levels(n, &prints);
+            let level = if n < 2 || self.plainly_independent(&b) {
+                None
+            } else {
+                levels(n, &self.footprints(&b))
+            };
             let mut order: Vec<u32> = (0..b.count).collect();
             if let Some(l) = &level {
                 order.sort_by_key(|&t| l[t as usize]);
@@ -249,16 +248,55 @@ impl RunState {
         }
     }
 
-    fn footprints(&self, b: &BatchInfo<'_>, t: u32) -> Vec<Footprint> {
-        (b.first_slot..b.first_slot + u32::from(b.slots))
-            .filter_map(|s| {
-                let g = self.tasks.task_geometry(s, t);
-                let slot = self.tasks.slot(s);
-                let (p, _) = self.args[slot.arg as usize].alloc?;
-                let start = p.0 + g.start_byte();
-                (g.extent() > 0).then_some((start, start + g.extent(), slot.dir.writes()))
-            })
+    /// The footprint of slot `s` in task `t`, or `None` for an empty view.
+    fn footprint(&self, s: u32, t: u32) -> Option<Footprint> {
+        let g = self.tasks.task_geometry(s, t);
+        let slot = self.tasks.slot(s);
+        let (p, _) = self.args[slot.arg as usize].alloc?;
+        let start = p.0 + g.start_byte();
+        (g.extent() > 0).then_some((start, start + g.extent(), t, slot.dir.writes()))
+    }
+
+    /// Every task's footprints, task by task.
+    fn footprints(&self, b: &BatchInfo<'_>) -> Vec<Footprint> {
+        let slots = b.first_slot..b.first_slot + u32::from(b.slots);
+        (0..b.count)
+            .flat_map(|t| slots.clone().filter_map(move |s| self.footprint(s, t)))
             .collect()
+    }
+
+    /// The common case, checked without sorting anything: every written slot's views ascend
+    /// without overlapping from task to task, and no other slot of the batch reaches into the
+    /// bytes a written slot spans.
+    fn plainly_independent(&self, b: &BatchInfo<'_>) -> bool {
+        let slots = b.first_slot..b.first_slot + u32::from(b.slots);
+        // Per slot: whether it writes, the bytes all its views span, and whether its views
+        // ascend without overlap.
+        let mut spans: Vec<(bool, u64, u64, bool)> = Vec::with_capacity(b.slots as usize);
+        for s in slots {
+            let writes = self.tasks.slot(s).dir.writes();
+            let (mut lo, mut hi, mut ascending) = (u64::MAX, 0u64, true);
+            let mut prev_end = 0u64;
+            for t in 0..b.count {
+                let Some((start, end, _, _)) = self.footprint(s, t) else {
+                    continue;
+                };
+                ascending &= start >= prev_end;
+                prev_end = end;
+                lo = lo.min(start);
+                hi = hi.max(end);
+            }
+            if writes && !ascending {
+                return false;
+            }
+            spans.push((writes, lo, hi, ascending));
+        }
+        spans.iter().enumerate().all(|(i, &(w, lo, hi, _))| {
+            !w || spans
+                .iter()
+                .enumerate()
+                .all(|(j, &(_, l2, h2, _))| i == j || h2 <= lo || hi <= l2)
+        })
     }
 
     /// Enqueues the launches of device batch `batch` (execution reached it).
@@ -325,51 +363,58 @@ fn upload(mem: &mut Memory, rows: &[u8]) -> Result<(DevPtr, u64)> {
 mod tests {
     use super::*;
 
-    fn fp(s: u64, e: u64, w: bool) -> Footprint {
-        (s, e, w)
+    /// Flat footprints from per-task lists of `(start, end, writes)`.
+    fn flat(tasks: &[&[(u64, u64, bool)]]) -> Vec<Footprint> {
+        tasks
+            .iter()
+            .enumerate()
+            .flat_map(|(t, fs)| fs.iter().map(move |&(s, e, w)| (s, e, t as u32, w)))
+            .collect()
     }
 
     #[test]
     fn disjoint_writes_are_independent() {
-        let prints = vec![
-            vec![fp(0, 8, false), fp(100, 108, true)],
-            vec![fp(0, 8, false), fp(108, 116, true)],
-            vec![fp(0, 8, false), fp(116, 124, true)],
-        ];
+        let prints = flat(&[
+            &[(0, 8, false), (100, 108, true)],
+            &[(0, 8, false), (108, 116, true)],
+            &[(0, 8, false), (116, 124, true)],
+        ]);
         assert_eq!(levels(3, &prints), None);
     }
 
     #[test]
     fn a_shared_accumulator_makes_a_chain_and_other_tasks_run_beside_it() {
         // Tasks 0, 1, 3 update [0, 8); task 2 updates [8, 16).
-        let prints = vec![
-            vec![fp(0, 8, true)],
-            vec![fp(0, 8, true)],
-            vec![fp(8, 16, true)],
-            vec![fp(0, 8, true)],
-        ];
+        let prints = flat(&[
+            &[(0, 8, true)],
+            &[(0, 8, true)],
+            &[(8, 16, true)],
+            &[(0, 8, true)],
+        ]);
         assert_eq!(levels(4, &prints), Some(vec![0, 1, 0, 2]));
     }
 
     #[test]
     fn a_reader_after_a_writer_waits_and_readers_share_a_level() {
-        let prints = vec![
-            vec![fp(0, 8, true)],
-            vec![fp(0, 8, false), fp(16, 24, true)],
-            vec![fp(0, 8, false), fp(24, 32, true)],
-            vec![fp(0, 8, true)],
-        ];
+        let prints = flat(&[
+            &[(0, 8, true)],
+            &[(0, 8, false), (16, 24, true)],
+            &[(0, 8, false), (24, 32, true)],
+            &[(0, 8, true)],
+        ]);
         assert_eq!(levels(4, &prints), Some(vec![0, 1, 1, 2]));
     }
 
     #[test]
     fn partial_overlaps_run_one_task_per_level() {
-        let prints = vec![
-            vec![fp(0, 8, true)],
-            vec![fp(4, 12, true)],
-            vec![fp(100, 108, true)],
-        ];
+        let prints = flat(&[&[(0, 8, true)], &[(4, 12, true)], &[(100, 108, true)]]);
         assert_eq!(levels(3, &prints), Some(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn a_task_without_footprints_keeps_level_zero() {
+        let prints = flat(&[&[(0, 8, true)], &[], &[(0, 8, true)]]);
+        assert_eq!(levels(3, &prints), Some(vec![0, 0, 1]));
     }
 
     #[test]
@@ -381,5 +426,76 @@ mod tests {
         let mut none = vec![(0, 10, 0, true), (10, 20, 1, true), (20, 30, 2, false)];
         none.sort_unstable_by_key(|f| (f.0, f.1));
         assert!(!conflicts(&none));
+    }
+
+    /// Whether some byte is shared by two tasks, one of them writing: by brute force.
+    fn brute_conflict(prints: &[Footprint]) -> bool {
+        prints.iter().any(|a| {
+            prints
+                .iter()
+                .any(|b| a.2 != b.2 && (a.3 || b.3) && a.0 < b.1 && b.0 < a.1)
+        })
+    }
+
+    /// Runs the levels in order, each level's tasks all at once against a snapshot, and checks
+    /// the outcome equals running the tasks one by one (each task adds its index + 1 to every
+    /// byte it writes, after reading the bytes it reads).
+    fn same_as_sequential(n: usize, prints: &[Footprint], lv: &[u32]) -> bool {
+        let mem_size = 64usize;
+        let run = |order: &[Vec<u32>]| {
+            let mut mem = vec![0u64; mem_size];
+            for group in order {
+                let snapshot = mem.clone();
+                for &t in group {
+                    let fs: Vec<_> = prints.iter().filter(|f| f.2 == t).collect();
+                    let read: u64 = fs
+                        .iter()
+                        .flat_map(|f| f.0..f.1)
+                        .map(|i| snapshot[i as usize])
+                        .sum();
+                    for f in fs.iter().filter(|f| f.3) {
+                        for i in f.0..f.1 {
+                            mem[i as usize] = mem[i as usize]
+                                .wrapping_mul(31)
+                                .wrapping_add(read + u64::from(t) + 1);
+                        }
+                    }
+                }
+            }
+            mem
+        };
+        let sequential: Vec<Vec<u32>> = (0..n as u32).map(|t| vec![t]).collect();
+        let top = lv.iter().copied().max().unwrap_or(0);
+        let leveled: Vec<Vec<u32>> = (0..=top)
+            .map(|l| (0..n as u32).filter(|&t| lv[t as usize] == l).collect())
+            .collect();
+        run(&sequential) == run(&leveled)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn levels_order_every_dependence(
+            tasks in proptest::collection::vec(
+                proptest::collection::vec((0u64..8, 1u64..4, proptest::bool::ANY), 0..3),
+                1..12,
+            ),
+        ) {
+            // Footprints on a grid of 8-byte cells, so overlaps are either exact or partial.
+            let prints: Vec<Footprint> = tasks
+                .iter()
+                .enumerate()
+                .flat_map(|(t, fs)| {
+                    fs.iter().map(move |&(cell, len, w)| (cell * 4, cell * 4 + len * 4, t as u32, w))
+                })
+                .collect();
+            let mut sorted = prints.clone();
+            sorted.sort_unstable_by_key(|f| (f.0, f.1));
+            proptest::prop_assert_eq!(conflicts(&sorted), brute_conflict(&prints));
+            let n = tasks.len();
+            match levels(n, &prints) {
+                None => proptest::prop_assert!(!brute_conflict(&prints)),
+                Some(lv) => proptest::prop_assert!(same_as_sequential(n, &prints, &lv)),
+            }
+        }
     }
 }
