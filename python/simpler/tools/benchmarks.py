@@ -599,7 +599,7 @@ def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None
             cold = sum(s[0])
             print(
                 f"{n:>7} {arm:<12} {_fmt_ns(orch):>12} {_fmt_ns(exe):>12} {_fmt_ns(total):>12} "
-                f"{_si(tasks_s):>10} {_si(launches_s):>11} {_fmt_ns(cold):>12}   "
+                f"{_si(tasks_s):>10} {_si(launches_s) if launches_s else '-':>11} {_fmt_ns(cold):>12}   "
                 f"{c['device_launches']:>15} {c['device_tasks']:>12} {c['host_path_tasks']:>15}"
             )
             figures["results"].append(

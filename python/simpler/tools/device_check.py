@@ -14,14 +14,15 @@ failed), ``seconds``, ``figures``, ``error``, ``skip_reason``) and per figure (`
 
 The checks (``--platform cuda``, the default):
 
-* ``driver.*`` — through the public API: workers opened and closed on 4 threads at once;
-  ``copy_to`` / ``copy_from`` of 256 MiB (16 MiB with ``--quick``) from pageable memory, GB/s;
-  mirror refreshes into page-locked vs pageable mirrors (``SIMPLER_CUDA_PIN_MIRRORS=1`` / ``0``),
-  GB/s; the poison memset (a staged OUT tensor a kernel never writes reads back 0xA5, for a
-  host-path kernel and for a device kernel); errors (a copy past an allocation is an
-  ``ArgumentError`` / ``DeviceError`` naming the call, an injected ``h2d`` fault a
-  ``DeviceError``, in a copy and in a run, and the worker works afterwards); a resident set round
-  trip through a device kernel.
+* ``driver.*`` — through the public API: the device opens (when it does not, every other check
+  is skipped with that reason); workers opened and closed on 4 threads at once, and one worker
+  used from 4 threads; ``copy_to`` / ``copy_from`` of 256 MiB (16 MiB with ``--quick``) from
+  pageable memory, GB/s; mirror refreshes into page-locked vs pageable mirrors
+  (``SIMPLER_CUDA_PIN_MIRRORS=1`` / ``0``), GB/s; the poison memset (a staged OUT tensor a kernel
+  never writes reads back 0xA5, for a host-path kernel and for a device kernel); errors (a copy
+  past an allocation is an ``ArgumentError`` / ``DeviceError`` naming the call, an injected
+  ``h2d`` fault a ``DeviceError``, in a copy and in a run, and the worker works afterwards); a
+  resident set round trip through a device kernel.
 * ``paged_attention.*`` — the shipped workload's Small1 / Small2 cases, all three arms, golden
   checked, with the batched orchestration and with the per-task one; on cuda every task runs on
   the device (``host_path_tasks == 0``, ``device_tasks == tasks``).
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -708,9 +710,15 @@ CHECKS = tuple(name for name, _ in _checks(False))
 def _driver_info(platform: str) -> dict[str, Any]:
     """What the run line records about the driver (best effort)."""
     info: dict[str, Any] = {}
+    for mod in ("torch", "cupy", "triton", "pytest"):
+        info[f"has_{mod}"] = importlib.util.find_spec(mod) is not None
     if platform == "cuda":
+        from .._cuda import nvrtc_dirs
+
         info["SIMPLER_CUDA_LIB"] = os.environ.get("SIMPLER_CUDA_LIB")
         info["SIMPLER_NVRTC_LIB"] = os.environ.get("SIMPLER_NVRTC_LIB")
+        info["CUDA_HOME"] = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        info["nvrtc_wheel_dirs"] = nvrtc_dirs()
         try:
             import ctypes
 
