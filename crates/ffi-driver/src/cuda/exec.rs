@@ -89,7 +89,7 @@ impl CudaDevice {
 
     pub(super) fn do_synchronize_device(&self, st: &mut State) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter_as(st, op, CudaFns::NAMES.ctx_synchronize)?;
         // SAFETY: `CUresult cuCtxSynchronize(void)`, with the primary context current (bound).
         CuResult(unsafe { (self.f.ctx_synchronize)() })
             .result()
@@ -183,20 +183,22 @@ impl CudaDevice {
         let op = Op::Module;
         let name = CudaFns::NAMES.module_get_function;
         let Some(&m) = st.exec.modules.iter().find(|m| **m as u64 == module.0) else {
-            return Err(Self::refused(
+            return Err(Self::refused_at(
                 op,
+                name,
                 sys::CUDA_ERROR_INVALID_HANDLE,
                 format!("module {:#x} is not loaded on this device", module.0),
             ));
         };
         let c_entry = CString::new(entry).map_err(|_| {
-            Self::refused(
+            Self::refused_at(
                 op,
+                name,
                 sys::CUDA_ERROR_INVALID_VALUE,
                 format!("entry name {entry:?} contains a NUL byte"),
             )
         })?;
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter_as(st, op, name)?;
         let mut f: CuFunction = std::ptr::null_mut();
         // SAFETY: `&mut f` is valid for the handle the call writes; `m` is a module loaded on
         // this device and not unloaded (close empties the list); `c_entry` is NUL-terminated.
@@ -286,14 +288,15 @@ impl CudaDevice {
         let op = Op::Sync;
         let names = CudaFns::NAMES;
         if consumer == 0 {
-            return Err(Self::refused(
+            return Err(Self::refused_at(
                 op,
+                names.stream_wait_event,
                 sys::CUDA_ERROR_INVALID_VALUE,
                 "stream 0 is ambiguous; pass 1 (legacy default), 2 (per-thread default) or a \
                  stream handle",
             ));
         }
-        let _bound = self.enter(st, op)?;
+        let _bound = self.enter_as(st, op, names.stream_wait_event)?;
         if st.exec.event.is_null() {
             let mut e: CuEvent = std::ptr::null_mut();
             // SAFETY: `&mut e` is valid for the handle the call writes.

@@ -83,6 +83,8 @@ struct State {
     /// is unusable from then on, so every later call is refused with it, and close abandons
     /// what the context held instead of freeing it one call at a time.
     fault: Option<i64>,
+    /// Close is releasing what a faulted context held: calls are made despite the fault.
+    releasing: bool,
 }
 
 impl State {
@@ -108,13 +110,32 @@ fn call<T: Outcome>(
     bytes: u64,
     body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
 ) -> Result<T, DeviceError> {
-    traced(st, op, addr, bytes, CudaDevice::injected(op), |st| {
-        let r = body(st);
-        if let Err(e) = &r {
-            st.note_fault(e);
-        }
-        r
-    })
+    call_named(st, op, CudaDevice::call_name(op), addr, bytes, body)
+}
+
+/// `call`, for an op whose vendor call is not the op's usual one (`call_name`).
+fn call_named<T: Outcome>(
+    st: &mut State,
+    op: Op,
+    name: &'static str,
+    addr: u64,
+    bytes: u64,
+    body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
+) -> Result<T, DeviceError> {
+    traced(
+        st,
+        op,
+        addr,
+        bytes,
+        CudaDevice::injected_at(op, name),
+        |st| {
+            let r = body(st);
+            if let Err(e) = &r {
+                st.note_fault(e);
+            }
+            r
+        },
+    )
 }
 
 impl Ledgered for State {
@@ -230,6 +251,7 @@ impl CudaDevice {
                 pinned: BTreeMap::new(),
                 exec: exec::Exec::default(),
                 fault: None,
+                releasing: false,
             }),
         };
         // On failure `device` drops, which releases the primary context.
@@ -278,29 +300,40 @@ impl CudaDevice {
 
     /// An error from the driver's own checks, made before any vendor call.
     fn refused(op: Op, code: i64, detail: impl Into<String>) -> DeviceError {
-        status(code)
-            .error(op, Self::call_name(op), detail)
-            .before_call()
+        Self::refused_at(op, Self::call_name(op), code, detail)
+    }
+
+    /// `refused`, naming `call` (for an op whose calls differ: module loads and lookups).
+    fn refused_at(op: Op, call: &str, code: i64, detail: impl Into<String>) -> DeviceError {
+        status(code).error(op, call, detail).before_call()
     }
 
     /// The error of an injected fault: it fails the call before the vendor function.
-    fn injected(op: Op) -> impl FnOnce(i64) -> DeviceError {
-        move |code| status(code).error(op, Self::call_name(op), "injected fault")
+    /// `injected`, naming `call`.
+    fn injected_at(op: Op, call: &'static str) -> impl FnOnce(i64) -> DeviceError {
+        move |code| status(code).error(op, call, "injected fault")
     }
 
     /// Makes the primary context current on the calling thread for one call (see [`Bound`]).
     fn enter(&self, st: &State, op: Op) -> Result<Bound<'_>, DeviceError> {
+        self.enter_as(st, op, Self::call_name(op))
+    }
+
+    /// `enter`, for a call that is not `op`'s usual one (its refusals name `call`).
+    fn enter_as(&self, st: &State, op: Op, call: &'static str) -> Result<Bound<'_>, DeviceError> {
         let names = CudaFns::NAMES;
         let Some(ctx) = st.ctx else {
-            return Err(Self::refused(
+            return Err(Self::refused_at(
                 op,
+                call,
                 sys::CUDA_ERROR_INVALID_CONTEXT,
                 "the device is closed (its primary context was released)",
             ));
         };
-        if let Some(code) = st.fault {
-            return Err(Self::refused(
+        if let Some(code) = st.fault.filter(|_| !st.releasing) {
+            return Err(Self::refused_at(
                 op,
+                call,
                 code,
                 "the device's context is unusable after a fault an earlier call reported (a \
                  kernel's, usually); close this worker: the device works again once every holder \
@@ -409,8 +442,10 @@ impl CudaDevice {
         if op == Op::Memset {
             return Ok(());
         }
-        self.wait_stream(st, what)
-            .map_err(|e| e.at(addr).sized(bytes))
+        self.wait_stream(st, what).map_err(|mut e| {
+            e.op = op;
+            e.at(addr).sized(bytes)
+        })
     }
 }
 
@@ -546,7 +581,8 @@ impl Device for CudaDevice {
 
     fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
         let op = Op::Module;
-        call(&mut self.lock(), op, 0, 0, |st| {
+        let name = CudaFns::NAMES.module_get_function;
+        call_named(&mut self.lock(), op, name, 0, 0, |st| {
             self.do_function(st, module, entry)
         })
     }
@@ -565,7 +601,8 @@ impl Device for CudaDevice {
 
     fn synchronize_device(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut self.lock(), op, 0, 0, |st| {
+        let name = CudaFns::NAMES.ctx_synchronize;
+        call_named(&mut self.lock(), op, name, 0, 0, |st| {
             self.do_synchronize_device(st)
         })
     }
@@ -577,7 +614,8 @@ impl Device for CudaDevice {
 
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut self.lock(), op, 0, 0, |st| {
+        let name = CudaFns::NAMES.stream_wait_event;
+        call_named(&mut self.lock(), op, name, 0, 0, |st| {
             self.do_order_stream(st, consumer)
         })
     }
@@ -613,13 +651,15 @@ impl Device for CudaDevice {
         if st.ctx.is_none() {
             return report;
         }
-        if let Some(code) = st.fault {
-            self.abandon(&mut st, code, &mut report);
-        }
+        // After a sticky fault every call fails, but the releasing calls are still made (they
+        // release what they can: a driver frees with the context); their errors are expected,
+        // so one summary says what happened.
+        let fault = st.fault;
+        st.releasing = fault.is_some();
+        let mut errors = Vec::new();
         match self.enter(&st, Op::Device) {
-            Ok(_bound) => self.close_exec(&mut st, &mut report.errors),
-            Err(e) if st.fault.is_none() => report.errors.push(e),
-            Err(_) => {}
+            Ok(_bound) => self.close_exec(&mut st, &mut errors),
+            Err(e) => errors.push(e),
         }
         let pinned: Vec<(usize, u64)> = st
             .pinned
@@ -629,7 +669,7 @@ impl Device for CudaDevice {
         for (addr, len) in pinned {
             let r = self.do_unpin(&mut st, addr, len);
             if let Err(e) = st.ledger.logged(Op::Unpin, 0, len, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
         for (ptr, size) in st.ledger.live_allocations() {
@@ -637,9 +677,14 @@ impl Device for CudaDevice {
             report.leaked_bytes += size;
             let r = self.do_free(&mut st, ptr);
             if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
+        match fault {
+            Some(code) => self.abandon(&mut st, code, errors.len(), &mut report),
+            None => report.errors.extend(errors),
+        }
+        st.releasing = false;
         st.ctx = None;
         // Mirrors whose unregister failed are still registered with the driver (another holder
         // of the primary context keeps the registration alive): their memory must never be
@@ -676,31 +721,21 @@ impl Device for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Close after a sticky fault: what the context held (allocations, registrations, the
-    /// stream, modules) goes with the context, since no call on it can succeed; one error says
-    /// so. The primary context is still released.
-    fn abandon(&self, st: &mut State, code: i64, report: &mut CloseReport) {
-        let live = st.ledger.live_allocations();
-        for (ptr, size) in &live {
-            report.leaked_allocations += 1;
-            report.leaked_bytes += size;
+    /// The end of a close after a sticky fault: what the releasing calls could not release goes
+    /// with the context (it is forgotten, never retried); one error says what happened.
+    fn abandon(&self, st: &mut State, code: i64, failed: usize, report: &mut CloseReport) {
+        let left = st.ledger.live_allocations();
+        for (ptr, _) in &left {
             st.ledger.on_free(*ptr);
-        }
-        st.exec = exec::Exec::default();
-        let pinned = std::mem::take(&mut st.pinned);
-        let kept = pinned.len();
-        if kept > 0 {
-            let mut q = STILL_REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-            q.extend(pinned.into_values());
         }
         report.errors.push(status(code).error(
             Op::Device,
             "(the device's context, after a sticky fault)",
             format!(
-                "closing device {} after a sticky fault: {} allocation(s) and {kept} host \
-                     registration(s) go with the context (no call on it can succeed)",
+                "closed device {} after a sticky fault: {failed} releasing call(s) failed with it; \
+                 {} allocation(s) go with the context",
                 self.config.device_id,
-                live.len()
+                left.len()
             ),
         ));
     }
