@@ -394,3 +394,38 @@ def test_paged_attention_runs_every_task_on_the_device(cuda, arm):
             assert c["host_path_tasks"] == 0 and c["device_tasks"] == c["tasks"] > 0
             assert c["device_launches"] < c["tasks"]
         del args
+
+
+def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):
+    """The CUDA C++ the package ships (paged attention's six entries, the launches benchmark's
+    kernel) compiles with the real NVRTC, found through the runtime's own search (the wheel's
+    folder on ``sys.path``; the fake NVRTC is not used here). The fake libcuda then refuses the
+    real cubin, which is how this test knows it got that far: a compile error would be a
+    ``CompileError``."""
+    from simpler import _cuda
+
+    if not _cuda.nvrtc_dirs():
+        pytest.skip("the nvidia-cuda-nvrtc wheel is not installed (requirements/dev.txt)")
+    fake_vendor.use("cuda")
+    script = (
+        "import numpy as np, simpler as sp\n"
+        "from simpler.tools import benchmarks\n"
+        "from simpler.workloads import paged_attention as pa, paged_attention_cuda as pac\n"
+        "shipped = [(pac.SOURCE, e) for e in pac.KERNELS] + [(benchmarks.LAUNCH_SOURCE, benchmarks.LAUNCH_ENTRY)]\n"
+        "assert {k.cuda.source for k in (pa.QK, pa.ZERO, benchmarks.LAUNCH_KERNEL)} == {s for s, _ in shipped}\n"
+        "with sp.Worker('cuda') as w:\n"
+        "    for src, entry in shipped:\n"
+        "        k = sp.Kernel(lambda x: None, [sp.INOUT], cuda=sp.CudaCode(src, entry=entry, launch=sp.Launch(1)))\n"
+        "        try:\n"
+        "            w.run(sp.Callable(lambda o, x: o.submit(k, x), [sp.INOUT]), [np.zeros(4, np.float32)])\n"
+        "        except sp.DeviceError as e:\n"
+        "            print(entry, e.call, e.code_name)\n"
+        "print(sp.device_code_stats()['compiles'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SIMPLER_NVRTC_LIB"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    loads = [line for line in lines if line.endswith("cuModuleLoadData CUDA_ERROR_INVALID_IMAGE")]
+    assert len(loads) == 7, out.stdout  # every kernel compiled, then its real cubin was refused
+    assert lines[-2] == "2", out.stdout  # two sources: paged attention's (once) and the benchmark's
