@@ -7,11 +7,14 @@ every task on the device."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -303,7 +306,7 @@ def test_compile_errors_name_the_kernel_and_carry_the_log(cuda):
     )
     k = sp.Kernel(lambda y: None, [sp.OUT], name="bad", cuda=code)
     y = np.zeros(4, np.float32)
-    with pytest.raises(sp.CompileError, match=r"(?s)kernel t_bad: device code: .*no such intrinsic"):
+    with pytest.raises(sp.CompileError, match=r"(?s)device code t_bad: .*no such intrinsic"):
         cuda.run(sp.Callable(lambda o, y: o.submit(k, y), [sp.OUT]), [y])
     # The worker is usable after the failed run.
     x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
@@ -433,3 +436,73 @@ def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):
     loads = [line for line in lines if line.endswith("cuModuleLoadData CUDA_ERROR_INVALID_IMAGE")]
     assert len(loads) == 7, out.stdout  # every kernel compiled, then its real cubin was refused
     assert lines[-2] == "2", out.stdout  # two sources: paged attention's (once) and the benchmark's
+
+
+def test_reading_an_export_while_another_thread_waits_for_the_device_does_not_hang(cuda, fake_vendor):
+    """A thread in a run waits for the device (its stream held by the fake) while the fake's
+    stream thread will need the GIL to run the host kernel; meanwhile another thread reads an
+    export's stream and orders a stream after the worker's: neither may wait for the device with
+    the GIL held (that would deadlock here, and stall every Python thread on a GPU)."""
+    lib = _lib(fake_vendor)
+    t = cuda.malloc(64).tensor((16,), "float32")
+    x, y = np.ones(16, np.float32), np.zeros(16, np.float32)
+    call = sp.Callable(lambda o, x, y: o.submit(SAXPY_K, x, y, 2.0), [sp.IN, sp.INOUT])
+    th = threading.Thread(target=lambda: cuda.run(call, [x, y]))
+    # A hang is a failure with tracebacks, not a stuck test run.
+    faulthandler.dump_traceback_later(60, exit=True)
+    lib.fake_cuda_hold_streams(1)
+    try:
+        th.start()
+        time.sleep(0.2)  # the run now waits for the held stream, holding the device's lock
+        threading.Timer(0.3, lambda: lib.fake_cuda_hold_streams(0)).start()
+        while th.is_alive():
+            assert t.__cuda_array_interface__["stream"] > 2
+            t.__dlpack__(stream=2)  # the capsule is dropped at once
+            time.sleep(0.001)
+        th.join()
+    finally:
+        lib.fake_cuda_hold_streams(0)
+        faulthandler.cancel_dump_traceback_later()
+    np.testing.assert_array_equal(y, 2 * x)
+    del t
+    gc.collect()
+
+
+def test_shared_memory_past_48_kib_is_refused_at_submit(cuda):
+    big = sp.CudaCode(SAXPY, entry="t_saxpy", launch=sp.Launch(1, 32, shared_bytes=64 * 1024))
+    k = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], cuda=big)
+    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+    with pytest.raises(sp.ArgumentError, match="65536 bytes of dynamic shared memory: at most 49152"):
+        cuda.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
+
+
+def test_an_nvrtc_newer_than_the_driver_is_refused_with_the_fix(cuda, monkeypatch):
+    monkeypatch.setenv("FAKE_CUDA_DRIVER_VERSION", "12040")
+    k = saxpy_kernel(SAXPY + "\n// compiled for the CUDA 12.4 driver\n")
+    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
+    expected = r"makes code for CUDA 13 drivers, and this driver is CUDA 12\.4"
+    with pytest.raises(sp.CompileError, match=expected):
+        cuda.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
+
+
+def test_a_failing_device_array_kernel_still_waits_for_the_device(cuda, fake_vendor):
+    def boom(x):
+        raise RuntimeError("kernel failed")
+
+    k = sp.Kernel(boom, [sp.INOUT], device_arrays=True)
+    before = len(fake_vendor.cuda_log())
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        cuda.run(sp.Callable(lambda o, x: o.submit(k, x), [sp.INOUT]), [np.zeros(4, np.float32)])
+    assert any(line.startswith("cuCtxSynchronize") for line in fake_vendor.cuda_log()[before:])
+
+
+def test_a_refused_close_does_not_hide_the_blocks_exception(fake_vendor):
+    with pytest.warns(RuntimeWarning, match="leaving the worker's block: close: .* live export"):
+        with pytest.raises(KeyError, match="the block's own error"):
+            with fake_vendor.worker("cuda") as w:
+                t = w.malloc(64).tensor((16,), "float32")
+                _ = t.__cuda_array_interface__
+                raise KeyError("the block's own error")
+    del t
+    gc.collect()
+    w.close()

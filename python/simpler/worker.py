@@ -18,6 +18,7 @@ __all__ = [
     "Buffer",
     "Callable",
     "CudaCode",
+    "DeviceArray",
     "DeviceTensor",
     "Kernel",
     "Launch",
@@ -32,6 +33,7 @@ ArgDirection = _core.ArgDirection
 Buffer = _core.Buffer
 Callable = _core.Callable
 CudaCode = _core.CudaCode
+DeviceArray = _core.DeviceArray
 DeviceTensor = _core.DeviceTensor
 Kernel = _core.Kernel
 Launch = _core.Launch

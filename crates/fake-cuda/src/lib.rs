@@ -80,6 +80,7 @@
 //! * `FAKE_CUDA_DEVICES` (default 2): number of devices; ordinals at or past it are invalid.
 //! * `FAKE_CUDA_INJECT=name:nth:code[,name:nth:code...]`: the `nth` next call of the named
 //!   function (its exact C name, e.g. `cuMemAlloc_v2` or `nvrtcCompileProgram`) returns `code`.
+//! * `FAKE_CUDA_DRIVER_VERSION` (default 13000): what `cuDriverGetVersion` answers.
 //! * `FAKE_CUDA_REUSE` (default on): `0`/`off` stops freed addresses from being reused.
 //! * `FAKE_CUDA_CC` (default `9.0`): the compute capability every device reports.
 //! * `FAKE_CUDA_STREAM_LATENCY_US` (default 200): how long a stream that was idle waits before

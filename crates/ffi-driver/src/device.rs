@@ -238,6 +238,17 @@ pub trait Device: Send + Sync + fmt::Debug {
         self.synchronize()
     }
 
+    /// The sticky fault that made the device unusable (see the CUDA backend), if any: every
+    /// call fails with it until the device closes.
+    fn fault(&self) -> Option<i64> {
+        None
+    }
+
+    /// The vendor driver's version `(major, minor)` (CUDA: `cuDriverGetVersion`), where known.
+    fn driver_version(&self) -> Option<(u32, u32)> {
+        None
+    }
+
     /// The worker's stream (a CUDA `CUstream` handle), where the device has one.
     fn stream_handle(&self) -> Option<u64> {
         None

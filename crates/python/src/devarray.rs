@@ -163,11 +163,13 @@ impl DeviceArray {
                     "__dlpack__: stream {s} is not a CUDA stream"
                 )))
             }
-            s => a
-                .cell
-                .dev
-                .order_stream(s.map_or(1, |s| s as u64))
-                .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?,
+            s => {
+                // Not with the GIL: the device's lock may be held by a thread waiting for it.
+                let dev = &a.cell.dev;
+                let consumer = s.map_or(1, |s| s as u64);
+                crate::shutdown::without_gil(py, || dev.order_stream(consumer))
+                    .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?
+            }
         }
         let dt = a.np_dtype(py)?;
         helpers::get(py)?

@@ -605,8 +605,9 @@ impl DeviceTensor {
         };
         if let Some(s) = consumer {
             let cell = &t.buffer.bind(py).get().cell;
-            cell.dev
-                .order_stream(s)
+            // Not with the GIL: the device's lock may be held by a thread waiting for it.
+            let dev = &cell.dev;
+            crate::shutdown::without_gil(py, || dev.order_stream(s))
                 .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?;
         }
         helpers::get(py)?

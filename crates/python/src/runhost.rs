@@ -197,8 +197,9 @@ impl RunHost for Host<'_, '_> {
             // The arrays of IN tensors are read-only, on every platform.
             args.push(window_array(py, w.clone(), !w.writable)?);
         }
-        // Device arrays are valid during the call only.
+        // Device arrays are valid during the call only, whatever happens.
         let live = Arc::new(AtomicBool::new(true));
+        let _over = Invalidate(live.clone());
         for (view, name) in call.device_views.iter().zip(&call.names) {
             let a = DeviceArray::new(self.cell.clone(), *view, name.clone(), live.clone());
             let a = Bound::new(py, a)?.into_any();
@@ -215,7 +216,6 @@ impl RunHost for Host<'_, '_> {
         let in_python = shutdown::enter_python(py);
         let r = k.func.bind(py).call1(PyTuple::new(py, args)?);
         drop(in_python);
-        live.store(false, Ordering::Release);
         match r {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -253,6 +253,16 @@ impl RunHost for Host<'_, '_> {
     fn checkpoint(&mut self) -> PyResult<()> {
         logging::flush(self.py);
         self.py.check_signals()
+    }
+}
+
+/// Marks a task's device arrays invalid when dropped (the kernel returned, raised, or its
+/// arguments could not be built).
+struct Invalidate(Arc<AtomicBool>);
+
+impl Drop for Invalidate {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

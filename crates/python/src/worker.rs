@@ -269,9 +269,22 @@ impl PyWorker {
         slf
     }
 
-    #[pyo3(signature = (*_exc_info))]
-    fn __exit__(&self, py: Python<'_>, _exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
-        self.close(py).map(|_| ())
+    /// Closes the worker. When the block raised already and the close is refused (a live
+    /// export), the refusal is a ``RuntimeWarning`` and the block's exception goes through.
+    #[pyo3(signature = (*exc_info))]
+    fn __exit__(&self, py: Python<'_>, exc_info: &Bound<'_, PyTuple>) -> PyResult<()> {
+        match self.close(py) {
+            Err(e) if exc_info.get_item(1).is_ok_and(|x| !x.is_none()) => {
+                let msg = format!("leaving the worker's block: {}", e.value(py));
+                PyErr::warn(
+                    py,
+                    &py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+                    &std::ffi::CString::new(msg)?,
+                    1,
+                )
+            }
+            r => r.map(|_| ()),
+        }
     }
 
     fn __reduce__(&self) -> PyResult<()> {
@@ -400,10 +413,12 @@ impl PyWorker {
 
     /// Makes the ``nth`` next call of ``op`` fail with ``code`` (sim and the fake vendor
     /// libraries); ``op`` is one of the driver operations (``alloc``, ``free``, ``h2d``,
-    /// ``d2h``, ``map``, ``unmap``, ``memset``, ``pin``, ``unpin``).
+    /// ``d2h``, ``map``, ``unmap``, ``memset``, ``pin``, ``unpin``, and on cuda ``module``,
+    /// ``launch``, ``sync``). The fault fires before the vendor call: it poisons nothing.
     #[pyo3(signature = (op, nth=None, code=None))]
     fn inject_fault(
         &self,
+        py: Python<'_>,
         op: &Bound<'_, PyAny>,
         nth: Option<&Bound<'_, PyAny>>,
         code: Option<&Bound<'_, PyAny>>,
@@ -417,15 +432,14 @@ impl PyWorker {
             Some(n) => u64_arg(n, "inject_fault", "nth")?,
             None => 1,
         };
-        self.cell
-            .dev
-            .inject_fault(o, nth, code)
+        // The device's lock may be held by a thread waiting for the device: not with the GIL.
+        shutdown::without_gil(py, || self.cell.dev.inject_fault(o, nth, code))
             .map_err(|e| value_err(e.to_string()))
     }
 
     /// Drops pending injected faults.
-    fn clear_faults(&self) {
-        self.cell.dev.clear_faults();
+    fn clear_faults(&self, py: Python<'_>) {
+        shutdown::without_gil(py, || self.cell.dev.clear_faults());
     }
 
     // -- running --

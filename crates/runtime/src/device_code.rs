@@ -205,6 +205,13 @@ impl DeviceLaunch<'_> {
                 d.grid, d.block
             )));
         }
+        if d.shared_bytes > MAX_SHARED_BYTES {
+            return Err(Error::Value(format!(
+                "{who}: {} bytes of dynamic shared memory: at most {MAX_SHARED_BYTES} (48 KiB; \
+                 more needs a per-function opt-in the runtime does not make)",
+                d.shared_bytes
+            )));
+        }
         self.code.check_scalars(who, scalars.len())?;
         let Some(kinds) = &self.code.scalars else {
             return Ok(());
@@ -227,6 +234,10 @@ impl DeviceLaunch<'_> {
     }
 }
 
+/// Dynamic shared memory a launch may ask for without a per-function opt-in (48 KiB on every
+/// CUDA architecture).
+const MAX_SHARED_BYTES: u32 = 48 * 1024;
+
 /// Compiles per process: `(source, options, capability)` -> image.
 type CompileKey = (String, Vec<String>, (u32, u32));
 static COMPILED: Mutex<Option<HashMap<CompileKey, Arc<Vec<u8>>>>> = Mutex::new(None);
@@ -243,7 +254,12 @@ pub fn compile_stats() -> (u64, u64) {
 
 /// The image of `code` for a device of capability `cc`: compiled (or found in the process's
 /// cache) for source, as given otherwise.
-fn image_for(code: &DeviceCode, cc: (u32, u32), nvrtc_dirs: &[PathBuf]) -> Result<Arc<Vec<u8>>> {
+fn image_for(
+    code: &DeviceCode,
+    cc: (u32, u32),
+    driver: Option<(u32, u32)>,
+    nvrtc_dirs: &[PathBuf],
+) -> Result<Arc<Vec<u8>>> {
     let (text, options) = match &code.image {
         CodeImage::Ptx(b) | CodeImage::Cubin(b) => return Ok(Arc::new(b.clone())),
         CodeImage::Source { text, options } => (text, options),
@@ -259,10 +275,19 @@ fn image_for(code: &DeviceCode, cc: (u32, u32), nvrtc_dirs: &[PathBuf]) -> Resul
         return Ok(image);
     }
     let fail = |detail: String| Error::Compile {
-        kernel: code.name.clone(),
+        entry: code.entry.clone(),
         detail,
     };
     let compiler = nvrtc::shared(nvrtc_dirs).map_err(|e| fail(e.to_string()))?;
+    let (major, minor) = compiler.version();
+    if let Some((d_major, d_minor)) = driver.filter(|d| (major.max(0) as u32) > d.0) {
+        return Err(fail(format!(
+            "NVRTC {major}.{minor} ({}) makes code for CUDA {major} drivers, and this driver is \
+             CUDA {d_major}.{d_minor}: install the NVRTC of CUDA {d_major} (for CUDA 12, `pip \
+             install nvidia-cuda-nvrtc-cu12`) or point SIMPLER_NVRTC_LIB at it",
+            compiler.library()
+        )));
+    }
     let target = nvrtc::Target::Cubin {
         major: cc.0,
         minor: cc.1,
@@ -285,6 +310,8 @@ fn image_for(code: &DeviceCode, cc: (u32, u32), nvrtc_dirs: &[PathBuf]) -> Resul
 #[derive(Debug, Default)]
 pub(crate) struct Launcher {
     loaded: Vec<(u64, FuncId, Arc<DeviceCode>)>,
+    /// Modules loaded per program, kept when resolving the entry failed (a retry reuses it).
+    modules: Vec<(u64, simpler_driver::ModuleId)>,
     /// The task-row buffer: `(address, bytes)`.
     pub table: Option<(simpler_driver::DevPtr, u64)>,
     /// The rows of the run being executed (kept, so a warm run allocates nothing here).
@@ -314,9 +341,16 @@ impl Launcher {
             e.detail = format!("device code of kernel {}: {}", code.name, e.detail);
             Error::device(Phase::Orchestrate, None, e)
         };
-        let cc = dev.compute_capability().map_err(in_kernel)?;
-        let image = image_for(code, cc, nvrtc_dirs)?;
-        let module = dev.load_module(&image).map_err(in_kernel)?;
+        let module = match self.modules.iter().find(|(k, _)| *k == code.key) {
+            Some((_, m)) => *m,
+            None => {
+                let cc = dev.compute_capability().map_err(in_kernel)?;
+                let image = image_for(code, cc, dev.driver_version(), nvrtc_dirs)?;
+                let m = dev.load_module(&image).map_err(in_kernel)?;
+                self.modules.push((code.key, m));
+                m
+            }
+        };
         let func = dev.function(module, &code.entry).map_err(in_kernel)?;
         self.loaded.push((code.key, func, code.clone()));
         Ok(())
@@ -325,6 +359,7 @@ impl Launcher {
     /// Forgets every loaded program (the device closed, which unloaded them).
     pub fn forget(&mut self) {
         self.loaded.clear();
+        self.modules.clear();
         self.table = None;
     }
 }

@@ -83,8 +83,8 @@ pub enum Error {
     Hazard(String),
     /// A kernel's device code could not be compiled (the compiler's log is in `detail`), or
     /// the compiler could not be found.
-    #[error("kernel {kernel}: device code: {detail}")]
-    Compile { kernel: String, detail: String },
+    #[error("device code {entry}: {detail}")]
+    Compile { entry: String, detail: String },
 }
 
 impl Error {

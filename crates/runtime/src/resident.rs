@@ -154,4 +154,10 @@ impl ResidentSets {
         }
         errors
     }
+
+    /// Forgets `set` without freeing anything (the device's context is gone: its memory went
+    /// with it).
+    pub(crate) fn forget(&mut self, set: u64) {
+        self.sets.remove(&set);
+    }
 }

@@ -719,6 +719,11 @@ impl Worker {
         if self.closed {
             return s;
         }
+        // Nothing enqueued may still use memory this close frees (a run aborted from another
+        // thread mid-execute, say).
+        if let Err(e) = self.mem.dev.synchronize() {
+            log::warn!("close: waiting for the device: {e}");
+        }
         self.abort_run();
         for (p, n) in self.mem.exports.all() {
             log::warn!(
@@ -728,12 +733,22 @@ impl Worker {
         }
         let sets = self.resident.ids_newest_first();
         s.resident_sets = sets.len() as u64;
+        // After a sticky fault no call can free anything: the driver's close gives it all up
+        // with the context, in one report.
+        let faulted = self.mem.dev.fault().is_some();
         for set in sets {
-            s.errors.extend(self.resident.release(&mut self.mem, set));
+            if faulted {
+                self.resident.forget(set);
+            } else {
+                s.errors.extend(self.resident.release(&mut self.mem, set));
+            }
         }
         for (p, info) in self.mem.live() {
             if info.owner == Owner::User {
                 s.user_buffers += 1;
+            }
+            if faulted {
+                continue;
             }
             if let Err(e) = self.mem.release(p) {
                 let what = format!("<{} of {} bytes>", info.owner.what(), info.bytes);

@@ -42,6 +42,33 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
+/// `CUresult cuDriverGetVersion(int *driverVersion)`: 13000 (CUDA 13.0), or
+/// `FAKE_CUDA_DRIVER_VERSION`. Works before `cuInit`, as in the driver.
+///
+/// # Safety
+/// `version` must be null or valid for a write of one `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    with_state(|st| {
+        if let Some(code) = st
+            .injections
+            .take_logged(&mut st.log, "cuDriverGetVersion", "")
+        {
+            return code;
+        }
+        if version.is_null() {
+            return st.ret("cuDriverGetVersion", "", CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = std::env::var("FAKE_CUDA_DRIVER_VERSION")
+            .ok()
+            .and_then(|v| v.trim().parse::<c_int>().ok())
+            .unwrap_or(13000);
+        // SAFETY: `version` is non-null and, per the caller, valid for this write.
+        unsafe { version.write(v) };
+        st.ret("cuDriverGetVersion", &v.to_string(), CUDA_SUCCESS)
+    })
+}
+
 /// `CUresult cuDeviceGet(CUdevice *device, int ordinal)`.
 ///
 /// # Safety

@@ -66,6 +66,8 @@ impl CudaDevice {
             .result()
             .map_err(|e| e.error(op, CudaFns::NAMES.stream_create, "the worker's stream"))?;
         st.exec.stream = s;
+        self.stream
+            .store(s as u64, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -348,6 +350,7 @@ impl CudaDevice {
             }
             st.exec.event = std::ptr::null_mut();
         }
+        self.stream.store(0, std::sync::atomic::Ordering::Release);
         // SAFETY: the stream created at open, destroyed once (nulled below).
         let r = CuResult(unsafe { (self.f.stream_destroy)(st.exec.stream) }).result();
         if let Err(s) = r {

@@ -44,6 +44,9 @@ vendor_fns! {
         device_get_attribute: "cuDeviceGetAttribute" => CuDeviceGetAttributeFn,
         ctx_synchronize: "cuCtxSynchronize" => CuCtxSynchronizeFn,
     }
+    optional {
+        driver_get_version: "cuDriverGetVersion" => CuDriverGetVersionFn,
+    }
 }
 
 /// Opens the driver library (`lib_path`, else `SIMPLER_CUDA_LIB`, else the default names on the

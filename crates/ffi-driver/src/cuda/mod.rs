@@ -152,6 +152,9 @@ pub struct CudaDevice {
     dev: CuDevice,
     f: CudaFns,
     state: Mutex<State>,
+    /// The worker's stream handle (0 before open finishes and after close), readable without
+    /// the state lock, which a thread waiting for the device holds.
+    stream: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the only non-thread-safe fields are the raw `CUcontext` handles inside `state`, opaque
@@ -253,6 +256,7 @@ impl CudaDevice {
                 fault: None,
                 releasing: false,
             }),
+            stream: std::sync::atomic::AtomicU64::new(0),
         };
         // On failure `device` drops, which releases the primary context.
         let created = device.create_stream(&mut device.lock());
@@ -608,8 +612,24 @@ impl Device for CudaDevice {
     }
 
     fn stream_handle(&self) -> Option<u64> {
-        let st = self.lock();
-        (!st.exec.stream.is_null()).then_some(st.exec.stream as u64)
+        match self.stream.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            s => Some(s),
+        }
+    }
+
+    fn fault(&self) -> Option<i64> {
+        self.lock().fault
+    }
+
+    fn driver_version(&self) -> Option<(u32, u32)> {
+        let get = self.f.driver_get_version?;
+        let mut v: c_int = 0;
+        // SAFETY: `CUresult cuDriverGetVersion(int*)`; `&mut v` is valid for the write. It needs
+        // no context.
+        CuResult(unsafe { get(&mut v) }).result().ok()?;
+        let v = u32::try_from(v).ok()?;
+        Some((v / 1000, v % 1000 / 10))
     }
 
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {

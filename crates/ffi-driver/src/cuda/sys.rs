@@ -72,6 +72,7 @@ pub type CuLaunchKernelFn = unsafe extern "C" fn(
     extra: *mut *mut c_void,
 ) -> c_int;
 pub type CuCtxSynchronizeFn = unsafe extern "C" fn() -> c_int;
+pub type CuDriverGetVersionFn = unsafe extern "C" fn(version: *mut c_int) -> c_int;
 pub type CuDeviceGetAttributeFn =
     unsafe extern "C" fn(value: *mut c_int, attribute: c_int, dev: CuDevice) -> c_int;
 

@@ -169,6 +169,12 @@ impl RunState {
     pub(crate) fn end_execute(&mut self, mem: &mut Memory, ok: bool) -> Result<()> {
         self.pending.clear();
         let mut waited = Ok(());
+        // A device-array kernel that failed may have left work on streams of its own.
+        if std::mem::take(&mut self.device_task) {
+            if let Err(e) = mem.dev.synchronize_device() {
+                log::error!("waiting for the device after a failed device-array kernel: {e}");
+            }
+        }
         if self.report.counters.device_launches > 0 {
             waited = mem.dev.synchronize().map_err(|mut e| {
                 e.detail = format!(

@@ -137,12 +137,7 @@ fn conflicts(all: &[(u64, u64, u32, bool)]) -> bool {
                     self.a = Some((end, task));
                 }
             }
-            if let (Some((ea, _)), Some((eb, tb))) = (self.a, self.b) {
-                if eb > ea {
-                    self.a = Some((eb, tb));
-                    self.b = Some((ea, self.a.map_or(0, |x| x.1)));
-                }
-            }
+            // Invariant: `a` reaches furthest; `b` is the furthest of another task.
         }
     }
     let (mut any, mut writes) = (Top2::default(), Top2::default());
