@@ -12,9 +12,9 @@ The ABI, as these kernels use it
 * An entry is ``extern "C" __global__ void pa_x(const pa_x_row* rows)``: one parameter, the
   device address of the first task row of the launch.
 * A launch covers ``n`` tasks of one submit call (consecutive, or one dependence level): grid
-  ``(gx, gy, gz * n)``, where ``(gx, gy, gz)`` is the per-task grid the launch function returned. Every launch function here
-  returns ``gz = 1``, so task ``blockIdx.z`` reads ``rows[blockIdx.z]`` and its blocks are
-  ``(blockIdx.x, blockIdx.y)``.
+  ``(gx, gy, gz * n)``, where ``(gx, gy, gz)`` is the per-task grid the launch function
+  returned. Every launch function here returns ``gz = 1``, so task ``blockIdx.z`` reads
+  ``rows[blockIdx.z]`` and its blocks are ``(blockIdx.x, blockIdx.y)``.
 * A row is a C struct of 8-byte fields: the device address of the first element of each tensor
   slot's view (the views here are dense, row-major), then the task's scalars in submit order
   (``double`` for ``"float64"``, ``long long`` for ``"int64"``), then the launch function's
