@@ -5,7 +5,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -13,10 +12,9 @@ use simpler_runtime::Geometry;
 
 use crate::cell::Shared;
 use crate::errors::state_err;
+use crate::exporting::{self, KDL_CUDA};
 use crate::helpers;
 
-/// `kDLCUDA` of DLPack's `DLDeviceType`.
-const KDL_CUDA: i32 = 2;
 
 /// One tensor of a task, as device memory: hand it to CuPy (``cupy.asarray(a)``) or PyTorch
 /// (``torch.from_dlpack(a)``) without a copy. ``stream`` is the worker's stream, on which the
@@ -106,27 +104,8 @@ impl DeviceArray {
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.check_live()?;
         let dt = self.np_dtype(py)?;
-        if dt.getattr("kind")?.extract::<String>()? == "V" {
-            return Err(PyTypeError::new_err(format!(
-                "__cuda_array_interface__: {} has no typestr consumers read as that type; use \
-                 DLPack",
-                self.geometry.dtype().name()
-            )));
-        }
-        let item = self.geometry.dtype().size();
-        let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, self.geometry.shape())?)?;
-        d.set_item("typestr", dt.getattr("str")?)?;
-        d.set_item("data", (self.addr, !self.writable))?;
-        if self.geometry.is_contiguous() {
-            d.set_item("strides", py.None())?;
-        } else {
-            let s: Vec<u64> = self.geometry.strides().iter().map(|s| s * item).collect();
-            d.set_item("strides", PyTuple::new(py, s)?)?;
-        }
-        d.set_item("version", 3)?;
-        d.set_item("stream", self.cell.dev.stream_handle())?;
-        Ok(d)
+        let stream = self.cell.dev.stream_handle();
+        exporting::cai_dict(py, &self.geometry, &dt, self.addr, !self.writable, stream)
     }
 
     /// ``(kDLCUDA, device id)``.
@@ -148,29 +127,8 @@ impl DeviceArray {
         let a = slf.get();
         a.check_live()?;
         let device = a.__dlpack_device__();
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err("DeviceArray.__dlpack__ cannot copy"));
-        }
-        if dl_device.is_some_and(|d| d != device) {
-            return Err(PyBufferError::new_err(format!(
-                "the array is on DLPack device {device:?}, not {dl_device:?}"
-            )));
-        }
-        match stream {
-            Some(-1) => {}
-            Some(s) if s <= 0 => {
-                return Err(PyBufferError::new_err(format!(
-                    "__dlpack__: stream {s} is not a CUDA stream"
-                )))
-            }
-            s => {
-                // Not with the GIL: the device's lock may be held by a thread waiting for it.
-                let dev = &a.cell.dev;
-                let consumer = s.map_or(1, |s| s as u64);
-                crate::shutdown::without_gil(py, || dev.order_stream(consumer))
-                    .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?
-            }
-        }
+        let consumer = exporting::dlpack_request("array", device, stream, dl_device, copy)?;
+        exporting::order_after(py, &*a.cell.dev, consumer)?;
         let dt = a.np_dtype(py)?;
         helpers::get(py)?
             .dlpack_export

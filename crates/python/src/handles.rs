@@ -21,6 +21,7 @@ use simpler_runtime::{BufferRef, Error, ExportGuard, Geometry, HostWindow, Worke
 use crate::cell::Shared;
 use crate::convert;
 use crate::errors::{done, state_err, type_err, type_name, Exc, PyResultExt};
+use crate::exporting::{self, KDL_CUDA};
 use crate::helpers;
 
 /// What a copy or a free names: a ``Buffer``, or a ``DeviceTensor`` (its buffer, and for a copy
@@ -324,8 +325,6 @@ impl std::hash::Hash for DeviceTensor {
     }
 }
 
-/// `kDLCUDA` of DLPack's `DLDeviceType`.
-const KDL_CUDA: i32 = 2;
 
 impl DeviceTensor {
     /// A tensor over `buffer`, checked against its allocation.
@@ -519,31 +518,12 @@ impl DeviceTensor {
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.cuda_device(py)?;
         let dt = self.np_dtype_of(py)?;
-        if dt.getattr("kind")?.extract::<String>()? == "V" {
-            return Err(PyTypeError::new_err(format!(
-                "__cuda_array_interface__: {} has no typestr that consumers read as that type; \
-                 use DLPack (torch.from_dlpack(t), cupy.from_dlpack(t))",
-                self.geometry.dtype().name()
-            )));
-        }
+        let stream = self.buffer.bind(py).get().cell.dev.stream_handle();
+        let d = exporting::cai_dict(py, &self.geometry, &dt, self.data_ptr(), false, stream)?;
         if self.cai_export.get().is_none() {
             let g = self.export(py)?;
             let _ = self.cai_export.set(g);
         }
-        let item = self.geometry.dtype().size();
-        let d = PyDict::new(py);
-        d.set_item("shape", PyTuple::new(py, self.geometry.shape())?)?;
-        d.set_item("typestr", dt.getattr("str")?)?;
-        d.set_item("data", (self.data_ptr(), false))?;
-        if self.geometry.is_contiguous() {
-            d.set_item("strides", py.None())?;
-        } else {
-            let s: Vec<u64> = self.geometry.strides().iter().map(|s| s * item).collect();
-            d.set_item("strides", PyTuple::new(py, s)?)?;
-        }
-        d.set_item("version", 3)?;
-        let stream = self.buffer.bind(py).get().cell.dev.stream_handle();
-        d.set_item("stream", stream)?;
         Ok(d)
     }
 
@@ -575,41 +555,12 @@ impl DeviceTensor {
         let py = slf.py();
         let t = slf.get();
         let device = t.__dlpack_device__(py)?;
-        if copy == Some(true) {
-            return Err(PyBufferError::new_err(
-                "DeviceTensor.__dlpack__ cannot copy (copy=True)",
-            ));
-        }
-        if let Some(d) = dl_device {
-            if d != device {
-                return Err(PyBufferError::new_err(format!(
-                    "the tensor is on DLPack device {device:?}, not {d:?}"
-                )));
-            }
-        }
-        let consumer = match stream {
-            None => Some(1),
-            Some(-1) => None,
-            Some(s) if s > 0 => Some(s as u64),
-            Some(s) => {
-                return Err(PyBufferError::new_err(format!(
-                    "__dlpack__: stream {s} is not a CUDA stream (None or 1: legacy default, 2: \
-                     per-thread default, -1: no synchronization, > 2: a stream handle; 0 is \
-                     ambiguous)"
-                )))
-            }
-        };
+        let consumer = exporting::dlpack_request("tensor", device, stream, dl_device, copy)?;
         let dt = t.np_dtype_of(py)?;
         let guard = Export {
             guard: Mutex::new(Some(t.export(py)?)),
         };
-        if let Some(s) = consumer {
-            let cell = &t.buffer.bind(py).get().cell;
-            // Not with the GIL: the device's lock may be held by a thread waiting for it.
-            let dev = &cell.dev;
-            crate::shutdown::without_gil(py, || dev.order_stream(s))
-                .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))?;
-        }
+        exporting::order_after(py, &*t.buffer.bind(py).get().cell.dev, consumer)?;
         helpers::get(py)?
             .dlpack_export
             .bind(py)

@@ -29,6 +29,7 @@ mod devarray;
 mod devcode;
 mod direction;
 mod errors;
+mod exporting;
 mod handles;
 mod helpers;
 mod kernels;

@@ -465,6 +465,14 @@ def cuda_code(entry: str) -> sp.CudaCode:
     return sp.CudaCode(SOURCE, entry=entry, launch=launch, scalars=spec["scalars"])
 
 
+def _reference():
+    """:mod:`simpler.workloads.paged_attention` (imported when first needed: it imports this
+    module), whose numpy kernels are the reference the host implementations share math with."""
+    from . import paged_attention
+
+    return paged_attention
+
+
 # -- host implementations for the fake libcuda --------------------------------------------------
 #
 # Each does what its entry does, task by task: it decodes the rows as the device code declares
@@ -615,23 +623,13 @@ def _host_online_update(launch: Launch) -> None:
     for st_at, bo_at, m_at, s_at, acc_at, first, heads, dim, nh in tasks:
         if nh == 0:
             continue
-        st = launch.array(st_at, (2, heads), _F32)
-        m_blk, s_blk = st[0, :nh], st[1, :nh]
+        st = launch.array(st_at, (2, heads), _F32)[:, :nh]
         bo = launch.array(bo_at, (nh, dim), _F32)
         m = launch.array(m_at, (nh,), _F32)
         s = launch.array(s_at, (nh,), _F32)
         acc = launch.array(acc_at, (nh, dim), _F32)
-        if first:
-            m[...] = m_blk
-            s[...] = s_blk
-            acc[...] = bo
-            continue
-        m_new = np.maximum(m, m_blk)
-        a_old = np.exp(m - m_new)
-        a_blk = np.exp(m_blk - m_new)
-        s[...] = s * a_old + s_blk * a_blk
-        acc[...] = acc * a_old[:, None] + bo * a_blk[:, None]
-        m[...] = m_new
+        # The covered heads fold exactly as the reference kernel folds them.
+        _reference().UPDATE.fn(st, bo, m, s, acc, first)
 
 
 @fake_cuda.host_impl("pa_normalize")
