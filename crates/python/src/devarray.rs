@@ -15,7 +15,6 @@ use crate::errors::state_err;
 use crate::exporting::{self, KDL_CUDA};
 use crate::helpers;
 
-
 /// One tensor of a task, as device memory: hand it to CuPy (``cupy.asarray(a)``) or PyTorch
 /// (``torch.from_dlpack(a)``) without a copy. ``stream`` is the worker's stream, on which the
 /// memory is ready (the runtime has also waited for it before the call). Valid only during

@@ -325,7 +325,6 @@ impl std::hash::Hash for DeviceTensor {
     }
 }
 
-
 impl DeviceTensor {
     /// A tensor over `buffer`, checked against its allocation.
     pub fn over(
