@@ -99,6 +99,12 @@ static __device__ __forceinline__ float pa_bf16_to_f32(pa_bf16 u) {
     return __uint_as_float(((unsigned int)u) << 16);
 }
 
+/* float32 -> bfloat16 bits, rounding to nearest even (the inputs here are finite). */
+static __device__ __forceinline__ pa_bf16 pa_f32_to_bf16(float f) {
+    const unsigned int u = __float_as_uint(f);
+    return (pa_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 static __device__ __forceinline__ float pa_neg_inf() { return __uint_as_float(0xff800000u); }
 
 /* The numpy kernels slice [:valid]; the device clamps to [0, n] (never reads past the view). */
@@ -159,10 +165,10 @@ extern "C" __global__ void pa_qk(const pa_qk_row* rows) {
     }
 }
 
-/* ---- block_softmax: probs = exp(scores - rowmax), stats = [rowmax, rowsum] over t < valid ---- */
+/* ---- block_softmax: probs = bf16(exp(scores - rowmax)), stats = [rowmax, rowsum of probs] --- */
 struct pa_softmax_row {
     const float* scores; /* [H, BS] */
-    float* probs;        /* [H, BS], tokens [0, valid) written */
+    pa_bf16* probs;      /* [H, BS], tokens [0, valid) written, rounded to bfloat16 */
     float* stats;        /* [2, H] */
     long long valid;
     long long heads, block_size; /* consts */
@@ -178,16 +184,17 @@ extern "C" __global__ void pa_block_softmax(const pa_softmax_row* rows) {
     if (h >= H) return; /* the whole warp */
     const long long valid = pa_clamp(r.valid, BS);
     const float* sc = r.scores + h * BS;
-    float* pr = r.probs + h * BS;
+    pa_bf16* pr = r.probs + h * BS;
     const unsigned int lane = threadIdx.x;
     float m = pa_neg_inf();
     for (long long t = lane; t < valid; t += PA_WARP) m = fmaxf(m, sc[t]);
     m = pa_warp_max(m);
     float s = 0.0f;
     for (long long t = lane; t < valid; t += PA_WARP) {
-        const float p = expf(sc[t] - m);
+        /* P is kept in the inputs' dtype (bfloat16); the row sum is of the rounded values. */
+        const pa_bf16 p = pa_f32_to_bf16(expf(sc[t] - m));
         pr[t] = p;
-        s += p;
+        s += pa_bf16_to_f32(p);
     }
     s = pa_warp_sum(s);
     if (lane == 0) {
@@ -198,7 +205,7 @@ extern "C" __global__ void pa_block_softmax(const pa_softmax_row* rows) {
 
 /* ---- pv: block_out[h] = probs[h, :valid] @ v[:valid] ---------------------------------------- */
 struct pa_pv_row {
-    const float* probs;   /* [H, BS] */
+    const pa_bf16* probs; /* [H, BS], bfloat16 */
     const pa_bf16* v;     /* [BS, D] */
     float* block_out;     /* [H, D], all written */
     long long valid;
@@ -215,7 +222,7 @@ extern "C" __global__ void pa_pv(const pa_pv_row* rows) {
     if (d >= D || h0 >= H) return;
     const long long valid = pa_clamp(r.valid, BS);
     const long long nh = H - h0 < PA_PV_HEADS ? H - h0 : PA_PV_HEADS;
-    const float* p = r.probs + h0 * BS;
+    const pa_bf16* p = r.probs + h0 * BS;
     float acc[PA_PV_HEADS];
 #pragma unroll
     for (int j = 0; j < PA_PV_HEADS; ++j) acc[j] = 0.0f;
@@ -223,7 +230,7 @@ extern "C" __global__ void pa_pv(const pa_pv_row* rows) {
         const float vt = pa_bf16_to_f32(r.v[t * D + d]);
 #pragma unroll
         for (int j = 0; j < PA_PV_HEADS; ++j) {
-            if (j < nh) acc[j] += p[j * BS + t] * vt;
+            if (j < nh) acc[j] += pa_bf16_to_f32(p[j * BS + t]) * vt;
         }
     }
 #pragma unroll
@@ -545,7 +552,7 @@ def _host_block_softmax(launch: Launch) -> None:
     launch.check_races(
         [
             Region(sc_at, _span(sc_at, nh, block_size, n, 4), False, "scores"),
-            Region(pr_at, _span(pr_at, nh, block_size, n, 4), True, "probs"),
+            Region(pr_at, _span(pr_at, nh, block_size, n, 2), True, "probs"),
             Region(st_at, _span(st_at, 2, heads, nh, 4), True, "stats"),
         ]
         for sc_at, pr_at, st_at, heads, block_size, nh, n in tasks
@@ -559,11 +566,11 @@ def _host_block_softmax(launch: Launch) -> None:
             stats[1, :nh] = 0.0
             continue
         sc = launch.array(sc_at, (heads, block_size), _F32)[:nh, :n]
-        pr = launch.array(pr_at, (heads, block_size), _F32)[:nh, :n]
+        pr = launch.array(pr_at, (heads, block_size), _BF16)[:nh, :n]
         m = sc.max(axis=1)
-        pr[...] = np.exp(sc - m[:, None])
+        pr[...] = np.exp(sc - m[:, None])  # rounded to bfloat16 on the way in
         stats[0, :nh] = m
-        stats[1, :nh] = pr.sum(axis=1)
+        stats[1, :nh] = pr.astype(np.float32).sum(axis=1)
 
 
 @fake_cuda.host_impl("pa_pv")
@@ -581,7 +588,7 @@ def _host_pv(launch: Launch) -> None:
         tasks.append((pr_at, v_at, bo_at, heads, dim, block_size, nh, nd, _clamp(valid, block_size)))
     launch.check_races(
         [
-            Region(pr_at, _span(pr_at, nh, block_size, n, 4) if nd else 0, False, "probs"),
+            Region(pr_at, _span(pr_at, nh, block_size, n, 2) if nd else 0, False, "probs"),
             Region(v_at, _span(v_at, n, dim, nd, 2) if nh else 0, False, "v"),
             Region(bo_at, _span(bo_at, nh, dim, nd, 4), True, "block_out"),
         ]
@@ -590,7 +597,7 @@ def _host_pv(launch: Launch) -> None:
     for pr_at, v_at, bo_at, heads, dim, block_size, nh, nd, n in tasks:
         if nh == 0 or nd == 0:
             continue
-        pr = launch.array(pr_at, (heads, block_size), _F32)[:nh, :n]
+        pr = launch.array(pr_at, (heads, block_size), _BF16)[:nh, :n].astype(np.float32)
         v = launch.array(v_at, (n, dim), _BF16)[:, :nd].astype(np.float32)
         out = launch.array(bo_at, (heads, dim), _F32)
         out[:nh, :nd] = pr @ v
