@@ -9,7 +9,10 @@ copy made here and written back after the run for outputs.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import sys
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +84,100 @@ def write_back(orig: np.ndarray, work: np.ndarray) -> None:
     orig[...] = work
 
 
+# -- values written for upstream's runtime: torch CPU tensors and ctypes scalars -------------------
+#
+# Scene tests ported from hw-native-sys/simpler build their fixtures with torch and their scalars
+# with ctypes. Both are converted here, in Python, before any value reaches the native core (which
+# takes numpy arrays and int/float/bool): the argument specs (``simpler.args``) call these.
+
+#: torch dtypes whose ``Tensor.numpy()`` works in every torch release; the others (bfloat16, the
+#: float8 kinds, uint16/32/64 on older releases) go through an integer view of the same width.
+_TORCH_NUMPY_DTYPES = frozenset(
+    {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"}
+)
+
+
+#: Where ``torch.Tensor`` says it lives (``torch``; the module that defines it, for safety).
+_TORCH_TENSOR_MODULES = frozenset({"torch", "torch._tensor"})
+
+
+def is_torch_tensor(x: object) -> bool:
+    """Whether ``x`` is a ``torch.Tensor`` (a subclass included), told from its class hierarchy:
+    torch is never imported (it is not a dependency)."""
+    return any(c.__name__ == "Tensor" and c.__module__ in _TORCH_TENSOR_MODULES for c in type(x).__mro__)
+
+
+def torch_array(t: Any, what: str) -> np.ndarray:
+    """A numpy array over the memory of the CPU torch tensor ``t`` (no copy: a run's copy-back
+    lands in ``t``). ``what`` names the argument in errors.
+
+    ``t.detach().numpy()`` where numpy knows the dtype; bfloat16 and the float8 kinds as an
+    integer view of the same width, re-typed with ml_dtypes' type of that name
+    (``t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)``). A tensor on another device
+    (CUDA, meta) or a non-contiguous one is an ``ArgumentError``; a dtype with no numpy
+    counterpart (e.g. the packed ``float4_e2m1fn_x2``) an ``ArgumentTypeError``.
+    """
+    device = t.device
+    if getattr(device, "type", str(device)) != "cpu":
+        raise ArgumentError(
+            f"{what}: the torch tensor is on {device}, not the CPU: a host array must be in host "
+            "memory (pass t.cpu(), and read outputs from that copy)"
+        )
+    if not t.is_contiguous():
+        raise ArgumentError(
+            f"{what}: the torch tensor is not contiguous (shape {tuple(t.shape)}, strides "
+            f"{tuple(t.stride())}); pass t.contiguous() (outputs then land in that copy)"
+        )
+    name = str(t.dtype).removeprefix("torch.")
+    t = t.detach()  # shares the storage; numpy() refuses a tensor that requires grad
+    target = None
+    if name not in _TORCH_NUMPY_DTYPES:
+        bits = t.element_size() * 8
+        try:
+            target = np_dtype(name)
+        except TypeError:
+            pass
+        if target is None or target.itemsize * 8 != bits or bits not in (8, 16, 32, 64):
+            raise ArgumentTypeError(
+                f"{what}: torch dtype {name} has no numpy counterpart simpler can stage "
+                f"(supported: {', '.join(SUPPORTED_DTYPES)})"
+            )
+    try:
+        if target is None:
+            return t.numpy()
+        torch = sys.modules["torch"]  # loaded: t is one of its tensors
+        return t.view(getattr(torch, f"int{bits}")).numpy().view(target)
+    except (RuntimeError, TypeError) as e:  # what torch raises for a tensor numpy cannot view
+        raise ArgumentTypeError(f"{what}: cannot view the torch tensor ({name}) as a numpy array: {e}") from e
+
+
+def host_array(value: object, what: str) -> object:
+    """``value`` as the native core takes a host array: a torch tensor becomes a numpy view of its
+    memory (:func:`torch_array`); anything else is returned unchanged (and checked by the caller)."""
+    if isinstance(value, np.ndarray) or not is_torch_tensor(value):
+        return value
+    return torch_array(value, what)
+
+
+#: The ctypes type codes of numbers (``c_int8`` ... ``c_uint64``, ``c_float``, ``c_double``,
+#: ``c_longdouble``, ``c_bool``) and of ``c_void_p`` (an address, ``None`` being 0). ``c_char`` and the
+#: string pointers are not numbers and stay as they are (and are refused as scalars).
+_CTYPES_NUMBER_CODES = frozenset("bBhHiIlLqQfdg?P")
+
+
+def host_scalar(value: object) -> object:
+    """``value`` as the native core takes a scalar: a numeric ctypes value (``ctypes.c_float(1.0)``,
+    ``c_int64``, ``c_bool``, ...) becomes its Python value (float, int, bool); anything else is
+    returned unchanged (and checked by the caller)."""
+    if (
+        isinstance(value, ctypes._SimpleCData)
+        and getattr(type(value), "_type_", None) in _CTYPES_NUMBER_CODES
+    ):
+        v = value.value
+        return 0 if v is None else v  # c_void_p(None): the null address
+    return value
+
+
 def _as_array(values: object, what: str) -> np.ndarray:
     """``values`` as a numpy array; ragged or unconvertible input is an ``ArgumentError``."""
     try:
@@ -141,4 +238,6 @@ _core.install_helpers(
     dlpack_export=_dlpack.export,
     nvrtc_dirs=_cuda.nvrtc_dirs,
     device_array=_cuda.device_array,
+    host_array=host_array,
+    host_scalar=host_scalar,
 )

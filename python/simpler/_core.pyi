@@ -151,6 +151,8 @@ def install_helpers(
     dlpack_export: _Fn[..., Any],
     nvrtc_dirs: _Fn[..., Any],
     device_array: _Fn[..., Any],
+    host_array: _Fn[..., Any],
+    host_scalar: _Fn[..., Any],
 ) -> None:
     """Hands the native module its Python helpers (``simpler._arrays`` does, at import)."""
 

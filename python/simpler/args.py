@@ -2,6 +2,8 @@
 
 * :class:`TensorArg` / :class:`Scalar` name one argument of a callable; ``TensorArg(...,
   child_memory=True)`` declares that the tensor lives on the device for the whole case.
+  Values written for upstream's runtime (hw-native-sys/simpler) are taken too: a CPU torch
+  tensor becomes a numpy view of its memory, a ctypes scalar its Python value (``_arrays``).
 * :class:`TaskArgsBuilder` is an ordered set of specs (tensors first, then scalars) with access by
   name; :meth:`Worker.run <simpler.Worker.run>` takes it directly (everything host-staged).
 * :class:`ResidentTaskArgs` owns the device buffers of resident tensors: the native resident set
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _arrays, _core
 from .errors import ArgumentError, ArgumentTypeError
 from .worker import Callable, DeviceTensor, Worker
 
@@ -37,7 +39,12 @@ class TensorArg:
     Args:
         name: unique within its builder; used for access (``args.name``) and in messages.
         value: a numpy array (host-staged, or uploaded once when ``child_memory``) or a
-            :class:`~simpler.DeviceTensor` (already resident).
+            :class:`~simpler.DeviceTensor` (already resident). A CPU, contiguous
+            ``torch.Tensor`` (as upstream's tests build their fixtures) is taken too and stored as
+            a numpy view of its memory, no copy: ``value`` (and ``args.name``) is that view, and
+            what a run copies back lands in the torch tensor. bfloat16 and the float8 kinds come
+            out as ml_dtypes arrays. A CUDA or non-contiguous tensor is an ``ArgumentError``.
+            torch is not a dependency and is never imported.
         child_memory: declare the tensor resident: a case-owned device buffer, allocated (and,
             unless OUT, uploaded) once per case and passed through on every round.
     """
@@ -49,9 +56,12 @@ class TensorArg:
     def __post_init__(self) -> None:
         _core.check_name(self.name, "TensorArg")
         if not isinstance(self.value, (np.ndarray, DeviceTensor)):
+            # frozen: the converted value replaces the given one through object.__setattr__
+            object.__setattr__(self, "value", _arrays.host_array(self.value, f"TensorArg '{self.name}'"))
+        if not isinstance(self.value, (np.ndarray, DeviceTensor)):
             raise ArgumentTypeError(
-                f"TensorArg '{self.name}': value must be a numpy array or DeviceTensor, "
-                f"not {type(self.value).__name__}"
+                f"TensorArg '{self.name}': value must be a numpy array or DeviceTensor "
+                f"(or a CPU torch tensor), not {type(self.value).__name__}"
             )
         if not isinstance(self.child_memory, (bool, np.bool_)):
             raise ArgumentTypeError(f"TensorArg '{self.name}': child_memory must be a bool")
@@ -76,7 +86,12 @@ class TensorArg:
 
 @dataclass(frozen=True, eq=False)
 class Scalar:
-    """A scalar argument (int, float or bool); scalars follow every tensor.
+    """A scalar argument (int, float or bool, numpy scalars included); scalars follow every tensor.
+
+    A numeric ctypes value (``ctypes.c_float(1.0)``, ``c_double``, ``c_int32``, ``c_int64``,
+    ``c_uint32``, ``c_bool``, ...: how upstream's tests write scalars) is taken too and stored as
+    its Python value: ``Scalar("scale", ctypes.c_float(1.0)).value == 1.0`` (a float; read
+    ``args.scale``, not ``args.scale.value``). ``c_float`` keeps its float32 rounding.
 
     ``child_memory`` is a read-only ``False`` so loops that read the flag over all specs work;
     use :meth:`TaskArgsBuilder.with_child_memory` to set it on tensors only.
@@ -87,6 +102,8 @@ class Scalar:
 
     def __post_init__(self) -> None:
         _core.check_name(self.name, "Scalar")
+        # frozen: the converted value replaces the given one through object.__setattr__
+        object.__setattr__(self, "value", _arrays.host_scalar(self.value))
         _core.check_scalar(self.value, f"Scalar '{self.name}'")
 
     is_tensor = False
@@ -119,6 +136,14 @@ class TaskArgsBuilder:
     ``args.query`` and ``args["query"]`` give the value of the spec named ``query``;
     ``args.query = arr`` is :meth:`replace`. Names must be unique and must not shadow a member
     of the builder (``clone``, ``specs``, ...) or start with ``_``.
+
+    Upstream's builder surface (hw-native-sys/simpler ``simpler_setup.TaskArgsBuilder``) works
+    as there: ``TaskArgsBuilder(*specs)``, :meth:`add_tensor`, :meth:`add_scalar`,
+    :meth:`tensor_names`, :attr:`specs`, :meth:`clone`, ``args.name``; a tensor after a scalar,
+    a duplicate name or a name shadowing a member raises ``ArgumentError`` (a ``ValueError``,
+    as upstream). Unlike upstream, a constructor argument that is not a spec is an error, not
+    ignored, and the values are numpy arrays (torch tensors are converted, see
+    :class:`TensorArg`).
     """
 
     def __init__(self, *specs: Spec):
@@ -147,11 +172,25 @@ class TaskArgsBuilder:
             self._specs[name] = spec
         return self
 
+    def add_tensor(self, name: str, value: Any, child_memory: bool = False) -> TaskArgsBuilder:
+        """Appends ``TensorArg(name, value, child_memory)`` (upstream's ``add_tensor``); returns
+        the builder. A tensor after a scalar is an ``ArgumentError``."""
+        return self.add(TensorArg(name, value, child_memory))
+
+    def add_scalar(self, name: str, value: Any) -> TaskArgsBuilder:
+        """Appends ``Scalar(name, value)`` (upstream's ``add_scalar``; a ctypes value is taken as
+        its Python value); returns the builder. Every tensor must be added before it."""
+        return self.add(Scalar(name, value))
+
     # -- access --
     @property
     def specs(self) -> tuple[Spec, ...]:
-        """Every spec, in order."""
+        """Every spec (:class:`TensorArg` / :class:`Scalar`), in order."""
         return tuple(self._specs.values())
+
+    def tensor_names(self) -> list[str]:
+        """The tensor names, in order (upstream's ``tensor_names()``)."""
+        return [s.name for s in self._specs.values() if isinstance(s, TensorArg)]
 
     @property
     def names(self) -> list[str]:
@@ -257,7 +296,38 @@ class ResidentTaskArgs(_core.ResidentSet):
     ones replaced; ``copy_back(builder, names)`` reads outputs back; ``release()`` frees in LIFO
     order (every free attempted, each failure logged, the first raised; refused while a tensor is
     bound to the run in progress), idempotently. A context manager.
+
+    ``add`` takes a CPU torch tensor as ``host`` and ``build_args`` ctypes scalars, converted as
+    :class:`TensorArg` and :class:`Scalar` convert them.
     """
+
+    def add(
+        self,
+        name: str,
+        host: Any,
+        direction: Any = None,
+        host_view: Any = None,
+        eager: Any = None,
+    ) -> Any:
+        """Makes ``host`` resident under ``name``; returns its ``DeviceTensor`` (see
+        ``ResidentSet.add`` for ``direction``, ``host_view`` and ``eager``).
+
+        ``host`` is a numpy array or a CPU, contiguous torch tensor (uploaded from a numpy view
+        of its memory, no copy). The refusal of a fixture overlapping an earlier one's storage
+        follows that earlier fixture while its host array lives: for a torch tensor added here
+        that is the temporary view, so add torch fixtures through :meth:`from_builder` (the
+        builder keeps the view) where the check matters.
+        """
+        host = _arrays.host_array(host, f"resident tensor '{name}'")
+        return super().add(name, host, direction, host_view, eager)
+
+    def build_args(self, expected_count: Any = None, scalars: Any = None) -> BuiltArgs:
+        """Every added tensor in add order, then ``scalars`` (values, or specs with a ``name``
+        and a ``value`` such as ``Scalar``); a ctypes value is taken as its Python value. See
+        ``ResidentSet.build_args`` for ``expected_count``."""
+        if scalars is not None:
+            scalars = [s if isinstance(s, Scalar) else _arrays.host_scalar(s) for s in scalars]
+        return super().build_args(expected_count, scalars)
 
     @classmethod
     def from_builder(

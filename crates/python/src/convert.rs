@@ -40,16 +40,33 @@ where
 }
 
 /// `obj` as a numpy array, or the error naming `what` and what it got.
-pub fn ndarray<'a, 'py>(
-    obj: &'a Bound<'py, PyAny>,
+pub fn ndarray<'py>(
+    obj: &Bound<'py, PyAny>,
     what: &dyn std::fmt::Display,
-) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
-    obj.cast::<PyUntypedArray>().map_err(|_| {
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let host = host_array(obj, what)?;
+    host.cast_into::<PyUntypedArray>().map_err(|e| {
         type_err(format!(
-            "{what}: expected a numpy array, got {}",
-            crate::errors::type_name(obj)
+            "{what}: expected a numpy array (or a CPU torch tensor), got {}",
+            crate::errors::type_name(e.into_inner().as_any())
         ))
     })
+}
+
+/// `obj` as a host array where it is one in another library's clothes (a CPU torch tensor
+/// becomes a numpy view of its memory: `simpler._arrays.host_array`); else `obj` itself.
+pub fn host_array<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &dyn std::fmt::Display,
+) -> PyResult<Bound<'py, PyAny>> {
+    if obj.cast::<PyUntypedArray>().is_ok() {
+        return Ok(obj.clone());
+    }
+    let py = obj.py();
+    crate::helpers::get(py)?
+        .host_array
+        .bind(py)
+        .call1((obj, what.to_string()))
 }
 
 /// An argument's name: a non-empty string, or the error naming `what`.
@@ -443,6 +460,11 @@ fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyR
     }
     if let Ok(f) = v.call_method0(intern!(py, "__float__")) {
         return Ok(Value::Float(f.extract()?));
+    }
+    // A ctypes number (`ctypes.c_float(1.0)`): its Python value.
+    let plain = crate::helpers::get(py)?.host_scalar.bind(py).call1((v,))?;
+    if !plain.is(v) {
+        return number(&plain, name, noun);
     }
     Err(type_err(format!(
         "{name}: {noun} must be int, float or bool, not {}",

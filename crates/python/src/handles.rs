@@ -118,14 +118,11 @@ fn contiguous_bytes<'py>(
     arr: &Bound<'py, PyAny>,
     what: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let a = convert::ndarray(arr, &what)?;
+    let a = &convert::ndarray(arr, &what)?;
     let g = convert::array_geometry(a, &what)?
         .ok_or_else(|| not_native(a, &what))
         .and_then(|g| g.require_contiguous(&what).map(|_| g).py())?;
-    helpers::get(py)?
-        .flat_bytes
-        .bind(py)
-        .call1((arr, g.extent()))
+    helpers::get(py)?.flat_bytes.bind(py).call1((a, g.extent()))
 }
 
 /// The refusal of an array the runtime cannot take byte for byte (numpy's own layout named).

@@ -39,6 +39,8 @@ helpers! {
     dlpack_export: "`(tensor, data, device, dtype) -> capsule`: a DLPack capsule.",
     nvrtc_dirs: "`() -> list[str]`: folders of the NVRTC wheels found on `sys.path`.",
     device_array: "`(kind, DeviceArray) -> array`: a CuPy array or a torch tensor over it.",
+    host_array: "`(value, what) -> value`: a torch tensor as a numpy view; else unchanged.",
+    host_scalar: "`(value) -> value`: a ctypes number as its Python value; else unchanged.",
 }
 
 static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();

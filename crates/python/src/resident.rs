@@ -330,7 +330,7 @@ impl ResidentSet {
         self.check_open("add")?;
         let name = convert::arg_name(name, "ResidentTaskArgs.add")?;
         let what = format!("resident tensor '{name}'");
-        let arr = convert::ndarray(host, &what)?;
+        let arr = &convert::ndarray(host, &what)?;
         let fixture = self.check_overlap(arr, &what)?;
         let policies = host_view_names();
         let view = match host_view {
@@ -351,7 +351,7 @@ impl ResidentSet {
         let geometry =
             convert::array_geometry(arr, &what)?.ok_or_else(|| handles::not_native(arr, &what))?;
         // The bytes, when the layout is one the runtime takes (it checks contiguity itself).
-        let flat = flat_bytes(py, host, geometry.extent())?;
+        let flat = flat_bytes(py, arr.as_any(), geometry.extent())?;
         let ro = flat.try_readonly()?;
         let bytes: &[u8] = if geometry.is_contiguous() {
             ro.as_slice()?
@@ -550,7 +550,7 @@ impl ResidentSet {
             let t = value.bind(py).cast::<DeviceTensor>()?.get();
             let what = format!("copy_back '{name}'");
             let dst = builder.get_item(&name)?;
-            let arr = convert::ndarray(&dst, &what)?;
+            let arr = &convert::ndarray(&dst, &what)?;
             let dtype = convert::array_dtype(&arr.dtype(), &what)?;
             let shape: Vec<u64> = arr.shape().iter().map(|&s| s as u64).collect();
             if shape != t.geometry.shape() || dtype != t.geometry.dtype() {

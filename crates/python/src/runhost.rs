@@ -280,6 +280,11 @@ pub fn run<'py>(
     let mut scalars = Vec::new();
     let mut tensors = 0;
     for (name, v) in named {
+        // A CPU torch tensor is a host array (a numpy view of its memory), never a scalar.
+        let v = match v.cast::<DeviceTensor>() {
+            Ok(_) => v,
+            Err(_) => convert::host_array(&v, &convert::TensorName(&name))?,
+        };
         let value = if let Ok(t) = v.cast::<DeviceTensor>() {
             let t = t.get();
             tensors += 1;
@@ -314,6 +319,8 @@ pub fn run<'py>(
             });
             ArgValue::Staged { geometry, writable }
         } else {
+            // The orchestration gets the plain value (a ctypes number's Python value).
+            let v = helpers::get(py)?.host_scalar.bind(py).call1((&v,))?;
             convert::scalar(&v, &format_args!("run {}: argument '{name}'", c.name))?;
             scalars.push(v);
             ArgValue::Scalar
