@@ -42,6 +42,12 @@ rust-test:
 # HAL (small allocations refused and mirrored, large ones mapped, as on 64 KiB-page hosts), and
 # on the cuda platform through the fake libcuda (every view a page-locked mirror); then the
 # device checks of `make device-check`, from the in-tree build against the fake libcuda.
+# The ported upstream scene tests (examples/upstream) run every small case on sim, manual ones
+# included; on the fake ascend, their upstream-sized cases (Case1: 256 sequences of 8K tokens,
+# hours of host-path kernels over a fake) are left to a real card.
+UPSTREAM_PA := examples/upstream/paged_attention/test_upstream_paged_attention
+UPSTREAM_BIG := --deselect $(UPSTREAM_PA)_numpy.py::TestPagedAttentionNumpy::Case1 \
+	--deselect $(UPSTREAM_PA).py::TestPagedAttention::Case1
 FAKE_ASCEND := target/fake-ascend-libs
 FAKE_CUDA := target/fake-cuda-libs
 py-test: build
@@ -53,9 +59,11 @@ py-test: build
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 	$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform sim --simpler-rounds 3 --simpler-svm never
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \
-		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform ascend --simpler-rounds 3
+		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform ascend --simpler-rounds 3 $(UPSTREAM_BIG)
 	SIMPLER_CUDA_LIB=$(CURDIR)/$(FAKE_CUDA)/libcuda.so.1 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform cuda --simpler-rounds 3
+	$(VENV)/bin/pytest -q -p no:cacheprovider examples/upstream --simpler-platform sim --simpler-rounds 3 \
+		--simpler-manual include
 	.ci/device-check --dry-run
 
 test: lint rust-test py-test

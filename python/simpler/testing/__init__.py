@@ -1,12 +1,34 @@
 """The testing harness: scene tests (:class:`SceneTestCase`, :func:`scene_test`), the standalone
-runner (:func:`main`, ``python test_x.py -p sim --rounds 3``) and the pytest plugin
-(:mod:`simpler.testing.pytest_plugin`, registered as ``simpler``). The names are re-exported by
-``simpler`` itself.
+runner (:func:`main`, ``python test_x.py -p sim --rounds 3``; upstream's
+``SceneTestCase.run_module(__name__)`` is the same runner) and the pytest plugin
+(:mod:`simpler.testing.pytest_plugin`, registered as ``simpler``). The main names are re-exported
+by ``simpler`` itself. For files ported from the upstream runtime: :data:`PLATFORM_ALIASES`
+(``a2a3sim`` -> ``sim``, ...), :func:`scene_runtime` (the decorator's ``runtime=``) and
+:class:`SceneTestWarning` (an ignored case ``config``).
 """
 
 from __future__ import annotations
 
 from .runner import main
-from .scene import CaseRun, SceneTestCase, run_case, scene_test
+from .scene import (
+    PLATFORM_ALIASES,
+    CaseRun,
+    SceneTestCase,
+    SceneTestWarning,
+    run_case,
+    scene_level,
+    scene_runtime,
+    scene_test,
+)
 
-__all__ = ["CaseRun", "SceneTestCase", "main", "run_case", "scene_test"]
+__all__ = [
+    "PLATFORM_ALIASES",
+    "CaseRun",
+    "SceneTestCase",
+    "SceneTestWarning",
+    "main",
+    "run_case",
+    "scene_level",
+    "scene_runtime",
+    "scene_test",
+]

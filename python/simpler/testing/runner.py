@@ -7,9 +7,14 @@ Three front ends run scene-test cases — the standalone runner (``python test_x
 
 * ``--case`` selects cases by ``Foo``, ``Class::Foo`` or ``Class::`` (repeatable,
   comma-separated); without it every case is selected.
+* A case whose ``platforms`` exclude ``--platform`` is skipped, with the reason (upstream
+  platform names in a case are mapped to ours when its class is decorated).
 * A **manual** case runs under ``--manual include`` or ``--manual only``, or when ``--case``
-  names it (by name or ``Class::name``; ``Class::`` alone does not name a case).
-* A case whose ``platforms`` exclude ``--platform`` is skipped, with the reason.
+  names it (by name or ``Class::name``; ``Class::`` alone does not name a case). ``manual``
+  may name the platforms on which the case is manual (a regular case elsewhere).
+* A run in which no selected case ran and some were skipped for the platform says so
+  (:func:`nothing_ran_note`): the standalone runner prints it, the pytest plugin adds it to the
+  terminal summary.
 
 The pytest plugin declares the same options with a ``simpler-`` prefix (``--simpler-platform``,
 ``--simpler-rounds``, ...), so they never collide with another plugin's or a conftest's options.
@@ -28,16 +33,26 @@ from typing import Any
 
 from .. import _core
 from ..errors import ArgumentError, ArgumentTypeError
-from .scene import SceneTestCase, is_scene_test, run_case
+from .scene import (
+    PLATFORM_ALIASES,
+    SceneTestCase,
+    case_platforms,
+    is_scene_test,
+    manual_on,
+    platform_name,
+    run_case,
+)
 
 __all__ = [
     "PLATFORMS",
     "PlannedCase",
     "RunnerOptions",
     "add_runner_arguments",
+    "case_runs_on",
     "case_selected",
     "case_skip_reason",
     "main",
+    "nothing_ran_note",
     "plan_cases",
     "scene_classes",
 ]
@@ -205,18 +220,45 @@ def named_explicitly(
 def case_skip_reason(
     case: Mapping[str, Any], platform: str, manual: str = "exclude", named: bool = False, prefix: str = ""
 ) -> str | None:
-    """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs).
-    ``named``: ``--case`` names this case, which runs a manual case under ``exclude``. ``prefix``:
-    the front end's option prefix, for the message."""
-    is_manual = bool(case.get("manual", False))
+    """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs): first
+    its ``platforms``, then whether it is manual on ``platform``. ``named``: ``--case`` names
+    this case, which runs a manual case under ``exclude``. ``prefix``: the front end's option
+    prefix, for the message."""
+    if not case_runs_on(case, platform):
+        plats = case_platforms(case) or []
+        return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
+    is_manual = manual_on(case, platform)
     if manual == "exclude" and is_manual and not named:
-        return f"manual case (run with --{prefix}manual include, or name it with --{prefix}case)"
+        on = "" if isinstance(case.get("manual"), bool) else f" on {platform}"
+        return f"manual case{on} (run with --{prefix}manual include, or name it with --{prefix}case)"
     if manual == "only" and not is_manual:
         return f"not a manual case (--{prefix}manual only)"
-    plats = case.get("platforms")
-    if plats is not None and platform not in plats:
-        return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
     return None
+
+
+def case_runs_on(case: Mapping[str, Any], platform: str) -> bool:
+    """Whether a case's ``platforms`` include ``platform`` (no ``platforms``: every platform)."""
+    plats = case_platforms(case)
+    return plats is None or platform_name(platform) in plats
+
+
+def nothing_ran_note(cases: Sequence[Mapping[str, Any]], ran: int, platform: str) -> str | None:
+    """The warning for a run of the selected ``cases`` of which ``ran`` ran: when none ran and
+    at least one was skipped because its ``platforms`` exclude ``platform`` (easy to miss in a
+    list of skips: an upstream file's cases name ``a2a3sim`` / ``a2a3``, which are ``sim`` /
+    ``ascend`` here). ``None`` when there is nothing to say."""
+    off = [c for c in cases if not case_runs_on(c, platform)]
+    if ran or not off:
+        return None
+    declared: list[str] = []
+    for c in off:
+        declared += [p for p in case_platforms(c) or [] if p not in declared]
+    aliases = ", ".join(f"{k} -> {v}" for k, v in PLATFORM_ALIASES.items())
+    return (
+        f"no scene case ran on platform {platform}: {len(off)} of the {len(cases)} selected "
+        f"case(s) do not list it in their 'platforms' (they list {', '.join(declared) or 'none'}; "
+        f"upstream names map {aliases})"
+    )
 
 
 @dataclass
@@ -273,6 +315,9 @@ def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
     Runs every selected case of the scene tests defined in ``module`` (default ``__main__``),
     prints one line per case, and exits (``SystemExit``): 0 when every case passed, 1 when one
     failed, 2 on a usage error (including ``--case`` matching nothing, which lists the cases).
+    When nothing ran because the cases do not list the platform, a ``WARNING:`` line on stderr
+    says so (:func:`nothing_ran_note`). Upstream's ``SceneTestCase.run_module(__name__)`` is this
+    function.
     """
     parser = argparse.ArgumentParser(description="Run the scene tests of this file.")
     add_runner_arguments(parser.add_argument)
@@ -310,4 +355,7 @@ def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
         print(f"PASS {p.label} ({len(reports)} round(s), {dt * 1e3:.1f} ms)")
     where = f"platform {opts.platform}, rounds {opts.rounds}"
     print(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped ({where})")
+    note = nothing_ran_note([p.case for p in planned], n_pass + n_fail, opts.platform)
+    if note:
+        print(f"WARNING: {note}", file=sys.stderr)
     raise SystemExit(1 if n_fail else 0)

@@ -40,24 +40,94 @@ staged outputs. With golden skipped there is nothing to validate, so there is no
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
+from .. import _core
 from ..args import ResidentTaskArgs, TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection, Callable, RunReport, Worker
 from . import fake_cuda
 
-__all__ = ["CaseRun", "SceneTestCase", "run_case", "scene_test"]
+__all__ = [
+    "PLATFORM_ALIASES",
+    "CaseRun",
+    "SceneTestCase",
+    "SceneTestWarning",
+    "case_platforms",
+    "manual_on",
+    "platform_name",
+    "run_case",
+    "scene_runtime",
+    "scene_test",
+]
 
 log = logging.getLogger("simpler")
 
-_CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden"}
+_CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden", "config"}
 _LEVEL_ATTR = "_scene_test_level"
+_RUNTIME_ATTR = "_scene_test_runtime"
+_COMPARE_ATTR = "_scene_test_compare"  # "ours" or "upstream": how compare_outputs is called
+
+#: Platform names of the upstream runtime (hw-native-sys/simpler) and the platform each one
+#: means here. A case's ``platforms`` and ``manual`` may use them; they are mapped when the class
+#: is decorated (so ``["a2a3sim", "a2a3"]`` becomes ``["sim", "ascend"]``).
+PLATFORM_ALIASES: dict[str, str] = {"a2a3sim": "sim", "a2a3": "ascend", "a5sim": "sim", "a5": "ascend"}
+
+
+class SceneTestWarning(UserWarning):
+    """A scene test declares something this harness accepts but does not act on (an upstream
+    case's ``config``). Filter it like any warning category (``-W ignore::...``)."""
+
+
+def platform_name(name: object, where: str = "") -> str:
+    """The platform ``name`` means here: one of ours (``simpler._core.PLATFORMS``) unchanged, or
+    an upstream name mapped through :data:`PLATFORM_ALIASES`. Anything else raises
+    ``ArgumentError`` naming both lists (``where`` prefixes the message)."""
+    if isinstance(name, str):
+        if name in _core.PLATFORMS:
+            return name
+        if name in PLATFORM_ALIASES:
+            return PLATFORM_ALIASES[name]
+    aliases = ", ".join(f"{k} -> {v}" for k, v in PLATFORM_ALIASES.items())
+    raise ArgumentError(
+        f"{where}unknown platform {name!r}: the platforms are {', '.join(_core.PLATFORMS)} "
+        f"(upstream names map: {aliases})"
+    )
+
+
+def _platform_list(names: Any, where: str) -> list[str]:
+    """Our names for a collection of platform names, in order, without repeats."""
+    out: list[str] = []
+    for n in names:
+        p = platform_name(n, where)
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def case_platforms(case: Mapping[str, Any]) -> list[str] | None:
+    """The platforms a case declares, in our names (``None``: every platform)."""
+    plats = case.get("platforms")
+    return None if plats is None else _platform_list(plats, "")
+
+
+def manual_on(case: Mapping[str, Any], platform: str) -> bool:
+    """Whether a case is manual on ``platform``: ``manual`` is ``True`` / ``False`` (on every
+    platform / none), one platform name, or a list / tuple / set of them (upstream names
+    allowed): manual only on those, a regular case elsewhere."""
+    m = case.get("manual", False)
+    if isinstance(m, bool):
+        return m
+    names = [m] if isinstance(m, str) else m
+    return platform_name(platform) in _platform_list(names, "")
 
 
 class SceneTestCase:
@@ -65,10 +135,15 @@ class SceneTestCase:
 
     Class attributes: ``CALLABLE`` (a :class:`~simpler.Callable`), ``CASES`` (a list of dicts
     with ``name``, and optionally ``params`` (dict), ``platforms`` (list; absent = every
-    platform), ``manual`` (bool; run only with ``--manual include|only``), ``skip_golden``),
-    ``RTOL`` / ``ATOL`` for the default comparison, ``SKIP_GOLDEN`` for the whole class.
+    platform; upstream names such as ``a2a3sim`` are mapped, see :data:`PLATFORM_ALIASES`),
+    ``manual`` (``True``/``False``, or the platform(s) on which the case is manual; it runs
+    only with ``--manual include|only`` there), ``skip_golden``, ``config`` (upstream's runtime
+    settings: accepted and ignored, with one :class:`SceneTestWarning` per class)), ``RTOL`` /
+    ``ATOL`` for the default comparison, ``SKIP_GOLDEN`` for the whole class.
 
-    Override :meth:`generate_args` and :meth:`compute_golden`; optionally :meth:`compare_outputs`.
+    Override :meth:`generate_args` and :meth:`compute_golden`; optionally :meth:`compare_outputs`
+    (ours, ``(actual, golden, params)``, or upstream's, ``(test_args, golden_args, output_names,
+    params)``: the decorator tells them apart by the signature).
     """
 
     CALLABLE: Callable | None = None
@@ -90,17 +165,44 @@ class SceneTestCase:
         sig = self.CALLABLE.signature if self.CALLABLE is not None else ()
         return [t.name for t, (d, _) in zip(args.tensors(), sig) if d is not ArgDirection.IN]
 
-    def compare_outputs(
-        self, actual: TaskArgsBuilder, golden: TaskArgsBuilder, params: dict[str, Any]
-    ) -> None:
-        """Asserts ``actual`` matches ``golden`` on every OUT/INOUT tensor (allclose at RTOL/ATOL).
+    def compare_outputs(self, actual: TaskArgsBuilder, golden: TaskArgsBuilder, *rest: Any) -> None:
+        """Asserts ``actual`` matches ``golden`` (allclose at RTOL/ATOL); raises ``AssertionError``.
 
-        bfloat16 and the fp8 kinds are compared as float32. Raises ``AssertionError``.
+        Called as ours, ``compare_outputs(actual, golden, params)`` (every OUT/INOUT tensor), or as
+        upstream's, ``compare_outputs(test_args, golden_args, output_names, params)`` (the tensors
+        named), so an upstream override's ``super().compare_outputs(..., [subset], params)`` works.
+        bfloat16 and the fp8 kinds are compared as float32.
         """
         __tracebackhide__ = True
-        for name in self.output_names(actual):
+        if len(rest) == 1:
+            names = self.output_names(actual)
+        elif len(rest) == 2:
+            names = list(rest[0])
+        else:
+            raise ArgumentTypeError(
+                "compare_outputs takes (actual, golden, params) or (test_args, golden_args, "
+                f"output_names, params), not {2 + len(rest)} arguments"
+            )
+        for name in names:
             a, g = _comparable(actual[name]), _comparable(golden[name])
             np.testing.assert_allclose(a, g, rtol=self.RTOL, atol=self.ATOL, err_msg=f"output '{name}'")
+
+    @staticmethod
+    def run_module(module_name: str, argv: Sequence[str] | None = None) -> NoReturn:
+        """Runs the scene tests of module ``module_name`` standalone and exits: upstream's entry
+        point, ``if __name__ == "__main__": SceneTestCase.run_module(__name__)``.
+
+        The same runner as ``sp.main()`` (:func:`simpler.testing.runner.main`): its options
+        (``-p sim --rounds 3 --case Foo ...``) come from ``argv`` (default ``sys.argv[1:]``),
+        and it raises ``SystemExit`` (0 all passed, 1 a failure, 2 a usage error).
+        """
+        from . import runner  # the runner imports this module
+
+        module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+        if module is None:
+            raise ArgumentError(f"run_module: no imported module named {module_name!r} (pass __name__)")
+        runner.main(argv, module=module)
+        raise SystemExit(0)  # not reached: main always exits
 
 
 def _comparable(v: Any) -> np.ndarray:
@@ -110,16 +212,23 @@ def _comparable(v: Any) -> np.ndarray:
     return arr
 
 
-def scene_test(level: int = 2) -> Any:
+def scene_test(level: int = 2, runtime: str | None = None) -> Any:
     """Class decorator marking a :class:`SceneTestCase` subclass as a scene test.
 
     ``level=2``: one process drives one device (the only level with residency). ``level=3``
     (multi-process) runs its cases host-staged in this process; a ``child_memory=True`` argument
-    there is rejected with an error before any device work. The class and its ``CASES`` are
-    validated here, so a malformed case fails at import.
+    there is rejected with an error before any device work. ``runtime``: upstream's runtime
+    name (``"tensormap_and_ringbuffer"``, ...), recorded (:func:`scene_runtime`) and otherwise
+    unused: there is one runtime here. The class and its ``CASES`` are validated here, so a
+    malformed case fails at import: upstream platform names in ``platforms`` / ``manual`` are
+    mapped to ours, an unknown one is an error, a ``config`` gets one :class:`SceneTestWarning`,
+    and a ``compare_outputs`` override is recognised by its signature (ours or upstream's) or
+    refused.
     """
-    if level not in (2, 3):
+    if isinstance(level, bool) or level not in (2, 3):
         raise ArgumentError(f"scene_test: level must be 2 or 3, not {level!r}")
+    if runtime is not None and (not isinstance(runtime, str) or not runtime):
+        raise ArgumentTypeError(f"scene_test: runtime must be a non-empty string, not {runtime!r}")
 
     def deco(cls: type) -> type:
         if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
@@ -129,19 +238,81 @@ def scene_test(level: int = 2) -> Any:
         for method in ("generate_args", "compute_golden"):
             if getattr(cls, method) is getattr(SceneTestCase, method):
                 raise ArgumentTypeError(f"{cls.__name__} must override {method}")
+        compare = _compare_style(cls)
         seen: set[str] = set()
+        cases = []
         for i, case in enumerate(cls.CASES):
-            _validate_case(cls, i, case)
+            cases.append(_validate_case(cls, i, case))
             if case["name"] in seen:
                 raise ArgumentError(f"{cls.__name__}: duplicate case name '{case['name']}'")
             seen.add(case["name"])
-        setattr(cls, _LEVEL_ATTR, level)
+        configured = [c["name"] for c in cases if "config" in c]
+        if configured:
+            warnings.warn(
+                f"{cls.__name__}: the 'config' of case(s) {', '.join(configured)} is ignored: "
+                "upstream runtime settings (AICPU thread counts, ring sizes, device_count, "
+                "num_sub_workers) have no equivalent here",
+                SceneTestWarning,
+                stacklevel=2,
+            )
+        cls.CASES = cases
+        setattr(cls, _LEVEL_ATTR, int(level))
+        setattr(cls, _RUNTIME_ATTR, runtime)
+        setattr(cls, _COMPARE_ATTR, compare)
         return cls
 
     return deco
 
 
-def _validate_case(cls: type, i: int, case: object) -> None:
+def _compare_style(cls: type) -> str:
+    """How ``cls.compare_outputs`` is called: ``"ours"`` ``(actual, golden, params)`` or
+    ``"upstream"`` ``(test_args, golden_args, output_names, params)``, from the override's
+    signature; any other signature raises ``ArgumentTypeError``."""
+    fn = getattr(cls, "compare_outputs", None)
+    if fn is SceneTestCase.compare_outputs:
+        return "ours"
+    where = f"{cls.__name__}.compare_outputs"
+    if not callable(fn):
+        raise ArgumentTypeError(f"{where} must be a method")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "ours"  # a builtin or C callable: called the way it always was
+    params = list(sig.parameters.values())
+    if isinstance(inspect.getattr_static(cls, "compare_outputs"), (staticmethod, classmethod)):
+        pass  # no self to drop
+    elif params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        params = params[1:]  # self
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in positional if p.default is p.empty]
+    kw_required = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
+    def takes(n: int) -> bool:
+        return not kw_required and len(required) <= n and (variadic or len(positional) >= n)
+
+    if len(positional) >= 3 and positional[2].name == "output_names" and takes(4):
+        return "upstream"
+    if takes(3):
+        return "ours"
+    if takes(4):
+        return "upstream"
+    raise ArgumentTypeError(
+        f"{where}{sig}: a compare_outputs override takes (self, actual, golden, params) or "
+        "upstream's (self, test_args, golden_args, output_names, params)"
+    )
+
+
+_NAME_COLLECTIONS = (list, tuple, set, frozenset)
+
+
+def _ordered(names: Any) -> Any:
+    """A set of names in a stable order; a list or tuple as given."""
+    return sorted(names) if isinstance(names, (set, frozenset)) else names
+
+
+def _validate_case(cls: type, i: int, case: object) -> dict[str, Any]:
+    """Checks one case; returns a copy with ``platforms`` and ``manual`` in our platform names."""
     where = f"{cls.__name__}.CASES[{i}]"
     if not isinstance(case, Mapping):
         raise ArgumentTypeError(f"{where}: a case is a dict, not {type(case).__name__}")
@@ -153,9 +324,27 @@ def _validate_case(cls: type, i: int, case: object) -> None:
         raise ArgumentError(f"{where}: 'name' must be a non-empty string without '::' or '/'")
     if not isinstance(case.get("params", {}), Mapping):
         raise ArgumentTypeError(f"{where} ({name}): 'params' must be a dict")
+    out = dict(case)
     plats = case.get("platforms")
-    if plats is not None and (isinstance(plats, str) or not all(isinstance(p, str) for p in plats)):
-        raise ArgumentTypeError(f"{where} ({name}): 'platforms' must be a list of platform names")
+    if plats is not None:
+        if not isinstance(plats, _NAME_COLLECTIONS) or not all(isinstance(p, str) for p in plats):
+            raise ArgumentTypeError(f"{where} ({name}): 'platforms' must be a list of platform names")
+        out["platforms"] = _platform_list(_ordered(plats), f"{where} ({name}): 'platforms': ")
+    manual = case.get("manual", False)
+    if isinstance(manual, str):
+        out["manual"] = (platform_name(manual, f"{where} ({name}): 'manual': "),)
+    elif isinstance(manual, _NAME_COLLECTIONS):
+        if not all(isinstance(p, str) for p in manual):
+            raise ArgumentTypeError(f"{where} ({name}): 'manual' lists platform names")
+        out["manual"] = tuple(_platform_list(_ordered(manual), f"{where} ({name}): 'manual': "))
+    elif not isinstance(manual, bool):
+        raise ArgumentTypeError(
+            f"{where} ({name}): 'manual' must be True/False, a platform name or a list of them, "
+            f"not {type(manual).__name__}"
+        )
+    if not isinstance(case.get("config", {}), Mapping):
+        raise ArgumentTypeError(f"{where} ({name}): 'config' must be a dict")
+    return out
 
 
 def is_scene_test(obj: object) -> bool:
@@ -166,6 +355,14 @@ def is_scene_test(obj: object) -> bool:
 def scene_level(cls: type) -> int:
     """The level a scene test was declared with."""
     return int(cls.__dict__[_LEVEL_ATTR])
+
+
+def scene_runtime(cls: type) -> str | None:
+    """The ``runtime`` a scene test was declared with (upstream's runtime name; ``None`` when
+    none was given). Recorded only: this harness has one runtime."""
+    if not is_scene_test(cls):
+        raise ArgumentTypeError(f"scene_runtime: {cls!r} is not a class decorated with scene_test")
+    return cls.__dict__[_RUNTIME_ATTR]
 
 
 def _find_case(cls: type[SceneTestCase], case: Mapping[str, Any] | str) -> Mapping[str, Any]:
@@ -256,6 +453,8 @@ class CaseRun:
     def _start(self) -> None:
         cls, label, callable = self.cls, self.label, self.callable
         level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
+        self._compare_as = cls.__dict__.get(_COMPARE_ATTR) or _compare_style(cls)
+        self._level = level
         if self._own:
             if self.platform == "cuda":
                 # CI's GPU-less machines: device launches run through the fake's host kernels.
@@ -307,9 +506,7 @@ class CaseRun:
                         np.copyto(golden[n], snap)
                 self._inst.compute_golden(golden, self.params)
             else:
-                _compare(
-                    self._inst, self.args, golden, self.params, f"{self.label}, round {r + 1}/{self.rounds}"
-                )
+                _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
         return report
 
     def finish(self) -> list[RunReport]:
@@ -319,13 +516,7 @@ class CaseRun:
             if self.golden is not None and self._evolving and self._res is not None:
                 self._res.copy_back(self.args, self.plan.resident_outputs)
                 n = len(self.reports)
-                _compare(
-                    self._inst,
-                    self.args,
-                    self.golden,
-                    self.params,
-                    f"{self.label}, after {n} round(s) (resident outputs)",
-                )
+                _compare(self, f"{self.label}, after {n} round(s) (resident outputs)")
         except BaseException as e:
             self._note(e)
             raise
@@ -388,11 +579,17 @@ def run_case(
 SceneTestCase.run_case = classmethod(run_case)  # type: ignore[attr-defined]
 
 
-def _compare(
-    inst: SceneTestCase, actual: TaskArgsBuilder, golden: TaskArgsBuilder, params: Any, where: str
-) -> None:
+def _compare(run: CaseRun, where: str) -> None:
+    """Calls the case's ``compare_outputs`` the way its class declares it: ours with
+    ``(actual, golden, params)``; upstream's with the output names too (every tensor at level 3,
+    as upstream passes them there)."""
+    inst, actual, golden = run._inst, run.args, run.golden
     try:
-        inst.compare_outputs(actual, golden, params)
+        if run._compare_as == "upstream":
+            names = [t.name for t in actual.tensors()] if run._level == 3 else inst.output_names(actual)
+            inst.compare_outputs(actual, golden, names, run.params)
+        else:
+            inst.compare_outputs(actual, golden, run.params)
     except AssertionError as e:
         e.add_note(f"scene case {where}")
         raise
