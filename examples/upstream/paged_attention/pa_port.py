@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from simpler import SceneTestCase, TaskArgsBuilder
 from simpler.workloads import paged_attention as pa
 
 CALLABLE = pa.CALLABLE
@@ -145,3 +146,30 @@ def golden(query, key_cache, value_cache, block_table, context_lens, scale) -> n
     ``scale`` may be a ctypes value, as upstream's generators make it."""
     scale = float(getattr(scale, "value", scale))
     return pa.golden_paged_attention(query, key_cache, value_cache, block_table, context_lens, scale)
+
+
+class PagedAttentionCase(SceneTestCase):
+    """Upstream's paged attention cases and golden; subclasses supply the inputs (torch or numpy)
+    through :meth:`generate_inputs` and, where their arrays are not numpy, :meth:`host`."""
+
+    CALLABLE = CALLABLE
+    CASES = CASES
+    RTOL = RTOL
+    ATOL = ATOL
+
+    def generate_inputs(self, params: dict) -> list[tuple[str, object]]:
+        """The case's ``(name, value)`` inputs in argument order (upstream's generator's form)."""
+        return generate_inputs(params)
+
+    def generate_args(self, params):
+        args = TaskArgsBuilder()
+        for name, value in self.generate_inputs(params):
+            if name == "scale":
+                args.add_scalar(name, value)
+            else:
+                args.add_tensor(name, value)
+        return args
+
+    def compute_golden(self, args, params):
+        names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
+        args.out[:] = golden(*(getattr(args, n) for n in names), args.scale)

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed; the numpy t
 
 import pa_port  # noqa: E402  (this folder's shared cases, recipe and golden)
 
-from simpler import SceneTestCase, TaskArgsBuilder, scene_test  # noqa: E402
+from simpler import SceneTestCase, scene_test  # noqa: E402
 
 
 def generate_inputs(params):
@@ -40,36 +40,12 @@ def generate_inputs(params):
 
 
 @scene_test(level=2, runtime="tensormap_and_ringbuffer")
-class TestPagedAttention(SceneTestCase):
-    """Paged attention over bfloat16 torch inputs, upstream's cases."""
+class TestPagedAttention(pa_port.PagedAttentionCase):
+    """Paged attention over bfloat16 torch inputs, upstream's cases (the builder stores each
+    tensor as a numpy view of its memory, so the shared golden reads them directly)."""
 
-    CALLABLE = pa_port.CALLABLE
-    CASES = pa_port.CASES
-    RTOL = pa_port.RTOL
-    ATOL = pa_port.ATOL
-
-    def generate_args(self, params):
-        args = TaskArgsBuilder()
-        for name, value in generate_inputs(params):
-            if isinstance(value, torch.Tensor):
-                args.add_tensor(name, value)
-            else:
-                args.add_scalar(name, value)
-        return args
-
-    def compute_golden(self, args, params):
-        names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
-        host = [sp_host_array(getattr(args, n)) for n in names]
-        args.out[:] = torch.from_numpy(pa_port.golden(*host, args.scale))
-
-
-def sp_host_array(t):
-    """A numpy view of a CPU torch tensor (bfloat16 through its int16 bits)."""
-    import ml_dtypes
-
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    def generate_inputs(self, params):
+        return generate_inputs(params)
 
 
 if __name__ == "__main__":

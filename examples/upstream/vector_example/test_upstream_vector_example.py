@@ -20,35 +20,22 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed; the numpy twin covers this port")
 
-from vector_kernels import VECTOR_CALLABLE  # noqa: E402  (this folder's kernels: Python, not AIV)
+from vector_kernels import VectorExampleCase  # noqa: E402  (CASES, golden, Python kernels)
 
 from simpler import SceneTestCase, TaskArgsBuilder, TensorArg, scene_test  # noqa: E402
 
 
 @scene_test(level=2, runtime="tensormap_and_ringbuffer")
-class TestVectorExample(SceneTestCase):
-    """``f = (a + b + 1) * (a + b + 2) + (a + b)`` (upstream's vector example)."""
-
-    CALLABLE = VECTOR_CALLABLE
-    CASES = [
-        {
-            "name": "default",
-            "platforms": ["a2a3sim", "a2a3"],
-            "manual": ["a2a3sim"],
-            "params": {},
-        },
-    ]
+class TestVectorExample(VectorExampleCase):
+    """Upstream's vector example over torch tensors."""
 
     def generate_args(self, params):
-        size = 128 * 128
+        size = self.SIZE
         return TaskArgsBuilder(
             TensorArg("a", torch.full((size,), 2.0, dtype=torch.float32)),
             TensorArg("b", torch.full((size,), 3.0, dtype=torch.float32)),
             TensorArg("f", torch.zeros(size, dtype=torch.float32)),
         )
-
-    def compute_golden(self, args, params):
-        args.f[:] = (args.a + args.b + 1) * (args.a + args.b + 2) + (args.a + args.b)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""The kernels and orchestration of the ported vector example (both of its test files use them):
-the Python stand-ins for upstream's three AIV kernels (add, add a scalar, multiply) and an
-orchestration over run-scoped scratch tensors, with upstream's signature ``[IN, IN, OUT]``."""
+"""What both files of the ported vector example share: upstream's ``CASES`` and golden (in
+:class:`VectorExampleCase`), and the kernels, the Python stand-ins for upstream's three AIV
+kernels (add, add a scalar, multiply) with an orchestration over run-scoped scratch tensors,
+upstream's signature ``[IN, IN, OUT]``. Each file adds only ``generate_args`` (torch or numpy)."""
 
 from __future__ import annotations
 
 import simpler as sp
+from simpler import SceneTestCase
 from simpler.task_interface import ArgDirection as D
 
 
@@ -37,3 +39,22 @@ def orchestrate(o, a, b, f):
 
 
 VECTOR_CALLABLE = sp.Callable(orchestrate, signature=[D.IN, D.IN, D.OUT], name="vector_example")
+
+
+class VectorExampleCase(SceneTestCase):
+    """``f = (a + b + 1) * (a + b + 2) + (a + b)`` over 16,384 float32 values (upstream's vector
+    example); subclasses supply ``generate_args`` with ``a`` = 2, ``b`` = 3 and ``f`` = 0."""
+
+    CALLABLE = VECTOR_CALLABLE
+    CASES = [
+        {
+            "name": "default",
+            "platforms": ["a2a3sim", "a2a3"],
+            "manual": ["a2a3sim"],
+            "params": {},
+        },
+    ]
+    SIZE = 128 * 128
+
+    def compute_golden(self, args, params):
+        args.f[:] = (args.a + args.b + 1) * (args.a + args.b + 2) + (args.a + args.b)
