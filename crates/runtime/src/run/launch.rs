@@ -24,7 +24,6 @@ use simpler_driver::{DevPtr, FuncId, LaunchDims};
 use crate::error::{Error, Phase, Result};
 use crate::memory::{Memory, Owner};
 use crate::run::state::RunState;
-use crate::run::tasks::BatchInfo;
 
 /// Largest grid along z.
 const MAX_GRID_Z: u32 = 65_535;
@@ -153,6 +152,99 @@ fn conflicts(all: &[(u64, u64, u32, bool)]) -> bool {
     false
 }
 
+/// One slot of a batch as planning reads it: every task's view has the same layout, so the same
+/// extent; only its start element differs.
+#[derive(Debug, Clone, Copy)]
+struct SlotSpan<'a> {
+    /// The allocation's base address (`None`: no allocation).
+    base: Option<u64>,
+    item: u64,
+    extent: u64,
+    /// Each task's start element (one entry for a slot every task shares).
+    elems: &'a [u64],
+    writes: bool,
+}
+
+impl SlotSpan<'_> {
+    /// The first byte of task `t`'s view, or `None` for an empty view or no allocation.
+    fn start(&self, t: u32) -> Option<u64> {
+        let p = self.base.filter(|_| self.extent > 0)?;
+        let e = self.elems[if self.elems.len() == 1 { 0 } else { t as usize }];
+        Some(p + e * self.item)
+    }
+}
+
+/// What a batch's rows are made of.
+struct RowSource<'a> {
+    spans: &'a [SlotSpan<'a>],
+    scalars: &'a [crate::dtype::Value],
+    per_task: usize,
+    code: &'a crate::device_code::DeviceCode,
+    consts: &'a [i64],
+}
+
+/// Appends task `t`'s row: each tensor's first-element address (0 for an empty view), its
+/// scalars in their declared kinds, then the launch constants.
+fn write_row(src: &RowSource<'_>, t: u32, fields: &mut Vec<u64>, rows: &mut Vec<u8>) -> Result<()> {
+    fields.clear();
+    fields.extend(src.spans.iter().map(|s| s.start(t).unwrap_or(0)));
+    let per = src.per_task;
+    let t = t as usize;
+    src.code
+        .encode_scalars(&src.scalars[t * per..(t + 1) * per], fields)?;
+    fields.extend(src.consts.iter().map(|&c| c as u64));
+    for f in fields.iter() {
+        rows.extend_from_slice(&f.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Every task's footprints, task by task.
+fn footprints(spans: &[SlotSpan<'_>], count: u32) -> Vec<Footprint> {
+    let mut out = Vec::with_capacity(count as usize * spans.len());
+    for t in 0..count {
+        for s in spans {
+            if let Some(start) = s.start(t) {
+                out.push((start, start + s.extent, t, s.writes));
+            }
+        }
+    }
+    out
+}
+
+/// The common case, checked without sorting anything: every written slot's views ascend without
+/// overlapping from task to task, and no other slot of the batch reaches into the bytes a
+/// written slot spans.
+fn plainly_independent(spans: &[SlotSpan<'_>], count: u32) -> bool {
+    // Per slot: whether it writes, and the bytes all its views span.
+    let mut ranges: Vec<(bool, u64, u64)> = Vec::with_capacity(spans.len());
+    for s in spans {
+        let Some(p) = s.base.filter(|_| s.extent > 0) else {
+            continue;
+        };
+        if s.writes && s.elems.len() == 1 && count > 1 {
+            return false; // one view every task writes
+        }
+        let (mut prev_end, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
+        for &e in s.elems {
+            let start = p + e * s.item;
+            if s.writes && start < prev_end {
+                return false;
+            }
+            prev_end = start + s.extent;
+            lo = lo.min(start);
+            hi = hi.max(prev_end);
+        }
+        ranges.push((s.writes, lo, hi));
+    }
+    ranges.iter().enumerate().all(|(i, &(w, lo, hi))| {
+        !w || ranges
+            .iter()
+            .enumerate()
+            .all(|(j, &(_, l2, h2))| i == j || h2 <= lo || hi <= l2)
+    })
+}
+
 impl RunState {
     /// Plans and uploads every batch of device code of the run (see the module docs).
     pub(crate) fn plan_launches(&mut self, mem: &mut Memory) -> Result<()> {
@@ -186,10 +278,21 @@ impl RunState {
                 ))
             })?;
             let n = b.count as usize;
-            let level = if n < 2 || self.plainly_independent(&b) {
+            let spans: Vec<SlotSpan<'_>> = (b.first_slot..b.first_slot + u32::from(b.slots))
+                .map(|s| self.slot_span(s))
+                .collect();
+            let level = if n < 2 || plainly_independent(&spans, b.count) {
                 None
             } else {
-                levels(n, &self.footprints(&b))
+                levels(n, &footprints(&spans, b.count))
+            };
+            rows.reserve(n * 8 * (spans.len() + b.per_task as usize + consts.len()));
+            let src = RowSource {
+                spans: &spans,
+                scalars: b.scalars,
+                per_task: b.per_task as usize,
+                code,
+                consts,
             };
             let mut order: Vec<u32> = (0..b.count).collect();
             if let Some(l) = &level {
@@ -216,13 +319,7 @@ impl RunState {
                     row_offset: rows.len() as u64,
                 });
                 for &t in &order[at..end] {
-                    fields.clear();
-                    self.task_addresses(&b, t, &mut fields);
-                    let per = b.per_task as usize;
-                    let s = &b.scalars[t as usize * per..(t as usize + 1) * per];
-                    code.encode_scalars(s, &mut fields)?;
-                    fields.extend(consts.iter().map(|&c| c as u64));
-                    rows.extend(fields.iter().flat_map(|f| f.to_le_bytes()));
+                    write_row(&src, t, &mut fields, rows)?;
                 }
                 at = end;
             }
@@ -231,67 +328,16 @@ impl RunState {
         Ok(())
     }
 
-    /// The device address of each tensor of task `t` of batch `b` (0 for an empty view).
-    fn task_addresses(&self, b: &BatchInfo<'_>, t: u32, out: &mut Vec<u64>) {
-        for s in b.first_slot..b.first_slot + u32::from(b.slots) {
-            let g = self.tasks.task_geometry(s, t);
-            let a = &self.args[self.tasks.slot(s).arg as usize];
-            out.push(match a.alloc {
-                Some((p, _)) if g.extent() > 0 => p.0 + g.start_byte(),
-                _ => 0,
-            });
-        }
-    }
-
-    /// The footprint of slot `s` in task `t`, or `None` for an empty view.
-    fn footprint(&self, s: u32, t: u32) -> Option<Footprint> {
-        let g = self.tasks.task_geometry(s, t);
+    /// Slot `s`'s bytes as planning reads them.
+    fn slot_span(&self, s: u32) -> SlotSpan<'_> {
         let slot = self.tasks.slot(s);
-        let (p, _) = self.args[slot.arg as usize].alloc?;
-        let start = p.0 + g.start_byte();
-        (g.extent() > 0).then_some((start, start + g.extent(), t, slot.dir.writes()))
-    }
-
-    /// Every task's footprints, task by task.
-    fn footprints(&self, b: &BatchInfo<'_>) -> Vec<Footprint> {
-        let slots = b.first_slot..b.first_slot + u32::from(b.slots);
-        (0..b.count)
-            .flat_map(|t| slots.clone().filter_map(move |s| self.footprint(s, t)))
-            .collect()
-    }
-
-    /// The common case, checked without sorting anything: every written slot's views ascend
-    /// without overlapping from task to task, and no other slot of the batch reaches into the
-    /// bytes a written slot spans.
-    fn plainly_independent(&self, b: &BatchInfo<'_>) -> bool {
-        let slots = b.first_slot..b.first_slot + u32::from(b.slots);
-        // Per slot: whether it writes, the bytes all its views span, and whether its views
-        // ascend without overlap.
-        let mut spans: Vec<(bool, u64, u64, bool)> = Vec::with_capacity(b.slots as usize);
-        for s in slots {
-            let writes = self.tasks.slot(s).dir.writes();
-            let (mut lo, mut hi, mut ascending) = (u64::MAX, 0u64, true);
-            let mut prev_end = 0u64;
-            for t in 0..b.count {
-                let Some((start, end, _, _)) = self.footprint(s, t) else {
-                    continue;
-                };
-                ascending &= start >= prev_end;
-                prev_end = end;
-                lo = lo.min(start);
-                hi = hi.max(end);
-            }
-            if writes && !ascending {
-                return false;
-            }
-            spans.push((writes, lo, hi, ascending));
+        SlotSpan {
+            base: self.args[slot.arg as usize].alloc.map(|(p, _)| p.0),
+            item: slot.geometry.dtype().size(),
+            extent: slot.geometry.extent(),
+            elems: self.tasks.slot_elems(s),
+            writes: slot.dir.writes(),
         }
-        spans.iter().enumerate().all(|(i, &(w, lo, hi, _))| {
-            !w || spans
-                .iter()
-                .enumerate()
-                .all(|(j, &(_, l2, h2, _))| i == j || h2 <= lo || hi <= l2)
-        })
     }
 
     /// Enqueues the launches of device batch `batch` (execution reached it).
