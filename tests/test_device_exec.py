@@ -506,3 +506,24 @@ def test_a_refused_close_does_not_hide_the_blocks_exception(fake_vendor):
     del t
     gc.collect()
     w.close()
+
+
+def test_code_that_reads_contiguous_views_refuses_other_layouts_at_submit(cuda):
+    code = sp.CudaCode(SAXPY, entry="t_saxpy", launch=_n_launch, scalars=("float64",), contiguous=True)
+    k = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], cuda=code)
+    assert code.contiguous
+    x, y = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32)
+
+    def column(o, x, y):  # a strided view: one column of each
+        o.submit(k, x.view([4, 1], [0, 0]), y.view([4, 1], [0, 3]), 1.0)
+
+    with pytest.raises(sp.ArgumentError, match="tensor 0 is not a row-major contiguous view"):
+        cuda.run(sp.Callable(column, [sp.IN, sp.INOUT]), [x, y])
+
+    def rows(o, x, y):  # whole rows are contiguous: accepted, batched or not
+        o.submit_many(
+            k, x.views([1, 8], [[i, 0] for i in range(4)]), y.views([1, 8], [[i, 0] for i in range(4)]), 2.0
+        )
+
+    cuda.run(sp.Callable(rows, [sp.IN, sp.INOUT]), [x, y])
+    np.testing.assert_array_equal(y, 2 * x)

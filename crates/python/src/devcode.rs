@@ -121,8 +121,10 @@ impl Launch {
 /// once per submit call with the shape of each tensor view of the task (a tuple per tensor)
 /// that returns one. ``scalars`` declares how each scalar travels in the task row
 /// (``"int64"``, ``"uint64"`` or ``"float64"``; default: each value's own kind). ``options``
-/// are extra NVRTC options (the architecture is added by the runtime). The argument ABI is
-/// in ``docs/device-kernels.md``.
+/// are extra NVRTC options (the architecture is added by the runtime). ``contiguous=True``
+/// says the code reads every view as row-major contiguous (only the address of a view's first
+/// element travels): a submit of another layout is then an ``ArgumentError``. The argument ABI
+/// is in ``docs/device-kernels.md``.
 #[pyclass(module = "simpler._core", name = "CudaCode", frozen)]
 pub struct CudaCode {
     pub code: Arc<DeviceCode>,
@@ -137,7 +139,7 @@ impl CudaCode {
     }
 
     #[new]
-    #[pyo3(signature = (source=None, *, entry, launch, ptx=None, cubin=None, options=None, scalars=None))]
+    #[pyo3(signature = (source=None, *, entry, launch, ptx=None, cubin=None, options=None, scalars=None, contiguous=false))]
     #[allow(clippy::too_many_arguments)] // the constructor's keywords
     fn new(
         source: Option<String>,
@@ -147,6 +149,7 @@ impl CudaCode {
         cubin: Option<Vec<u8>>,
         options: Option<Vec<String>>,
         scalars: Option<Vec<String>>,
+        contiguous: bool,
     ) -> PyResult<Self> {
         let given = [source.is_some(), ptx.is_some(), cubin.is_some()];
         if given.iter().filter(|g| **g).count() != 1 {
@@ -192,7 +195,8 @@ impl CudaCode {
                     .collect::<PyResult<Vec<_>>>()
             })
             .transpose()?;
-        let code = DeviceCode::new(&entry, image, &entry, scalars).py()?;
+        let mut code = DeviceCode::new(&entry, image, &entry, scalars).py()?;
+        code.contiguous = contiguous;
         Ok(CudaCode {
             code: Arc::new(code),
             launch: launch.clone().unbind(),
@@ -230,6 +234,12 @@ impl CudaCode {
             CodeImage::Source { options, .. } => options.clone(),
             _ => Vec::new(),
         }
+    }
+
+    /// Whether the code reads contiguous views only.
+    #[getter]
+    fn contiguous(&self) -> bool {
+        self.code.contiguous
     }
 
     /// The declared scalar kinds, or ``None``.

@@ -113,6 +113,9 @@ pub struct DeviceCode {
     pub entry: String,
     /// The kind of each scalar in a task row; `None`: each value's own kind.
     pub scalars: Option<Vec<ScalarKind>>,
+    /// The device code reads every view as row-major contiguous (only an address travels), so
+    /// a submit of another layout is refused.
+    pub contiguous: bool,
 }
 
 impl DeviceCode {
@@ -142,6 +145,7 @@ impl DeviceCode {
             image,
             entry: entry.to_owned(),
             scalars,
+            contiguous: false,
         })
     }
 
@@ -189,12 +193,14 @@ pub struct DeviceLaunch<'a> {
 
 impl DeviceLaunch<'_> {
     /// Checks a submit call against the device code: the scalar count and kinds (every value
-    /// must travel in its declared kind) and the per-task geometry (every dimension >= 1, grid
-    /// z at most 65535).
-    pub(crate) fn check(
+    /// must travel in its declared kind), the per-task geometry (every dimension >= 1, grid z
+    /// at most 65535, shared memory), and, for code that reads contiguous views only, the
+    /// views' layouts.
+    pub(crate) fn check<'g>(
         &self,
         who: &dyn std::fmt::Display,
         scalars: &[crate::run::BatchScalar<'_>],
+        views: impl Iterator<Item = &'g crate::geometry::Geometry>,
     ) -> Result<()> {
         use crate::run::BatchScalar;
         let d = self.dims;
@@ -213,6 +219,17 @@ impl DeviceLaunch<'_> {
             )));
         }
         self.code.check_scalars(who, scalars.len())?;
+        if self.code.contiguous {
+            if let Some((i, _)) = views.enumerate().find(|(_, g)| !g.is_contiguous()) {
+                return Err(Error::Value(format!(
+                    "{who}: tensor {i} is not a row-major contiguous view, and the device code \
+                     `{}` reads only contiguous ones (only the address of a view's first element \
+                     travels); pass a contiguous view, or declare the code contiguous=False and \
+                     give it the layout",
+                    self.code.entry
+                )));
+            }
+        }
         let Some(kinds) = &self.code.scalars else {
             return Ok(());
         };

@@ -469,7 +469,8 @@ def cuda_code(entry: str) -> sp.CudaCode:
         return sp.Launch(d["grid"], d["block"], d["shared"], d["consts"])
 
     launch.__name__ = f"{entry}_launch"
-    return sp.CudaCode(SOURCE, entry=entry, launch=launch, scalars=spec["scalars"])
+    # The entries read dense row-major views (only each view's first address travels).
+    return sp.CudaCode(SOURCE, entry=entry, launch=launch, scalars=spec["scalars"], contiguous=True)
 
 
 def _reference():

@@ -230,7 +230,7 @@ impl RunState {
         let who = format_args!("submit {}", kernel.name);
         if let Some(d) = &kernel.device {
             let cols: Vec<BatchScalar<'_>> = scalars.iter().map(|v| BatchScalar::One(*v)).collect();
-            d.check(&who, &cols)?;
+            d.check(&who, &cols, tensors.iter().map(|(_, g)| g))?;
         }
         for (i, (arg, g)) in tensors.iter().enumerate() {
             let a = self.check_slot(&kernel, i, *arg, g.dtype())?;
@@ -296,7 +296,10 @@ impl RunState {
         let who = format_args!("submit_many {}", kernel.name);
         let count = batch_count(&who, slots, scalars, count)?;
         if let Some(d) = &kernel.device {
-            d.check(&who, scalars)?;
+            let layouts = slots.iter().map(|s| match s {
+                BatchSlot::One { geometry, .. } | BatchSlot::Views { geometry, .. } => geometry,
+            });
+            d.check(&who, scalars, layouts)?;
         }
         let n = u64::from(count);
         let per_task = u16::try_from(scalars.len())
