@@ -454,24 +454,24 @@ MARKED_FILE = textwrap.dedent(
         assert st_device_ids == [0, 1]
 
     @pytest.mark.platforms(["a2a3sim", "a2a3"])
-    def test_on_sim():
+    def test_on_sim(st_platform):
         pass
 
     @pytest.mark.platforms(["a2a3"])
-    def test_ascend_only():
+    def test_ascend_only(st_platform):
         pass
 
     @pytest.mark.platforms(["a2a3sim", "a2a3"])
     @pytest.mark.manual(platforms=["a2a3sim"])
-    def test_manual_on_sim():
+    def test_manual_on_sim(st_platform):
         pass
 
     @pytest.mark.manual
-    def test_manual_everywhere():
+    def test_manual_everywhere(st_platform):
         pass
 
     @pytest.mark.platforms(["a3"])
-    def test_unknown_platform():
+    def test_unknown_platform(st_platform):
         pass
     """
 )
@@ -505,13 +505,34 @@ def test_nothing_ran_note_counts_platforms_marked_tests(pytester):
         import pytest
 
         @pytest.mark.platforms(["a2a3"])
-        def test_ascend_only():
+        def test_ascend_only(st_platform):
             pass
         """
     )
     r = pytester.runpytest("--simpler-platform", "sim")
     r.assert_outcomes(skipped=1)
     r.stdout.fnmatch_lines(["WARNING: no scene case ran on platform sim: 1 of the 1 selected*"])
+
+
+def test_other_projects_markers_are_left_alone(pytester):
+    """The plugin loads wherever simpler is installed: a test that is not a scene-test module's
+    (no scene test in its module, no ``st_*`` fixture) keeps its ``manual`` / ``platforms``
+    markers to itself."""
+    pytester.makepyfile(
+        test_other="""
+        import pytest
+
+        @pytest.mark.manual
+        def test_needs_a_human():
+            pass
+
+        @pytest.mark.platforms("linux")
+        def test_linux_only():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=2)
 
 
 # -- 8. no warning repeats every round -----------------------------------------------------------

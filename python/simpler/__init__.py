@@ -27,7 +27,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 from . import _arrays  # noqa: F401  (hands the native module its numpy helpers, once)
-from ._arrays import SUPPORTED_DTYPES, np_dtype
+from ._arrays import SUPPORTED_DTYPES, as_numpy, np_dtype
 from .args import BuiltArgs, ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
 from .errors import (
     ArgumentError,
@@ -97,6 +97,7 @@ __all__ = [
     "TensorArg",
     "Worker",
     "__version__",
+    "as_numpy",
     "device_code_stats",
     "main",
     "np_dtype",

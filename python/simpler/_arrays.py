@@ -241,3 +241,14 @@ _core.install_helpers(
     host_array=host_array,
     host_scalar=host_scalar,
 )
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A numpy array over the memory of a host array: ``value`` itself when it is a numpy array,
+    a view of a CPU torch tensor's memory otherwise (no copy; bfloat16 and the float8 kinds as
+    ml_dtypes arrays over the tensor's bits), so writes through it land in the tensor. For
+    goldens shared between numpy and torch fixtures."""
+    host = host_array(value, "as_numpy")
+    if not isinstance(host, np.ndarray):
+        raise ArgumentTypeError(f"as_numpy: a numpy array or a CPU torch tensor, not {type(value).__name__}")
+    return host

@@ -40,11 +40,12 @@ class TensorArg:
         name: unique within its builder; used for access (``args.name``) and in messages.
         value: a numpy array (host-staged, or uploaded once when ``child_memory``) or a
             :class:`~simpler.DeviceTensor` (already resident). A CPU, contiguous
-            ``torch.Tensor`` (as upstream's tests build their fixtures) is taken too and stored as
-            a numpy view of its memory, no copy: ``value`` (and ``args.name``) is that view, and
-            what a run copies back lands in the torch tensor. bfloat16 and the float8 kinds come
-            out as ml_dtypes arrays. A CUDA or non-contiguous tensor is an ``ArgumentError``.
-            torch is not a dependency and is never imported.
+            ``torch.Tensor`` (as upstream's tests build their fixtures) is taken too and kept as
+            it is (``args.name`` is the tensor, so goldens written with torch work); runs read
+            and write it through a numpy view of its memory, no copy, so what a run copies back
+            lands in the tensor. :func:`simpler.as_numpy` gives that view. A CUDA or
+            non-contiguous tensor is an ``ArgumentError``. torch is not a dependency and is never
+            imported.
         child_memory: declare the tensor resident: a case-owned device buffer, allocated (and,
             unless OUT, uploaded) once per case and passed through on every round.
     """
@@ -55,10 +56,11 @@ class TensorArg:
 
     def __post_init__(self) -> None:
         _core.check_name(self.name, "TensorArg")
-        if not isinstance(self.value, (np.ndarray, DeviceTensor)):
-            # frozen: the converted value replaces the given one through object.__setattr__
-            object.__setattr__(self, "value", _arrays.host_array(self.value, f"TensorArg '{self.name}'"))
-        if not isinstance(self.value, (np.ndarray, DeviceTensor)):
+        host = self.value
+        if not isinstance(host, (np.ndarray, DeviceTensor)):
+            # A torch tensor is checked now (its numpy view is made at each use).
+            host = _arrays.host_array(host, f"TensorArg '{self.name}'")
+        if not isinstance(host, (np.ndarray, DeviceTensor)):
             raise ArgumentTypeError(
                 f"TensorArg '{self.name}': value must be a numpy array or DeviceTensor "
                 f"(or a CPU torch tensor), not {type(self.value).__name__}"
@@ -89,9 +91,9 @@ class Scalar:
     """A scalar argument (int, float or bool, numpy scalars included); scalars follow every tensor.
 
     A numeric ctypes value (``ctypes.c_float(1.0)``, ``c_double``, ``c_int32``, ``c_int64``,
-    ``c_uint32``, ``c_bool``, ...: how upstream's tests write scalars) is taken too and stored as
-    its Python value: ``Scalar("scale", ctypes.c_float(1.0)).value == 1.0`` (a float; read
-    ``args.scale``, not ``args.scale.value``). ``c_float`` keeps its float32 rounding.
+    ``c_uint32``, ``c_bool``, ...: how upstream's tests write scalars) is taken too and kept as
+    it is (``args.scale.value`` works, as upstream's goldens read it); runs pass its Python
+    value. ``c_float`` keeps its float32 rounding.
 
     ``child_memory`` is a read-only ``False`` so loops that read the flag over all specs work;
     use :meth:`TaskArgsBuilder.with_child_memory` to set it on tensors only.
@@ -102,9 +104,8 @@ class Scalar:
 
     def __post_init__(self) -> None:
         _core.check_name(self.name, "Scalar")
-        # frozen: the converted value replaces the given one through object.__setattr__
-        object.__setattr__(self, "value", _arrays.host_scalar(self.value))
-        _core.check_scalar(self.value, f"Scalar '{self.name}'")
+        # A ctypes value is checked as its Python value (runs pass that).
+        _core.check_scalar(_arrays.host_scalar(self.value), f"Scalar '{self.name}'")
 
     is_tensor = False
 
@@ -271,6 +272,8 @@ class TaskArgsBuilder:
             v = spec.value
             if isinstance(v, np.ndarray):
                 v = v.copy(order="K")
+            elif _arrays.is_torch_tensor(v):
+                v = v.clone()
             out._specs[spec.name] = dataclasses.replace(spec, value=v)
         return out
 
@@ -297,37 +300,9 @@ class ResidentTaskArgs(_core.ResidentSet):
     order (every free attempted, each failure logged, the first raised; refused while a tensor is
     bound to the run in progress), idempotently. A context manager.
 
-    ``add`` takes a CPU torch tensor as ``host`` and ``build_args`` ctypes scalars, converted as
-    :class:`TensorArg` and :class:`Scalar` convert them.
+    ``add`` takes a CPU torch tensor as ``host`` (uploaded from a numpy view of its memory) and
+    ``build_args`` ctypes scalars, as every native entry point does (``simpler.as_numpy``).
     """
-
-    def add(
-        self,
-        name: str,
-        host: Any,
-        direction: Any = None,
-        host_view: Any = None,
-        eager: Any = None,
-    ) -> Any:
-        """Makes ``host`` resident under ``name``; returns its ``DeviceTensor`` (see
-        ``ResidentSet.add`` for ``direction``, ``host_view`` and ``eager``).
-
-        ``host`` is a numpy array or a CPU, contiguous torch tensor (uploaded from a numpy view
-        of its memory, no copy). The refusal of a fixture overlapping an earlier one's storage
-        follows that earlier fixture while its host array lives: for a torch tensor added here
-        that is the temporary view, so add torch fixtures through :meth:`from_builder` (the
-        builder keeps the view) where the check matters.
-        """
-        host = _arrays.host_array(host, f"resident tensor '{name}'")
-        return super().add(name, host, direction, host_view, eager)
-
-    def build_args(self, expected_count: Any = None, scalars: Any = None) -> BuiltArgs:
-        """Every added tensor in add order, then ``scalars`` (values, or specs with a ``name``
-        and a ``value`` such as ``Scalar``); a ctypes value is taken as its Python value. See
-        ``ResidentSet.build_args`` for ``expected_count``."""
-        if scalars is not None:
-            scalars = [s if isinstance(s, Scalar) else _arrays.host_scalar(s) for s in scalars]
-        return super().build_args(expected_count, scalars)
 
     @classmethod
     def from_builder(

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+import simpler as sp
 from simpler import SceneTestCase, TaskArgsBuilder
 from simpler.workloads import paged_attention as pa
 
@@ -142,15 +143,17 @@ def generate_inputs(params: dict) -> list[tuple[str, object]]:
 
 
 def golden(query, key_cache, value_cache, block_table, context_lens, scale) -> np.ndarray:
-    """Upstream's golden (P rounded to bfloat16; see docs/porting.md for the two differences).
-    ``scale`` may be a ctypes value, as upstream's generators make it."""
+    """Upstream's golden (P rounded to bfloat16; see docs/porting.md for the two differences)
+    over numpy arrays or CPU torch tensors; ``scale`` may be a ctypes value, as upstream's
+    generators make it."""
     scale = float(getattr(scale, "value", scale))
-    return pa.golden_paged_attention(query, key_cache, value_cache, block_table, context_lens, scale)
+    tensors = (sp.as_numpy(t) for t in (query, key_cache, value_cache, block_table, context_lens))
+    return pa.golden_paged_attention(*tensors, scale)
 
 
 class PagedAttentionCase(SceneTestCase):
     """Upstream's paged attention cases and golden; subclasses supply the inputs (torch or numpy)
-    through :meth:`generate_inputs` and, where their arrays are not numpy, :meth:`host`."""
+    through :meth:`generate_inputs` (the golden reads either through :func:`simpler.as_numpy`)."""
 
     CALLABLE = CALLABLE
     CASES = CASES
@@ -172,4 +175,4 @@ class PagedAttentionCase(SceneTestCase):
 
     def compute_golden(self, args, params):
         names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
-        args.out[:] = golden(*(getattr(args, n) for n in names), args.scale)
+        sp.as_numpy(args.out)[...] = golden(*(getattr(args, n) for n in names), args.scale)

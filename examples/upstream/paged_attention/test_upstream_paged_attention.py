@@ -41,8 +41,7 @@ def generate_inputs(params):
 
 @scene_test(level=2, runtime="tensormap_and_ringbuffer")
 class TestPagedAttention(pa_port.PagedAttentionCase):
-    """Paged attention over bfloat16 torch inputs, upstream's cases (the builder stores each
-    tensor as a numpy view of its memory, so the shared golden reads them directly)."""
+    """Paged attention over bfloat16 torch inputs, upstream's cases."""
 
     def generate_inputs(self, params):
         return generate_inputs(params)

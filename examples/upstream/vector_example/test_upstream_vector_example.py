@@ -7,8 +7,8 @@ page lists: the imports, and the kernels, which are Python functions here instea
 upstream AIV sources. ``f = (a + b + 1) * (a + b + 2) + (a + b)`` over 16,384 float32 values.
 
 Torch is not a dependency of simpler (its wheel pulls gigabytes of CUDA libraries), so this file
-skips where torch is absent; its twin ``test_upstream_vector_example_numpy.py`` is the same test over
-numpy arrays and always runs.
+skips where torch is absent (run standalone, it needs torch); its twin
+``test_upstream_vector_example_numpy.py`` is the same test over numpy arrays and always runs.
 
     pytest examples/upstream --simpler-platform sim --simpler-manual include
     python examples/upstream/vector_example/test_upstream_vector_example.py -p sim --manual include

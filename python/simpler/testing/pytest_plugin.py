@@ -212,12 +212,22 @@ def _plain_skip(item: pytest.Item, case: dict[str, Any], o: runner.RunnerOptions
     return None
 
 
+def _ported(item: pytest.Item) -> bool:
+    """Whether a plain test is a scene-test module's (ported from the upstream runtime): it asks
+    for ``st_platform`` / ``st_device_ids``, or its module defines a scene test. The plugin loads
+    wherever simpler is installed; other projects' ``manual`` / ``platforms`` markers are theirs."""
+    if {"st_platform", "st_device_ids"} & set(getattr(item, "fixturenames", ())):
+        return True
+    module = getattr(item, "module", None)
+    return module is not None and any(scene.is_scene_test(v) for v in vars(module).values())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Applies the ``platforms`` / ``manual`` markers of plain tests (a skip); deselects scene
-    cases that ``--simpler-case`` does not select."""
+    """Applies the ``platforms`` / ``manual`` markers of plain tests in scene-test modules (a
+    skip); deselects scene cases that ``--simpler-case`` does not select."""
     o = _opts(config)
     for item in items:
-        if isinstance(item, SceneCase):
+        if isinstance(item, SceneCase) or not _ported(item):
             continue
         try:
             case = _marker_case(item)

@@ -50,7 +50,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .. import _core
+from .. import _arrays, _core
 from ..args import ResidentTaskArgs, TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection, Callable, RunReport, Worker
@@ -165,7 +165,14 @@ class SceneTestCase:
         sig = self.CALLABLE.signature if self.CALLABLE is not None else ()
         return [t.name for t, (d, _) in zip(args.tensors(), sig) if d is not ArgDirection.IN]
 
-    def compare_outputs(self, actual: TaskArgsBuilder, golden: TaskArgsBuilder, *rest: Any) -> None:
+    def compare_outputs(
+        self,
+        actual: TaskArgsBuilder,
+        golden: TaskArgsBuilder,
+        *rest: Any,
+        output_names: Sequence[str] | None = None,
+        params: Any = None,
+    ) -> None:
         """Asserts ``actual`` matches ``golden`` (allclose at RTOL/ATOL); raises ``AssertionError``.
 
         Called as ours, ``compare_outputs(actual, golden, params)`` (every OUT/INOUT tensor), or as
@@ -174,6 +181,8 @@ class SceneTestCase:
         bfloat16 and the fp8 kinds are compared as float32.
         """
         __tracebackhide__ = True
+        if output_names is not None or params is not None:  # the same, by keyword
+            rest = (*rest, *([output_names] if output_names is not None else []), params)
         if len(rest) == 1:
             names = self.output_names(actual)
         elif len(rest) == 2:
@@ -205,8 +214,13 @@ class SceneTestCase:
         raise SystemExit(0)  # not reached: main always exits
 
 
+def _host(v: Any) -> Any:
+    """A fixture's numpy view (a torch tensor's memory; anything else as it is)."""
+    return _arrays.host_array(v, "fixture")
+
+
 def _comparable(v: Any) -> np.ndarray:
-    arr = np.asarray(v)
+    arr = np.asarray(_host(v))
     if arr.dtype.kind == "V" or arr.dtype.name.startswith(("bfloat", "float8", "float6", "float4")):
         return arr.astype(np.float32)
     return arr
@@ -389,7 +403,7 @@ def _plan(args: TaskArgsBuilder, callable: Callable, res: ResidentTaskArgs | Non
             continue
         if res is not None and t.name in res.resident_names:
             resident.append(t.name)
-        elif isinstance(t.value, np.ndarray):
+        elif isinstance(_host(t.value), np.ndarray):
             staged.append(t.name)
     return _Plan(staged, resident)
 
@@ -476,7 +490,7 @@ class CaseRun:
         self.golden = None if self.skip else args.clone()
         self._res = ResidentTaskArgs.from_builder(self.worker, args, callable)
         self.plan = _plan(args, callable, self._res)
-        self._initial = {n: np.array(args[n], copy=True) for n in self.plan.staged_outputs}
+        self._initial = {n: np.array(_host(args[n]), copy=True) for n in self.plan.staged_outputs}
         self._evolving = bool(self.plan.resident_outputs)
         if self.golden is not None and not self._evolving:
             self._inst.compute_golden(self.golden, self.params)
@@ -494,7 +508,7 @@ class CaseRun:
         r = len(self.reports)
         if r > 0:
             for n, snap in self._initial.items():
-                np.copyto(self.args[n], snap)
+                np.copyto(_host(self.args[n]), snap)
         assert self.worker is not None and self._res is not None, "start() first"
         report = self.worker.run(self.callable, self._res.bind(self.args))
         self.reports.append(report)
@@ -503,7 +517,7 @@ class CaseRun:
             if self._evolving:
                 if r > 0:
                     for n, snap in self._initial.items():
-                        np.copyto(golden[n], snap)
+                        np.copyto(_host(golden[n]), snap)
                 self._inst.compute_golden(golden, self.params)
             else:
                 _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
