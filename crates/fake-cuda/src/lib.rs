@@ -386,6 +386,38 @@ impl State {
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
+    /// Starts an export that needs a healthy current context: [`State::gate`], then
+    /// [`State::current_device`]. Returns the device, or the code to return (already logged).
+    fn enter(&mut self, name: &str, args: &str) -> Result<CUdevice, CUresult> {
+        if let Some(code) = self.gate(name, args) {
+            return Err(code);
+        }
+        self.current_device()
+            .map_err(|code| self.ret(name, args, code))
+    }
+
+    /// [`State::enter`] for the exports that also work on a poisoned context (the releasing
+    /// calls and synchronizes): [`State::current_device_any`].
+    fn enter_any(&mut self, name: &str, args: &str) -> Result<CUdevice, CUresult> {
+        if let Some(code) = self.gate(name, args) {
+            return Err(code);
+        }
+        self.current_device_any()
+            .map_err(|code| self.ret(name, args, code))
+    }
+
+    /// Starts an export about device `dev` that needs no context: [`State::gate`], then
+    /// `CUDA_ERROR_INVALID_DEVICE` (logged) for an ordinal that names no device.
+    fn enter_device(&mut self, name: &str, args: &str, dev: CUdevice) -> Result<(), CUresult> {
+        if let Some(code) = self.gate(name, args) {
+            return Err(code);
+        }
+        if !self.valid_device(dev) {
+            return Err(self.ret(name, args, CUDA_ERROR_INVALID_DEVICE));
+        }
+        Ok(())
+    }
+
     /// Counts a use of `owner`'s object while `dev`'s context is current; returns the log note.
     fn wrong_context(&mut self, what: &str, owner: CUdevice, dev: CUdevice) -> String {
         self.violations += 1;
@@ -404,6 +436,37 @@ impl State {
             return Err(self.wrong_context("alloc", owner, dev));
         }
         Ok(host)
+    }
+
+    /// [`State::device_range`] for the call `name args`: a failure is logged with its note and
+    /// returned as `CUDA_ERROR_INVALID_VALUE`.
+    fn live_range(
+        &mut self,
+        (name, args): (&str, &str),
+        addr: u64,
+        len: u64,
+        dev: CUdevice,
+    ) -> Result<*mut u8, CUresult> {
+        self.device_range(addr, len, dev).map_err(|note| {
+            let args = format!("{args}{note}");
+            self.ret(name, &args, CUDA_ERROR_INVALID_VALUE)
+        })
+    }
+
+    /// [`State::live_range`] for a copy of `len` bytes between `host` and device memory: a null
+    /// `host` with bytes to copy is refused first (`CUDA_ERROR_INVALID_VALUE`, logged).
+    fn host_copy_range(
+        &mut self,
+        call: (&str, &str),
+        host: *const c_void,
+        addr: u64,
+        len: usize,
+        dev: CUdevice,
+    ) -> Result<*mut u8, CUresult> {
+        if host.is_null() && len > 0 {
+            return Err(self.ret(call.0, call.1, CUDA_ERROR_INVALID_VALUE));
+        }
+        self.live_range(call, addr, len as u64, dev)
     }
 
     /// Whether `[start, start + len)` lies inside one host registration.
@@ -427,4 +490,10 @@ fn lock() -> MutexGuard<'static, Option<State>> {
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
     let mut guard = lock();
     f(guard.get_or_insert_with(State::from_env))
+}
+
+/// [`with_state`] for an export that stops at its first failure: `Err` and `Ok` both carry the
+/// code to return, already logged.
+fn export(f: impl FnOnce(&mut State) -> Result<CUresult, CUresult>) -> CUresult {
+    with_state(f).unwrap_or_else(|code| code)
 }

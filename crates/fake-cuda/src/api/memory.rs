@@ -6,7 +6,7 @@ use std::ffi::{c_uint, c_void};
 use super::stream::{finish, submit};
 use crate::exec::{self, Op, Source, Work};
 use crate::{
-    current_ctx, device_of_ctx, with_state, CUdeviceptr, CUresult, CUstream, ALIGN,
+    current_ctx, device_of_ctx, export, with_state, CUdeviceptr, CUresult, CUstream, ALIGN,
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, FILL,
 };
@@ -25,25 +25,19 @@ fn legacy_barrier() {
 /// `dptr` must be null or valid for a write of one `CUdeviceptr`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuMemAlloc_v2";
         let args = format!("- {bytesize}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter(name, &args)?;
         if dptr.is_null() || bytesize == 0 {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let Some(addr) = st.heap.alloc(bytesize as u64, ALIGN, FILL, dev) else {
-            return st.ret(name, &args, CUDA_ERROR_OUT_OF_MEMORY);
+            return Err(st.ret(name, &args, CUDA_ERROR_OUT_OF_MEMORY));
         };
         // SAFETY: `dptr` is non-null and, per the caller, valid for this write.
         unsafe { dptr.write(addr) };
-        st.ret(name, &format!("{addr:#x} {bytesize}"), CUDA_SUCCESS)
+        Ok(st.ret(name, &format!("{addr:#x} {bytesize}"), CUDA_SUCCESS))
     })
 }
 
@@ -53,25 +47,49 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     exec::wait_device(None, false);
-    with_state(|st| {
+    export(|st| {
         let name = "cuMemFree_v2";
         let args = format!("{dptr:#x}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device_any() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter_any(name, &args)?;
         let Some(size) = st.heap.get(dptr).map(|b| b.size) else {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         };
-        if let Err(why) = st.device_range(dptr, size, dev) {
-            return st.ret(name, &format!("{args}{why}"), CUDA_ERROR_INVALID_VALUE);
-        }
+        st.live_range((name, &args), dptr, size, dev)?;
         st.heap.remove(dptr, ALIGN, false);
         let code = st.poisoned(dev);
-        st.ret(name, &args, code)
+        Ok(st.ret(name, &args, code))
+    })
+}
+
+/// A synchronous copy of `n` bytes between `host` and `[dptr, dptr + n)`: from `host` when
+/// `to_device`, else into it. Waits for the blocking streams first (see `legacy_barrier`).
+///
+/// # Safety
+/// `host` must be valid for reads (`to_device`) or writes of `n` bytes.
+unsafe fn copy_sync(
+    (name, args): (&str, &str),
+    host: *mut c_void,
+    dptr: CUdeviceptr,
+    n: usize,
+    to_device: bool,
+) -> CUresult {
+    legacy_barrier();
+    export(|st| {
+        let dev = st.enter(name, args)?;
+        let device = st.host_copy_range((name, args), host, dptr, n, dev)?;
+        if n > 0 {
+            let host = host.cast::<u8>();
+            let (from, to) = if to_device {
+                (host.cast_const(), device)
+            } else {
+                (device.cast_const(), host)
+            };
+            // SAFETY: `device` has `n` bytes of a live backing block behind it (checked by
+            // `device_range`); `host` is valid for `n` bytes in this direction per the caller;
+            // caller memory cannot overlap the fake's private backing block.
+            unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
+        }
+        Ok(st.ret(name, args, CUDA_SUCCESS))
     })
 }
 
@@ -87,32 +105,10 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src_host: *const c_void,
     byte_count: usize,
 ) -> CUresult {
-    legacy_barrier();
-    with_state(|st| {
-        let name = "cuMemcpyHtoD_v2";
-        let args = format!("{dst_device:#x} {byte_count} src={:#x}", src_host as usize);
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
-        if src_host.is_null() && byte_count > 0 {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
-        }
-        let to = match st.device_range(dst_device, byte_count as u64, dev) {
-            Ok(to) => to,
-            Err(note) => return st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE),
-        };
-        if byte_count > 0 {
-            // SAFETY: `to` has `byte_count` bytes of a live backing block behind it (checked by
-            // `device_range`); `src_host` is valid for `byte_count` bytes per the caller; caller
-            // memory cannot overlap the fake's private backing block.
-            unsafe { std::ptr::copy_nonoverlapping(src_host.cast::<u8>(), to, byte_count) };
-        }
-        st.ret(name, &args, CUDA_SUCCESS)
-    })
+    let args = format!("{dst_device:#x} {byte_count} src={:#x}", src_host as usize);
+    let call = ("cuMemcpyHtoD_v2", args.as_str());
+    // SAFETY: `src_host` is valid for reads of `byte_count` bytes per the caller, and read only.
+    unsafe { copy_sync(call, src_host.cast_mut(), dst_device, byte_count, true) }
 }
 
 /// `CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)` (the `_v2`
@@ -126,32 +122,10 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
     src_device: CUdeviceptr,
     byte_count: usize,
 ) -> CUresult {
-    legacy_barrier();
-    with_state(|st| {
-        let name = "cuMemcpyDtoH_v2";
-        let args = format!("{src_device:#x} {byte_count} dst={:#x}", dst_host as usize);
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
-        if dst_host.is_null() && byte_count > 0 {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
-        }
-        let from = match st.device_range(src_device, byte_count as u64, dev) {
-            Ok(from) => from,
-            Err(note) => return st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE),
-        };
-        if byte_count > 0 {
-            // SAFETY: `from` has `byte_count` bytes of a live backing block behind it (checked by
-            // `device_range`); `dst_host` is valid for `byte_count` bytes per the caller; caller
-            // memory cannot overlap the fake's private backing block.
-            unsafe { std::ptr::copy_nonoverlapping(from, dst_host.cast::<u8>(), byte_count) };
-        }
-        st.ret(name, &args, CUDA_SUCCESS)
-    })
+    let args = format!("{src_device:#x} {byte_count} dst={:#x}", dst_host as usize);
+    let call = ("cuMemcpyDtoH_v2", args.as_str());
+    // SAFETY: `dst_host` is valid for writes of `byte_count` bytes per the caller.
+    unsafe { copy_sync(call, dst_host, src_device, byte_count, false) }
 }
 
 /// `CUresult cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)` (the `_v2` entry
@@ -159,24 +133,15 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
 #[no_mangle]
 pub extern "C" fn cuMemsetD8_v2(dst_device: CUdeviceptr, uc: u8, n: usize) -> CUresult {
     legacy_barrier();
-    with_state(|st| {
+    export(|st| {
         let name = "cuMemsetD8_v2";
         let args = format!("{dst_device:#x} {n} value={uc}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
-        let to = match st.device_range(dst_device, n as u64, dev) {
-            Ok(to) => to,
-            Err(note) => return st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE),
-        };
+        let dev = st.enter(name, &args)?;
+        let to = st.live_range((name, &args), dst_device, n as u64, dev)?;
         // SAFETY: `to` has `n` bytes of a live backing block behind it (checked by
         // `device_range`).
         unsafe { std::ptr::write_bytes(to, uc, n) };
-        st.ret(name, &args, CUDA_SUCCESS)
+        Ok(st.ret(name, &args, CUDA_SUCCESS))
     })
 }
 
@@ -184,19 +149,14 @@ pub extern "C" fn cuMemsetD8_v2(dst_device: CUdeviceptr, uc: u8, n: usize) -> CU
 /// point). Records the range; the memory itself is never touched.
 #[no_mangle]
 pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuMemHostRegister_v2";
         let start = p as u64;
         let args = format!("{start:#x} {bytesize} flags={flags}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        if let Err(code) = st.current_device() {
-            return st.ret(name, &args, code);
-        }
+        st.enter(name, &args)?;
         let len = bytesize as u64;
         let Some(end) = start.checked_add(len).filter(|_| start != 0 && len != 0) else {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         };
         let overlaps = st
             .registrations
@@ -204,10 +164,10 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c
             .next_back()
             .is_some_and(|(&s, &l)| s + l > start);
         if overlaps {
-            return st.ret(name, &args, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+            return Err(st.ret(name, &args, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED));
         }
         st.registrations.insert(start, len);
-        st.ret(name, &args, CUDA_SUCCESS)
+        Ok(st.ret(name, &args, CUDA_SUCCESS))
     })
 }
 
@@ -215,24 +175,18 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c
 /// context the registration is still removed and the sticky error returned.
 #[no_mangle]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuMemHostUnregister";
         let start = p as u64;
         let args = format!("{start:#x}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device_any() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
-        match st.registrations.remove(&start) {
+        let dev = st.enter_any(name, &args)?;
+        Ok(match st.registrations.remove(&start) {
             Some(len) => {
                 let code = st.poisoned(dev);
                 st.ret(name, &format!("{args} {len}"), code)
             }
             None => st.ret(name, &args, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
-        }
+        })
     })
 }
 
@@ -255,18 +209,8 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     let src = src_host as usize;
     let mut args = format!("{dst_device:#x} {byte_count} src={src:#x} stream={h:#x}");
     let r = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
-        if src_host.is_null() && byte_count > 0 {
-            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
-        }
-        if let Err(note) = st.device_range(dst_device, byte_count as u64, dev) {
-            return Err(st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE));
-        }
+        let dev = st.enter(name, &args)?;
+        st.host_copy_range((name, &args), src_host, dst_device, byte_count, dev)?;
         let pinned = byte_count > 0 && st.pinned(src as u64, byte_count as u64);
         let source = if pinned {
             Source::Pinned(src)
@@ -311,18 +255,8 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     let dst = dst_host as usize;
     let args = format!("{src_device:#x} {byte_count} dst={dst:#x} stream={h:#x}");
     let r = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
-        if dst_host.is_null() && byte_count > 0 {
-            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
-        }
-        if let Err(note) = st.device_range(src_device, byte_count as u64, dev) {
-            return Err(st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE));
-        }
+        let dev = st.enter(name, &args)?;
+        st.host_copy_range((name, &args), dst_host, src_device, byte_count, dev)?;
         let op = Op {
             dev,
             what: format!("{name} {src_device:#x} {byte_count}"),
@@ -350,15 +284,8 @@ pub extern "C" fn cuMemsetD8Async(
     let h = h_stream as usize;
     let args = format!("{dst_device:#x} {n} value={uc} stream={h:#x}");
     let r = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
-        if let Err(note) = st.device_range(dst_device, n as u64, dev) {
-            return Err(st.ret(name, &format!("{args}{note}"), CUDA_ERROR_INVALID_VALUE));
-        }
+        let dev = st.enter(name, &args)?;
+        st.live_range((name, &args), dst_device, n as u64, dev)?;
         let op = Op {
             dev,
             what: format!("{name} {dst_device:#x} {n}"),

@@ -9,13 +9,14 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 
 use crate::{
-    ctx_of, current_ctx, set_current_ctx, with_state, CUcontext, CUdevice, CUdevice_attribute,
-    CUresult, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
-    CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_DEVICE,
-    CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED,
-    CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_READY, CUDA_ERROR_NO_BINARY_FOR_GPU,
-    CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+    ctx_of, current_ctx, export, set_current_ctx, with_state, CUcontext, CUdevice,
+    CUdevice_attribute, CUresult, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_INVALID_CONTEXT,
+    CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
 };
 
 pub mod memory;
@@ -128,17 +129,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 /// poisoned context; at count 0 the context is destroyed and its sticky error cleared.
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuDevicePrimaryCtxRelease_v2";
         let args = dev.to_string();
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        if !st.valid_device(dev) {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_DEVICE);
-        }
+        st.enter_device(name, &args, dev)?;
         let Some(count) = st.retains.get_mut(&dev).filter(|c| **c > 0) else {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_CONTEXT);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_CONTEXT));
         };
         *count -= 1;
         let count = *count;
@@ -150,7 +146,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
                 args.push_str(&format!(" (sticky error {code} cleared)"));
             }
         }
-        st.ret(name, &args, CUDA_SUCCESS)
+        Ok(st.ret(name, &args, CUDA_SUCCESS))
     })
 }
 
@@ -282,21 +278,16 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: CUdevice_attribute,
     dev: CUdevice,
 ) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuDeviceGetAttribute";
         let args = format!("{attrib} dev={dev}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        if !st.valid_device(dev) {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_DEVICE);
-        }
+        st.enter_device(name, &args, dev)?;
         let Some(value) = attribute(attrib, st.cc).filter(|_| !pi.is_null()) else {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         };
         // SAFETY: `pi` is non-null and, per the caller, valid for this write.
         unsafe { pi.write(value) };
-        st.ret(name, &format!("{args} value={value}"), CUDA_SUCCESS)
+        Ok(st.ret(name, &format!("{args} value={value}"), CUDA_SUCCESS))
     })
 }
 
@@ -310,18 +301,13 @@ const DEVICE_NAME: &[u8] = b"Fake CUDA Device";
 /// `name` must be null or valid for writes of `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let fname = "cuDeviceGetName";
         let args = format!("{len} dev={dev}");
-        if let Some(code) = st.gate(fname, &args) {
-            return code;
-        }
-        if !st.valid_device(dev) {
-            return st.ret(fname, &args, CUDA_ERROR_INVALID_DEVICE);
-        }
+        st.enter_device(fname, &args, dev)?;
         let cap = usize::try_from(len).unwrap_or(0);
         if name.is_null() || cap == 0 {
-            return st.ret(fname, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(fname, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let n = DEVICE_NAME.len().min(cap - 1);
         // SAFETY: `name` is valid for `cap > n` bytes per the caller; the source is a static.
@@ -329,6 +315,6 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
             std::ptr::copy_nonoverlapping(DEVICE_NAME.as_ptr(), name.cast::<u8>(), n);
             name.add(n).write(0);
         }
-        st.ret(fname, &args, CUDA_SUCCESS)
+        Ok(st.ret(fname, &args, CUDA_SUCCESS))
     })
 }

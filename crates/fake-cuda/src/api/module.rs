@@ -10,7 +10,7 @@ use super::stream::{finish, submit};
 use crate::exec::{Launch, Op, Work};
 use crate::image::{runs_on, Image};
 use crate::{
-    with_state, CUdevice, CUfunction, CUmodule, CUresult, CUstream, State,
+    export, with_state, CUdevice, CUfunction, CUmodule, CUresult, CUstream, State,
     CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_SUCCESS,
 };
@@ -57,36 +57,30 @@ fn own_module(
 /// readable as described at [`Image::read`].
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuModuleLoadData";
         let args = format!("- image={:#x}", image as usize);
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter(name, &args)?;
         if module.is_null() || image.is_null() {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         // SAFETY: `image` is non-null and readable as `Image::read` needs, per the caller.
         let Some(img) = (unsafe { Image::read(image.cast::<u8>()) }) else {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_IMAGE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_IMAGE));
         };
         let arch = img.arch.clone().unwrap_or_else(|| "none".into());
         let args = format!("{args} arch={arch} entries={}", img.entries.len());
         if !runs_on(img.arch.as_deref(), st.cc) {
             let (a, b) = st.cc;
             let args = format!("{args} (device is {a}.{b})");
-            return st.ret(name, &args, CUDA_ERROR_NO_BINARY_FOR_GPU);
+            return Err(st.ret(name, &args, CUDA_ERROR_NO_BINARY_FOR_GPU));
         }
         let m = crate::new_handle(crate::MODULE_BASE);
         st.modules.insert(m, Module { dev, image: img });
         st.module_loads += 1;
         // SAFETY: `module` is non-null and, per the caller, valid for this write.
         unsafe { module.write(m as CUmodule) };
-        st.ret(name, &format!("{m:#x}{}", &args[1..]), CUDA_SUCCESS)
+        Ok(st.ret(name, &format!("{m:#x}{}", &args[1..]), CUDA_SUCCESS))
     })
 }
 
@@ -94,24 +88,16 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
 /// poisoned context the module is still unloaded and the sticky error returned.
 #[no_mangle]
 pub extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuModuleUnload";
         let m = hmod as usize;
         let args = format!("{m:#x}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device_any() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
-        if let Err(code) = own_module(st, (name, &args), m, dev) {
-            return code;
-        }
+        let dev = st.enter_any(name, &args)?;
+        own_module(st, (name, &args), m, dev)?;
         st.modules.remove(&m);
         st.functions.retain(|_, f| f.module != m);
         let code = st.poisoned(dev);
-        st.ret(name, &args, code)
+        Ok(st.ret(name, &args, code))
     })
 }
 
@@ -127,7 +113,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let fname = "cuModuleGetFunction";
         let m = hmod as usize;
         let entry = if name.is_null() {
@@ -141,19 +127,11 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             )
         };
         let args = format!("- {m:#x} {}", entry.as_deref().unwrap_or("(null)"));
-        if let Some(code) = st.gate(fname, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(fname, &args, code),
-        };
+        let dev = st.enter(fname, &args)?;
         let Some(entry) = entry.filter(|_| !hfunc.is_null()) else {
-            return st.ret(fname, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(fname, &args, CUDA_ERROR_INVALID_VALUE));
         };
-        if let Err(code) = own_module(st, (fname, &args), m, dev) {
-            return code;
-        }
+        own_module(st, (fname, &args), m, dev)?;
         let found = st.modules[&m]
             .image
             .entries
@@ -161,7 +139,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             .find(|(e, _)| *e == entry)
             .map(|(_, n)| *n);
         let Some(params) = found else {
-            return st.ret(fname, &args, CUDA_ERROR_NOT_FOUND);
+            return Err(st.ret(fname, &args, CUDA_ERROR_NOT_FOUND));
         };
         let known = st
             .functions
@@ -182,7 +160,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
         });
         // SAFETY: `hfunc` is non-null and, per the caller, valid for this write.
         unsafe { hfunc.write(f as CUfunction) };
-        st.ret(fname, &format!("{f:#x}{}", &args[1..]), CUDA_SUCCESS)
+        Ok(st.ret(fname, &format!("{f:#x}{}", &args[1..]), CUDA_SUCCESS))
     })
 }
 
@@ -246,12 +224,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         dims(block)
     );
     let r = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
+        let dev = st.enter(name, &args)?;
         let Some(func) = st.functions.get(&fh) else {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_HANDLE));
         };

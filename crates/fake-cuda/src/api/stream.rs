@@ -9,7 +9,7 @@ use std::ffi::c_uint;
 
 use crate::exec::{self, Exec, Op, Point, Work, CU_STREAM_NON_BLOCKING, DONE};
 use crate::{
-    with_state, CUdevice, CUevent, CUresult, CUstream, State, CUDA_ERROR_INVALID_HANDLE,
+    export, with_state, CUdevice, CUevent, CUresult, CUstream, State, CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
 };
 
@@ -121,23 +121,17 @@ fn wait_stream(h: usize, dev: CUdevice) {
 /// `ph_stream` must be null or valid for a write of one `CUstream`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(ph_stream: *mut CUstream, flags: c_uint) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuStreamCreate";
         let args = format!("- flags={flags}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter(name, &args)?;
         if ph_stream.is_null() || flags & !CU_STREAM_NON_BLOCKING != 0 {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let h = exec::lock().create_stream(dev, flags);
         // SAFETY: `ph_stream` is non-null and, per the caller, valid for this write.
         unsafe { ph_stream.write(h as CUstream) };
-        st.ret(name, &format!("{h:#x} flags={flags}"), CUDA_SUCCESS)
+        Ok(st.ret(name, &format!("{h:#x} flags={flags}"), CUDA_SUCCESS))
     })
 }
 
@@ -150,12 +144,7 @@ pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
     let h = h_stream as usize;
     let args = format!("{h:#x}");
     let checked = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device_any()
-            .map_err(|code| st.ret(name, &args, code))?;
+        let dev = st.enter_any(name, &args)?;
         let mut ex = exec::lock();
         if exec::builtin(h) {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_HANDLE));
@@ -185,12 +174,7 @@ pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
     let h = h_stream as usize;
     let args = format!("{h:#x}");
     let checked = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device_any()
-            .map_err(|code| st.ret(name, &args, code))?;
+        let dev = st.enter_any(name, &args)?;
         own_stream(st, &exec::lock(), (name, &args), h, dev)?;
         Ok(dev)
     });
@@ -204,21 +188,13 @@ pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
 /// `CUDA_ERROR_NOT_READY` otherwise.
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuStreamQuery";
         let h = h_stream as usize;
         let args = format!("{h:#x}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter(name, &args)?;
         let ex = exec::lock();
-        if let Err(code) = own_stream(st, &ex, (name, &args), h, dev) {
-            return code;
-        }
+        own_stream(st, &ex, (name, &args), h, dev)?;
         let idle = if exec::legacy(h) {
             ex.idle(Some(dev), true)
         } else {
@@ -229,7 +205,7 @@ pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
         } else {
             CUDA_ERROR_NOT_READY
         };
-        st.ret(name, &args, code)
+        Ok(st.ret(name, &args, code))
     })
 }
 
@@ -238,13 +214,7 @@ pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     let name = "cuCtxSynchronize";
-    let checked = with_state(|st| {
-        if let Some(code) = st.gate(name, "-") {
-            return Err(code);
-        }
-        st.current_device_any()
-            .map_err(|code| st.ret(name, "-", code))
-    });
+    let checked = with_state(|st| st.enter_any(name, "-"));
     match checked {
         Ok(dev) => settle(name, "-", dev, || exec::wait_device(Some(dev), false)),
         Err(code) => code,
@@ -259,25 +229,19 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 /// `ph_event` must be null or valid for a write of one `CUevent`.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) -> CUresult {
-    with_state(|st| {
+    export(|st| {
         let name = "cuEventCreate";
         let args = format!("- flags={flags}");
-        if let Some(code) = st.gate(name, &args) {
-            return code;
-        }
-        let dev = match st.current_device() {
-            Ok(dev) => dev,
-            Err(code) => return st.ret(name, &args, code),
-        };
+        let dev = st.enter(name, &args)?;
         if ph_event.is_null() || flags & !3 != 0 {
-            return st.ret(name, &args, CUDA_ERROR_INVALID_VALUE);
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let e = crate::new_handle(crate::EVENT_BASE);
         let ev = exec::Event { dev, point: None };
         exec::lock().events.insert(e, ev);
         // SAFETY: `ph_event` is non-null and, per the caller, valid for this write.
         unsafe { ph_event.write(e as CUevent) };
-        st.ret(name, &format!("{e:#x} flags={flags}"), CUDA_SUCCESS)
+        Ok(st.ret(name, &format!("{e:#x} flags={flags}"), CUDA_SUCCESS))
     })
 }
 
@@ -290,12 +254,7 @@ pub extern "C" fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresul
     let (e, h) = (h_event as usize, h_stream as usize);
     let args = format!("{e:#x} stream={h:#x}");
     let checked = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
+        let dev = st.enter(name, &args)?;
         let mut ex = exec::lock();
         own_event(st, &ex, (name, &args), e, Some(dev))?;
         own_stream(st, &ex, (name, &args), h, dev)?;
@@ -335,12 +294,7 @@ pub extern "C" fn cuStreamWaitEvent(
     let (h, e) = (h_stream as usize, h_event as usize);
     let args = format!("{h:#x} event={e:#x} flags={flags}");
     let r = with_state(|st| {
-        if let Some(code) = st.gate(name, &args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device()
-            .map_err(|code| st.ret(name, &args, code))?;
+        let dev = st.enter(name, &args)?;
         if flags != 0 {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
@@ -364,12 +318,7 @@ pub extern "C" fn cuStreamWaitEvent(
 /// Checks an event call's context and handle: the event's point, and the current device.
 fn event_point(name: &str, args: &str, e: usize) -> Result<(CUdevice, Option<Point>), CUresult> {
     with_state(|st| {
-        if let Some(code) = st.gate(name, args) {
-            return Err(code);
-        }
-        let dev = st
-            .current_device_any()
-            .map_err(|code| st.ret(name, args, code))?;
+        let dev = st.enter_any(name, args)?;
         let ex = exec::lock();
         own_event(st, &ex, (name, args), e, Some(dev))?;
         Ok((dev, ex.events.get(&e).and_then(|ev| ev.point)))
