@@ -63,10 +63,7 @@ pub fn host_array<'py>(
         return Ok(obj.clone());
     }
     let py = obj.py();
-    crate::helpers::get(py)?
-        .host_array
-        .bind(py)
-        .call1((obj, what.to_string()))
+    helpers::call1(py, |h| &h.host_array, (obj, what.to_string()))
 }
 
 /// An argument's name: a non-empty string, or the error naming `what`.
@@ -254,11 +251,7 @@ pub fn dtype(obj: &Bound<'_, PyAny>, what: &dyn std::fmt::Display) -> PyResult<D
         }
     }
     let py = obj.py();
-    let name: String = helpers::get(py)?
-        .dtype_name
-        .bind(py)
-        .call1((obj,))?
-        .extract()?;
+    let name: String = helpers::call1(py, |h| &h.dtype_name, (obj,))?.extract()?;
     DType::parse(&name).map_err(|e| type_err(format!("{what}: {e}")))
 }
 
@@ -462,7 +455,7 @@ fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyR
         return Ok(Value::Float(f.extract()?));
     }
     // A ctypes number (`ctypes.c_float(1.0)`): its Python value.
-    let plain = crate::helpers::get(py)?.host_scalar.bind(py).call1((v,))?;
+    let plain = helpers::call1(py, |h| &h.host_scalar, (v,))?;
     if !plain.is(v) {
         return number(&plain, name, noun);
     }

@@ -59,10 +59,7 @@ impl DeviceArray {
     }
 
     fn np_dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        helpers::get(py)?
-            .np_dtype
-            .bind(py)
-            .call1((self.geometry.dtype().name(),))
+        helpers::call1(py, |h| &h.np_dtype, (self.geometry.dtype().name(),))
     }
 }
 
@@ -129,10 +126,11 @@ impl DeviceArray {
         let consumer = exporting::dlpack_request("array", device, stream, dl_device, copy)?;
         exporting::order_after(py, &*a.cell.dev, consumer)?;
         let dt = a.np_dtype(py)?;
-        helpers::get(py)?
-            .dlpack_export
-            .bind(py)
-            .call1((slf, a.addr, device, dt, py.None()))
+        helpers::call1(
+            py,
+            |h| &h.dlpack_export,
+            (slf, a.addr, device, dt, py.None()),
+        )
     }
 
     fn __repr__(&self) -> String {

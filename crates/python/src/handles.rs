@@ -122,7 +122,7 @@ fn contiguous_bytes<'py>(
     let g = convert::array_geometry(a, &what)?
         .ok_or_else(|| not_native(a, &what))
         .and_then(|g| g.require_contiguous(&what).map(|_| g).py())?;
-    helpers::get(py)?.flat_bytes.bind(py).call1((a, g.extent()))
+    helpers::call1(py, |h| &h.flat_bytes, (a, g.extent()))
 }
 
 /// The refusal of an array the runtime cannot take byte for byte (numpy's own layout named).
@@ -404,10 +404,7 @@ impl DeviceTensor {
     }
 
     fn np_dtype_of<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        helpers::get(py)?
-            .np_dtype
-            .bind(py)
-            .call1((self.geometry.dtype().name(),))
+        helpers::call1(py, |h| &h.np_dtype, (self.geometry.dtype().name(),))
     }
 }
 
@@ -557,10 +554,11 @@ impl DeviceTensor {
             guard: Mutex::new(Some(t.export(py)?)),
         };
         exporting::order_after(py, &*t.buffer.bind(py).get().cell.dev, consumer)?;
-        helpers::get(py)?
-            .dlpack_export
-            .bind(py)
-            .call1((slf, t.data_ptr(), device, dt, guard))
+        helpers::call1(
+            py,
+            |h| &h.dlpack_export,
+            (slf, t.data_ptr(), device, dt, guard),
+        )
     }
 
     fn __repr__(&self) -> String {
@@ -626,7 +624,7 @@ pub fn window_array<'py>(
     readonly: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let w = Bound::new(py, PyHostWindow { win, readonly })?;
-    helpers::get(py)?.window_array.bind(py).call1((w,))
+    helpers::call1(py, |h| &h.window_array, (w,))
 }
 
 /// The address of the DLPack capsule destructor (``PyCapsule_New``'s third argument) that

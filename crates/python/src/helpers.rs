@@ -51,3 +51,16 @@ pub fn get(py: Python<'_>) -> PyResult<&Helpers> {
         state_err("simpler._core is used through the simpler package: import simpler first")
     })
 }
+
+/// Calls the helper `which` picks with `args`, counted as a run's Python code (see
+/// `shutdown.rs`): a helper runs Python bytecode, which may let the GIL go, and a thread that
+/// takes it back after the interpreter finalized must not be inside native frames.
+pub fn call1<'py>(
+    py: Python<'py>,
+    which: impl FnOnce(&Helpers) -> &Py<PyAny>,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let f = which(get(py)?).bind(py);
+    let _in_python = crate::shutdown::enter_python(py);
+    f.call1(args)
+}

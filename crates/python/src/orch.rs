@@ -139,11 +139,7 @@ impl RunTensor {
             .filter(|a| a.shape()[1] == nd.max(1) && a.is_c_contiguous());
         let rows = match direct {
             Some(a) => a,
-            None => helpers::get(py)?
-                .offset_rows
-                .bind(py)
-                .call1((offsets, nd))?
-                .extract()?,
+            None => helpers::call1(py, |h| &h.offset_rows, (offsets, nd))?.extract()?,
         };
         let flat = rows.as_slice()?;
         let nd = nd.max(1);
@@ -339,7 +335,7 @@ impl Orchestrator {
         let orch = self.orch();
         if !orch.device_ready(&code.code) {
             let dirs: Vec<std::path::PathBuf> =
-                helpers::get(py)?.nvrtc_dirs.bind(py).call0()?.extract()?;
+                helpers::call1(py, |h| &h.nvrtc_dirs, ())?.extract()?;
             done(py, orch.prepare_device(&code.code, &dirs))?;
         }
         Ok(Some(launch))

@@ -34,11 +34,7 @@ pub fn flat_bytes<'py>(
     arr: &Bound<'py, PyAny>,
     nbytes: u64,
 ) -> PyResult<Bound<'py, PyArray1<u8>>> {
-    Ok(helpers::get(py)?
-        .flat_bytes
-        .bind(py)
-        .call1((arr, nbytes))?
-        .cast_into::<PyArray1<u8>>()?)
+    Ok(helpers::call1(py, |h| &h.flat_bytes, (arr, nbytes))?.cast_into::<PyArray1<u8>>()?)
 }
 
 /// The protocol of named run arguments: an object that is not a plain sequence gives its
@@ -205,7 +201,7 @@ impl RunHost for Host<'_, '_> {
             let a = Bound::new(py, a)?.into_any();
             args.push(match k.device_arrays {
                 Some(kind @ ("cupy" | "torch")) => {
-                    helpers::get(py)?.device_array.bind(py).call1((kind, a))?
+                    helpers::call1(py, |h| &h.device_array, (kind, a))?
                 }
                 _ => a,
             });
@@ -298,7 +294,7 @@ pub fn run<'py>(
             let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
                 Some(g) => (v.clone(), g, None),
                 None => {
-                    let work = helpers::get(py)?.native_copy.bind(py).call1((&v,))?;
+                    let work = helpers::call1(py, |h| &h.native_copy, (&v,))?;
                     let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
                         .ok_or_else(|| {
                             type_err(format!(
@@ -320,7 +316,7 @@ pub fn run<'py>(
             ArgValue::Staged { geometry, writable }
         } else {
             // The orchestration gets the plain value (a ctypes number's Python value).
-            let v = helpers::get(py)?.host_scalar.bind(py).call1((&v,))?;
+            let v = helpers::call1(py, |h| &h.host_scalar, (&v,))?;
             convert::scalar(&v, &format_args!("run {}: argument '{name}'", c.name))?;
             scalars.push(v);
             ArgValue::Scalar
@@ -348,7 +344,7 @@ pub fn run<'py>(
     })?;
     for s in host.staged.iter().filter(|s| s.written) {
         if let Some((orig, work)) = &s.copy_of {
-            helpers::get(py)?.write_back.bind(py).call1((orig, work))?;
+            helpers::call1(py, |h| &h.write_back, (orig, work))?;
         }
     }
     Ok(report)
