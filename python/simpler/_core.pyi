@@ -14,6 +14,7 @@ __all__ = [
     "DRIVER_OPS",
     "DTYPES",
     "MODELS",
+    "NVRTC_WHEEL_SUBDIRS",
     "PHASES",
     "PLATFORMS",
     "STAGING_MODES",
@@ -60,6 +61,7 @@ MODELS: list[str]
 VIEW_POLICIES: list[str]
 STAGING_MODES: list[str]
 DRIVER_OPS: list[str]
+NVRTC_WHEEL_SUBDIRS: list[str]
 PHASES: list[str]
 
 _Platform = Literal["sim", "ascend", "cuda"]

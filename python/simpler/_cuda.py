@@ -13,15 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: Where the wheels install the library, under a ``sys.path`` entry: CUDA 13, then CUDA 12.
-WHEEL_LIB_SUBDIRS = ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib")
+from . import _core
 
 
 @functools.cache
 def nvrtc_dirs() -> list[str]:
     """The folders of ``sys.path`` entries that hold an NVRTC wheel's library, CUDA 13 first."""
     found: list[str] = []
-    for sub in WHEEL_LIB_SUBDIRS:
+    for sub in _core.NVRTC_WHEEL_SUBDIRS:  # the runtime's list: CUDA 13, then CUDA 12 wheels
         for entry in sys.path:
             d = Path(entry or ".") / sub
             if d.is_dir() and any(d.glob("libnvrtc.so*")) and str(d) not in found:

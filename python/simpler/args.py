@@ -2,8 +2,9 @@
 
 * :class:`TensorArg` / :class:`Scalar` name one argument of a callable; ``TensorArg(...,
   child_memory=True)`` declares that the tensor lives on the device for the whole case.
-  Values written for upstream's runtime (hw-native-sys/simpler) are taken too: a CPU torch
-  tensor becomes a numpy view of its memory, a ctypes scalar its Python value (``_arrays``).
+  Values written for upstream's runtime (hw-native-sys/simpler) are taken too and kept as
+  given: a CPU torch tensor (runs read and write it through a numpy view of its memory), a ctypes
+  scalar (runs pass its Python value); both conversions live in ``_arrays``.
 * :class:`TaskArgsBuilder` is an ordered set of specs (tensors first, then scalars) with access by
   name; :meth:`Worker.run <simpler.Worker.run>` takes it directly (everything host-staged).
 * :class:`ResidentTaskArgs` owns the device buffers of resident tensors: the native resident set
@@ -104,8 +105,8 @@ class Scalar:
 
     def __post_init__(self) -> None:
         _core.check_name(self.name, "Scalar")
-        # A ctypes value is checked as its Python value (runs pass that).
-        _core.check_scalar(_arrays.host_scalar(self.value), f"Scalar '{self.name}'")
+        # The native check takes a ctypes value as its Python value (runs pass that).
+        _core.check_scalar(self.value, f"Scalar '{self.name}'")
 
     is_tensor = False
 

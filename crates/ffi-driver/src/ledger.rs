@@ -72,7 +72,14 @@ pub fn traced<S: Ledgered, T: Outcome>(
     body: impl FnOnce(&mut S) -> Result<T, DeviceError>,
 ) -> Result<T, DeviceError> {
     if let Some(code) = st.ledger().injected(op, addr, bytes) {
-        return Err(injected(code).at(addr).sized(bytes));
+        // An op without an address or a size (a launch, a wait) names neither.
+        let e = injected(code);
+        let e = if addr != 0 { e.at(addr) } else { e };
+        return Err(if addr != 0 || bytes != 0 {
+            e.sized(bytes)
+        } else {
+            e
+        });
     }
     let r = body(st);
     let ledger = st.ledger();

@@ -59,11 +59,31 @@ pub fn host_array<'py>(
     obj: &Bound<'py, PyAny>,
     what: &dyn std::fmt::Display,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if obj.cast::<PyUntypedArray>().is_ok() {
+    if obj.cast::<PyUntypedArray>().is_ok() || plain_number(obj) {
         return Ok(obj.clone());
     }
     let py = obj.py();
     helpers::call1(py, |h| &h.host_array, (obj, what.to_string()))
+}
+
+/// `v` as a run passes a scalar on: a ctypes number as its Python value
+/// (`simpler._arrays.host_scalar`), anything else as it is.
+pub fn host_scalar<'py>(v: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if plain_number(v) {
+        return Ok(v.clone());
+    }
+    helpers::call1(v.py(), |h| &h.host_scalar, (v,))
+}
+
+/// A Python int, float or bool, or a numpy scalar: a value no helper converts (told without
+/// running Python, on the run's hot path).
+fn plain_number(v: &Bound<'_, PyAny>) -> bool {
+    v.is_exact_instance_of::<PyInt>()
+        || v.is_exact_instance_of::<PyFloat>()
+        || v.is_exact_instance_of::<PyBool>()
+        || v.get_type()
+            .module()
+            .is_ok_and(|m| m.to_cow().is_ok_and(|m| m == "numpy"))
 }
 
 /// An argument's name: a non-empty string, or the error naming `what`.
@@ -455,7 +475,7 @@ fn number(v: &Bound<'_, PyAny>, name: &dyn std::fmt::Display, noun: &str) -> PyR
         return Ok(Value::Float(f.extract()?));
     }
     // A ctypes number (`ctypes.c_float(1.0)`): its Python value.
-    let plain = helpers::call1(py, |h| &h.host_scalar, (v,))?;
+    let plain = host_scalar(v)?;
     if !plain.is(v) {
         return number(&plain, name, noun);
     }

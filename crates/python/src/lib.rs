@@ -113,5 +113,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PHASES", simpler_runtime::Phases::NAMES.to_vec())?;
     let ops: Vec<&str> = simpler_driver::Op::ALL.iter().map(|o| o.name()).collect();
     m.add("DRIVER_OPS", ops)?;
+    m.add(
+        "NVRTC_WHEEL_SUBDIRS",
+        simpler_driver::nvrtc::WHEEL_LIB_SUBDIRS.to_vec(),
+    )?;
     Ok(())
 }

@@ -316,7 +316,7 @@ pub fn run<'py>(
             ArgValue::Staged { geometry, writable }
         } else {
             // The orchestration gets the plain value (a ctypes number's Python value).
-            let v = helpers::call1(py, |h| &h.host_scalar, (&v,))?;
+            let v = convert::host_scalar(&v)?;
             convert::scalar(&v, &format_args!("run {}: argument '{name}'", c.name))?;
             scalars.push(v);
             ArgValue::Scalar

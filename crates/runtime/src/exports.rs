@@ -51,6 +51,11 @@ impl Exports {
         self.lock().get(&ptr.0).map_or(0, |e| e.1)
     }
 
+    /// Whether no allocation has a live export (the common case, checked on every run).
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// Every allocation with live exports, and its count.
     pub fn all(&self) -> Vec<(DevPtr, u32)> {
         self.lock()

@@ -426,8 +426,10 @@ impl Worker {
         }
         call.validate()?;
         // Another library may have written exported memory since the last run.
-        for (p, _) in self.mem.exports.all() {
-            self.mem.views.mark_stale(p);
+        if !self.mem.exports.is_empty() {
+            for (p, _) in self.mem.exports.all() {
+                self.mem.views.mark_stale(p);
+            }
         }
         let id = RunId(self.next_run);
         self.next_run += 1;

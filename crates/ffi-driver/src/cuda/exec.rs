@@ -24,8 +24,6 @@ use crate::{DeviceError, Op};
 /// What device execution keeps in the device's state.
 #[derive(Debug)]
 pub(super) struct Exec {
-    /// The worker's stream (null until created at open, and after close).
-    pub stream: CuStream,
     /// The event that orders another stream after ours; made on first use.
     pub event: CuEvent,
     /// Loaded modules, unloaded at close.
@@ -37,7 +35,6 @@ pub(super) struct Exec {
 impl Default for Exec {
     fn default() -> Self {
         Exec {
-            stream: std::ptr::null_mut(),
             event: std::ptr::null_mut(),
             modules: Vec::new(),
             funcs: BTreeSet::new(),
@@ -65,17 +62,21 @@ impl CudaDevice {
         CuResult(unsafe { (self.f.stream_create)(&mut s, sys::CU_STREAM_NON_BLOCKING) })
             .result()
             .map_err(|e| e.error(op, CudaFns::NAMES.stream_create, "the worker's stream"))?;
-        st.exec.stream = s;
         self.stream
             .store(s as u64, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
+    /// The worker's stream (null before open created it and after close destroyed it).
+    pub(super) fn stream_ptr(&self) -> CuStream {
+        self.stream.load(std::sync::atomic::Ordering::Acquire) as CuStream
+    }
+
     /// Waits for the worker's stream (context bound by the caller's `enter`).
-    pub(super) fn wait_stream(&self, st: &State, why: &str) -> Result<(), DeviceError> {
+    pub(super) fn wait_stream(&self, why: &str) -> Result<(), DeviceError> {
         // SAFETY: `CUresult cuStreamSynchronize(CUstream)` with the stream created at open,
         // destroyed only at close (after which `enter` refuses every call).
-        CuResult(unsafe { (self.f.stream_synchronize)(st.exec.stream) })
+        CuResult(unsafe { (self.f.stream_synchronize)(self.stream_ptr()) })
             .result()
             .map_err(|s| s.error(Op::Sync, CudaFns::NAMES.stream_synchronize, why))
     }
@@ -83,7 +84,6 @@ impl CudaDevice {
     pub(super) fn do_synchronize(&self, st: &mut State) -> Result<(), DeviceError> {
         let _bound = self.enter(st, Op::Sync)?;
         self.wait_stream(
-            st,
             "waiting for the worker's stream (a fault here comes from device work enqueued since \
              the last synchronization)",
         )
@@ -268,7 +268,7 @@ impl CudaDevice {
                 by,
                 bz,
                 dims.shared_bytes,
-                st.exec.stream,
+                self.stream_ptr(),
                 param_ptr,
                 std::ptr::null_mut(),
             )
@@ -308,7 +308,7 @@ impl CudaDevice {
             st.exec.event = e;
         }
         // SAFETY: the event was created above on this context; the stream at open.
-        CuResult(unsafe { (self.f.event_record)(st.exec.event, st.exec.stream) })
+        CuResult(unsafe { (self.f.event_record)(st.exec.event, self.stream_ptr()) })
             .result()
             .map_err(|s| s.error(op, names.event_record, "on the worker's stream"))?;
         // SAFETY: `consumer` is a stream handle of the caller's (or 1/2, the default streams);
@@ -327,11 +327,11 @@ impl CudaDevice {
     /// Close's part: drains the stream, then unloads modules and destroys the event and the
     /// stream. Errors are collected; the context is bound by the caller.
     pub(super) fn close_exec(&self, st: &mut State, errors: &mut Vec<DeviceError>) {
-        if st.exec.stream.is_null() {
+        if self.stream_ptr().is_null() {
             return;
         }
         let names = CudaFns::NAMES;
-        if let Err(e) = self.wait_stream(st, "draining the worker's stream at close") {
+        if let Err(e) = self.wait_stream("draining the worker's stream at close") {
             errors.push(e);
         }
         for m in std::mem::take(&mut st.exec.modules) {
@@ -350,12 +350,11 @@ impl CudaDevice {
             }
             st.exec.event = std::ptr::null_mut();
         }
-        self.stream.store(0, std::sync::atomic::Ordering::Release);
-        // SAFETY: the stream created at open, destroyed once (nulled below).
-        let r = CuResult(unsafe { (self.f.stream_destroy)(st.exec.stream) }).result();
+        let stream = self.stream.swap(0, std::sync::atomic::Ordering::AcqRel) as CuStream;
+        // SAFETY: the stream created at open, destroyed once (its handle was cleared above).
+        let r = CuResult(unsafe { (self.f.stream_destroy)(stream) }).result();
         if let Err(s) = r {
             errors.push(s.error(Op::Sync, names.stream_destroy, "at close"));
         }
-        st.exec.stream = std::ptr::null_mut();
     }
 }

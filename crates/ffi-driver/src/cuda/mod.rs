@@ -152,8 +152,8 @@ pub struct CudaDevice {
     dev: CuDevice,
     f: CudaFns,
     state: Mutex<State>,
-    /// The worker's stream handle (0 before open finishes and after close), readable without
-    /// the state lock, which a thread waiting for the device holds.
+    /// The worker's stream handle (0 before open creates it and after close), its one home:
+    /// readable without the state lock, which a thread waiting for the device holds.
     stream: std::sync::atomic::AtomicU64,
 }
 
@@ -440,13 +440,13 @@ impl CudaDevice {
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = op.transfer_what();
-        call(st.exec.stream)
+        call(self.stream_ptr())
             .result()
             .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))?;
         if op == Op::Memset {
             return Ok(());
         }
-        self.wait_stream(st, what).map_err(|mut e| {
+        self.wait_stream(what).map_err(|mut e| {
             e.op = op;
             e.at(addr).sized(bytes)
         })
