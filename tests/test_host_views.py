@@ -52,7 +52,7 @@ def test_one_view_per_allocation_whatever_the_number_of_reads(svm):
             assert (s["d2h_calls"] - d2h0, s["d2h_bytes"]) == (1, table.nbytes)
         else:
             # 16,384 reads of a 64 KiB table: reading through a host cache of the mapping paid
-            # off after 128 of them (one per 512 bytes), under the default "auto" policy.
+            # off after 129 of them (the model's one read per ~510 bytes), under "auto".
             assert w.host_view_info(buf) == "cached"
             assert s["d2h_calls"] - d2h0 == 0
         # Never accessed: never mapped, never mirrored.

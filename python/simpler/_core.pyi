@@ -5,7 +5,7 @@ nothing from the package (its numpy helpers are handed over once, by ``install_h
 """
 
 from collections.abc import Callable as _Fn
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final
 
 import numpy as np
@@ -34,6 +34,7 @@ __all__ = [
     "HazardError",
     "HostWindow",
     "Kernel",
+    "KernelWork",
     "Launch",
     "NoHostViewError",
     "Orchestrator",
@@ -267,6 +268,7 @@ class Kernel:
         *,
         cuda: CudaCode | None = None,
         device_arrays: bool | Literal["cupy", "torch"] | None = None,
+        work: KernelWork | None = None,
     ) -> Self: ...
     @property
     def fn(self) -> _Fn[..., Any]: ...
@@ -278,6 +280,29 @@ class Kernel:
     def cuda(self) -> CudaCode | None: ...
     @property
     def device_arrays(self) -> bool | str: ...
+    @property
+    def work(self) -> KernelWork | None: ...
+
+_Precision = Literal["bf16", "fp16", "fp8", "int8", "fp32"]
+
+@final
+class KernelWork:
+    """The work one task of a kernel does, for the sim cost models: bytes read and written
+    (``None``: derived from the task's views) and operations by precision."""
+
+    def __new__(
+        cls,
+        *,
+        bytes_read: int | None = None,
+        bytes_written: int | None = None,
+        flops: Mapping[_Precision, int] | None = None,
+    ) -> Self: ...
+    @property
+    def bytes_read(self) -> int | None: ...
+    @property
+    def bytes_written(self) -> int | None: ...
+    @property
+    def flops(self) -> dict[_Precision, int]: ...
 
 @final
 class Launch:
@@ -416,6 +441,12 @@ class RunReport:
     def dispatch_ns(self) -> int: ...
     @property
     def modeled_dispatch_ns(self) -> int | None: ...
+    @property
+    def modeled_round_ns(self) -> int | None: ...
+    @property
+    def modeled_by(self) -> dict[str, dict[_Phase, int]]: ...
+    @property
+    def kernels(self) -> list[dict[str, Any]]: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 # -- a run --

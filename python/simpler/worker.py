@@ -21,6 +21,7 @@ __all__ = [
     "DeviceArray",
     "DeviceTensor",
     "Kernel",
+    "KernelWork",
     "Launch",
     "Orchestrator",
     "RunReport",
@@ -36,6 +37,7 @@ CudaCode = _core.CudaCode
 DeviceArray = _core.DeviceArray
 DeviceTensor = _core.DeviceTensor
 Kernel = _core.Kernel
+KernelWork = _core.KernelWork
 Launch = _core.Launch
 Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
@@ -62,10 +64,11 @@ class Worker(_core.Worker):
         capacity: sim only: simulated device memory in bytes.
         device_id: ascend / cuda: the device id.
         malloc_policy: ascend only: ``"huge_first"`` (default), ``"huge_only"``, ``"normal_only"``.
-        model: sim only: price every driver operation and every access through a mapping with a
-            cost model of real hardware, ``"ascend-a3"`` or ``"h200"`` (default ``None``):
-            reports then carry modeled time per phase beside the measured time (nothing
-            sleeps; see docs/cost-model.md).
+        model: sim only: price every driver operation, every access through a mapping and
+            every kernel with a cost model of real hardware, ``"ascend-a3"`` or ``"h200"``, or
+            several, comma-separated (``"ascend-a3,h200"``: one run priced under each, the
+            first being the primary model; default ``None``): reports then carry modeled time
+            per phase beside the measured time (nothing sleeps; see docs/cost-model.md).
         view_policy: how resident tensors are reached from the host (docs/host-views.md):
             ``"auto"`` (default: a mapping where the driver grants one, read through a host
             cache once reads dominate; else a mirror), ``"mapping"``, ``"cached"`` or

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::model::PerModel;
 use crate::{CostModel, DeviceError, HostMem, HostMemError, Op};
 
 /// A device address. Never a host pointer: nothing outside a driver dereferences it.
@@ -169,23 +170,28 @@ pub trait Device: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// The cost model the device prices its operations with (sim with `model=`); `None` on
-    /// real hardware, which is measured instead.
-    fn cost_model(&self) -> Option<&CostModel> {
-        None
+    /// The cost models the device prices its operations with (sim with `model=`), the
+    /// primary one first; empty on real hardware, which is measured instead.
+    fn cost_models(&self) -> &[CostModel] {
+        &[]
     }
 
-    /// Modeled nanoseconds accrued so far, by phase label (see [`Device::set_phase`]); empty
-    /// without a cost model.
-    fn modeled(&self) -> Vec<(&'static str, u64)> {
+    /// The primary cost model (the first of [`Device::cost_models`]).
+    fn cost_model(&self) -> Option<&CostModel> {
+        self.cost_models().first()
+    }
+
+    /// Modeled nanoseconds accrued so far, by phase label (see [`Device::set_phase`]), one
+    /// entry per cost model; empty without a cost model.
+    fn modeled(&self) -> Vec<(&'static str, PerModel)> {
         Vec::new()
     }
 
-    /// Charges `ns` modeled nanoseconds of host-side work on device memory (reads and writes
-    /// through a mapping, bulk reads out of one) to the phase labelled `phase`, so the
-    /// cumulative `modeled_ns` counter and a run's modeled phases agree. Nothing without a
-    /// cost model.
-    fn charge_modeled(&self, _phase: &'static str, _ns: u64) {}
+    /// Charges `ns` modeled nanoseconds (one entry per cost model) of work the runtime prices
+    /// itself (reads and writes through a mapping, bulk reads out of one, kernel execution) to
+    /// the phase labelled `phase`, so the cumulative `modeled_ns` counter and a run's modeled
+    /// phases agree. Nothing without a cost model.
+    fn charge_modeled(&self, _phase: &'static str, _ns: PerModel) {}
 
     /// The memory a kernel running "on the device" sees at `ptr` (`bytes` long), when the device
     /// is host memory (sim). `None` on real hardware, where kernels run on the host over copies.

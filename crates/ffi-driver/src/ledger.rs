@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::model::PerModel;
 use crate::{CallRecord, DevPtr, MapGrant, Stats};
 use crate::{DeviceError, Op};
 
@@ -112,8 +113,9 @@ pub struct Ledger {
     log: VecDeque<CallRecord>,
     faults: Vec<Fault>,
     phase: &'static str,
-    /// Modeled nanoseconds by phase label (a device with a cost model charges them).
-    modeled: Vec<(&'static str, u64)>,
+    /// Modeled nanoseconds by phase label, one entry per cost model of the device (a device
+    /// with cost models charges them).
+    modeled: Vec<(&'static str, PerModel)>,
 }
 
 impl Ledger {
@@ -334,22 +336,27 @@ impl Ledger {
         self.stats.live_mappings = self.stats.live_mappings.saturating_sub(1);
     }
 
-    /// Adds `ns` modeled nanoseconds to the current phase.
-    pub fn charge(&mut self, ns: u64) {
+    /// Adds `ns` modeled nanoseconds (per cost model) to the current phase.
+    pub fn charge(&mut self, ns: PerModel) {
         self.charge_to(self.phase, ns);
     }
 
-    /// Adds `ns` modeled nanoseconds to the phase labelled `phase`.
-    pub fn charge_to(&mut self, phase: &'static str, ns: u64) {
+    /// Adds `ns` modeled nanoseconds (per cost model) to the phase labelled `phase`; the
+    /// cumulative `modeled_ns` counter follows the primary model (the first).
+    pub fn charge_to(&mut self, phase: &'static str, ns: PerModel) {
         match self.modeled.iter_mut().find(|(p, _)| *p == phase) {
-            Some((_, t)) => *t += ns,
+            Some((_, t)) => {
+                for (a, b) in t.iter_mut().zip(ns) {
+                    *a += b;
+                }
+            }
             None => self.modeled.push((phase, ns)),
         }
-        self.stats.modeled_ns += ns;
+        self.stats.modeled_ns += ns[0];
     }
 
-    /// Modeled nanoseconds so far, by phase label.
-    pub fn modeled(&self) -> Vec<(&'static str, u64)> {
+    /// Modeled nanoseconds so far, by phase label, per cost model.
+    pub fn modeled(&self) -> Vec<(&'static str, PerModel)> {
         self.modeled.clone()
     }
 

@@ -25,7 +25,8 @@ pub struct DeviceSpec {
     pub capacity: Option<u64>,
     /// sim: hand freed device addresses out again, as real drivers do.
     pub reuse_addresses: Option<bool>,
-    /// sim: price every operation with a named cost model (`"ascend-a3"`, `"h200"`).
+    /// sim: price every operation with named cost models (`"ascend-a3"`, `"h200"`, or both,
+    /// comma-separated: `"ascend-a3,h200"`, the first being the primary model).
     pub model: Option<String>,
     /// ascend / cuda: the (logical) device id.
     pub device_id: Option<u32>,
@@ -69,13 +70,8 @@ impl DeviceSpec {
                     "sim has a single device (device_id=0)".into(),
                 ));
             }
-            if let Some(name) = &self.model {
-                if crate::CostModel::named(name).is_none() {
-                    return Err(OpenError::Invalid(format!(
-                        "model must be one of {}, not '{name}'",
-                        crate::model::MODELS.join(", ")
-                    )));
-                }
+            if let Some(names) = &self.model {
+                crate::CostModel::parse_list(names).map_err(OpenError::Invalid)?;
             }
         } else if self.svm.is_some()
             || self.capacity.is_some()
@@ -118,7 +114,9 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<dyn Device>, OpenError> {
     if let Some(r) = spec.reuse_addresses {
         cfg.reuse_addresses = r;
     }
-    cfg.model = spec.model.as_deref().and_then(crate::CostModel::named);
+    if let Some(names) = &spec.model {
+        cfg.models = crate::CostModel::parse_list(names).map_err(OpenError::Invalid)?;
+    }
     Ok(Arc::new(SimDevice::new(cfg)))
 }
 

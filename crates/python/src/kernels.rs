@@ -2,10 +2,10 @@
 //! and a typed signature.
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use simpler_runtime::Signature;
+use simpler_runtime::{DeclaredWork, Signature};
 
 use crate::convert;
 use crate::devcode::CudaCode;
@@ -52,6 +52,98 @@ fn function_parts(
     Ok((func.clone().unbind(), name, sig))
 }
 
+/// The work one task of a kernel does, for the sim cost models (``docs/cost-model.md``).
+///
+/// ``bytes_read`` / ``bytes_written``: bytes the task moves through device memory (``None``:
+/// derived from the task's views, each view's extent read if the kernel reads it and written
+/// if it writes it). ``flops``: operations by precision, ``{"bf16": n, "fp32": m}`` (a
+/// multiply-add counts two; ``bf16``, ``fp16``, ``fp8`` and ``int8`` run on the matrix units,
+/// ``fp32`` on the vector units). A kernel without declared operations is priced by its bytes
+/// alone.
+#[pyclass(module = "simpler._core", name = "KernelWork", frozen)]
+pub struct KernelWork {
+    pub work: DeclaredWork,
+}
+
+#[pymethods]
+impl KernelWork {
+    #[new]
+    #[pyo3(signature = (*, bytes_read=None, bytes_written=None, flops=None))]
+    fn new(
+        bytes_read: Option<&Bound<'_, PyAny>>,
+        bytes_written: Option<&Bound<'_, PyAny>>,
+        flops: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let read: Option<u64> =
+            convert::typed(bytes_read, "KernelWork", "bytes_read", "a byte count")?;
+        let written: Option<u64> =
+            convert::typed(bytes_written, "KernelWork", "bytes_written", "a byte count")?;
+        let flops: Option<Vec<(String, u64)>> = flops
+            .filter(|f| !f.is_none())
+            .map(|f| {
+                let d = f.cast::<PyDict>().map_err(|_| {
+                    type_err(format!(
+                        "KernelWork: flops must be a dict of precision -> count, not {}",
+                        crate::errors::type_name(f)
+                    ))
+                })?;
+                d.iter()
+                    .map(|(k, v)| {
+                        let pair = (k.extract::<String>(), v.extract::<u64>());
+                        match pair {
+                            (Ok(k), Ok(v)) => Ok((k, v)),
+                            _ => Err(type_err(format!(
+                                "KernelWork: flops maps precision names to operation counts, \
+                                 not {k} -> {v}"
+                            ))),
+                        }
+                    })
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .transpose()?;
+        let work =
+            DeclaredWork::new("(KernelWork)", read, written, &flops.unwrap_or_default()).py()?;
+        Ok(KernelWork { work })
+    }
+
+    /// Bytes one task reads, or ``None`` (derived from its views).
+    #[getter]
+    fn bytes_read(&self) -> Option<u64> {
+        self.work.bytes_read
+    }
+
+    /// Bytes one task writes, or ``None`` (derived from its views).
+    #[getter]
+    fn bytes_written(&self) -> Option<u64> {
+        self.work.bytes_written
+    }
+
+    /// Operations one task does, by precision (only the non-zero ones).
+    #[getter]
+    fn flops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (p, n) in self.work.flops.entries() {
+            d.set_item(p.name(), n)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let flops: Vec<String> = self
+            .work
+            .flops
+            .entries()
+            .map(|(p, n)| format!("{}={n}", p.name()))
+            .collect();
+        format!(
+            "KernelWork(bytes_read={:?}, bytes_written={:?}, flops={{{}}})",
+            self.work.bytes_read,
+            self.work.bytes_written,
+            flops.join(", ")
+        )
+    }
+}
+
 /// `Class(name, ['IN', ...])`.
 fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
     let dirs: Vec<&str> = sig.params().iter().map(|p| p.dir.name()).collect();
@@ -73,6 +165,9 @@ fn function_repr(class: &str, name: &str, sig: &Signature) -> String {
 /// Interface and DLPack), ``"cupy"`` CuPy arrays and ``"torch"`` PyTorch tensors over them, no
 /// copy; on ``sim`` ``fn`` gets numpy arrays over device memory either way. See
 /// ``docs/device-kernels.md``.
+///
+/// ``work`` (a :class:`KernelWork`) is what one task does, for the sim cost models: without
+/// it, a task's bytes are derived from its views and it does no priced operations.
 #[pyclass(module = "simpler._core", name = "Kernel", frozen, subclass, weakref)]
 pub struct Kernel {
     pub func: Py<PyAny>,
@@ -82,6 +177,8 @@ pub struct Kernel {
     /// `None` (host copies), or the kind of device arrays `fn` takes: `"raw"`, `"cupy"`,
     /// `"torch"`.
     pub device_arrays: Option<&'static str>,
+    /// The work one task declares (for the cost models).
+    pub work: Option<DeclaredWork>,
 }
 
 #[pymethods]
@@ -95,13 +192,14 @@ impl Kernel {
     }
 
     #[new]
-    #[pyo3(signature = (fn_, signature, name=None, *, cuda=None, device_arrays=None))]
+    #[pyo3(signature = (fn_, signature, name=None, *, cuda=None, device_arrays=None, work=None))]
     fn new(
         fn_: &Bound<'_, PyAny>,
         signature: &Bound<'_, PyAny>,
         name: Option<&Bound<'_, PyAny>>,
         cuda: Option<&Bound<'_, PyAny>>,
         device_arrays: Option<&Bound<'_, PyAny>>,
+        work: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let (func, name, sig) = function_parts("Kernel", "fn", "kernel", fn_, signature, name)?;
         let cuda = cuda
@@ -133,13 +231,31 @@ impl Kernel {
                 }
             },
         };
+        let work = work
+            .filter(|w| !w.is_none())
+            .map(|w| {
+                w.cast::<KernelWork>().map(|w| w.get().work).map_err(|_| {
+                    type_err(format!(
+                        "Kernel {name}: work must be a KernelWork, not {}",
+                        crate::errors::type_name(w)
+                    ))
+                })
+            })
+            .transpose()?;
         Ok(Kernel {
             func,
             name,
             sig,
             cuda,
             device_arrays,
+            work,
         })
+    }
+
+    /// The work one task declares (a :class:`KernelWork`), or ``None``.
+    #[getter]
+    fn work(&self) -> Option<KernelWork> {
+        self.work.map(|work| KernelWork { work })
     }
 
     /// ``False``, ``True`` (:class:`DeviceArray` objects), ``"cupy"`` or ``"torch"``: what

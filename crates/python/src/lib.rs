@@ -85,6 +85,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::Export>()?;
     m.add_class::<handles::PyHostWindow>()?;
     m.add_class::<kernels::Kernel>()?;
+    m.add_class::<kernels::KernelWork>()?;
     m.add_class::<devcode::CudaCode>()?;
     m.add_class::<devcode::Launch>()?;
     m.add_class::<devarray::DeviceArray>()?;

@@ -314,6 +314,7 @@ impl Orchestrator {
             sig: &k.sig,
             device,
             device_arrays: k.device_arrays.is_some(),
+            work: k.work,
         }
     }
 

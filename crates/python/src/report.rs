@@ -4,7 +4,9 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyDict, PyList, PyString};
+
+use simpler_driver::model::Work;
 
 use simpler_runtime::RunReport;
 
@@ -41,6 +43,19 @@ fn dict_of<'py>(
     for (k, (_, v)) in names.iter().zip(entries) {
         d.set_item(k.bind(py), v)?;
     }
+    Ok(d)
+}
+
+/// `{"bytes_read", "bytes_written", "flops": {precision: count}}`.
+fn work_dict<'py>(py: Python<'py>, w: &Work) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes_read", w.bytes_read)?;
+    d.set_item("bytes_written", w.bytes_written)?;
+    let f = PyDict::new(py);
+    for (p, n) in w.flops.entries() {
+        f.set_item(p.name(), n)?;
+    }
+    d.set_item("flops", f)?;
     Ok(d)
 }
 
@@ -95,8 +110,63 @@ impl PyRunReport {
         self.report.modeled.map(|m| m.dispatch())
     }
 
+    /// The modeled round: dispatch path plus modeled execute (the kernels), or ``None``.
+    #[getter]
+    fn modeled_round_ns(&self) -> Option<u64> {
+        self.report.modeled.map(|m| m.round())
+    }
+
+    /// Modeled nanoseconds per phase under every cost model of the worker
+    /// (``Worker(model="ascend-a3,h200")``), by model name, the primary model first; empty
+    /// without a cost model.
+    #[getter]
+    fn modeled_by<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for m in &self.report.modeled_by {
+            d.set_item(m.model, dict_of(py, &PHASES, &m.phases.entries())?)?;
+        }
+        Ok(d)
+    }
+
+    /// Per kernel, what the run's tasks did and what it costs under each cost model (empty
+    /// without one): ``kernel``, ``declared`` (whether the kernel declares its work),
+    /// ``batches``, ``tasks``, ``launches`` (one per dependence level of a batch, as CUDA
+    /// launches it), ``per_task`` and ``work`` (``bytes_read``, ``bytes_written``, ``flops``
+    /// by precision) and ``modeled`` (by model: ``overhead_ns``, ``memory_ns``,
+    /// ``compute_ns`` and ``ns``; see ``docs/cost-model.md``).
+    #[getter]
+    fn kernels<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let rows = self
+            .report
+            .kernels
+            .iter()
+            .map(|k| {
+                let d = PyDict::new(py);
+                d.set_item("kernel", &k.name)?;
+                d.set_item("declared", k.declared)?;
+                d.set_item("batches", k.batches)?;
+                d.set_item("tasks", k.tasks)?;
+                d.set_item("launches", k.launches)?;
+                d.set_item("per_task", work_dict(py, &k.per_task)?)?;
+                d.set_item("work", work_dict(py, &k.work)?)?;
+                let by = PyDict::new(py);
+                for m in &k.modeled {
+                    let c = PyDict::new(py);
+                    c.set_item("overhead_ns", m.overhead_ns.round() as u64)?;
+                    c.set_item("memory_ns", m.memory_ns.round() as u64)?;
+                    c.set_item("compute_ns", m.compute_ns.round() as u64)?;
+                    c.set_item("ns", m.ns)?;
+                    by.set_item(m.model, c)?;
+                }
+                d.set_item("modeled", by)?;
+                Ok(d)
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, rows)
+    }
+
     /// A JSON-serializable dict: ``callable``, ``ok``, ``phases``, ``counters`` and, with a cost
-    /// model, ``modeled``.
+    /// model, ``modeled``, ``modeled_by`` and ``kernels``.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         d.set_item("callable", &self.callable)?;
@@ -105,6 +175,8 @@ impl PyRunReport {
         d.set_item("counters", self.counters(py)?)?;
         if let Some(m) = self.modeled(py)? {
             d.set_item("modeled", m)?;
+            d.set_item("modeled_by", self.modeled_by(py)?)?;
+            d.set_item("kernels", self.kernels(py)?)?;
         }
         Ok(d)
     }

@@ -43,11 +43,13 @@ pub use error::{Error, Phase, Result};
 pub use exports::ExportGuard;
 pub use geometry::{Geometry, MAX_DIMS};
 pub use run::{
-    BatchScalar, BatchSlot, Counters, HostWindow, Phases, RunId, RunReport, TaskCall, TensorInfo,
-    BATCH_PART,
+    BatchScalar, BatchSlot, Counters, HostWindow, KernelCost, KernelModeled, ModeledRun, Phases,
+    RunId, RunReport, TaskCall, TensorInfo, BATCH_PART,
 };
 pub use simpler_driver::LaunchDims;
-pub use spec::{ArgValue, BufferRef, Direction, KernelRef, Param, RunArgSpec, RunCall, Signature};
+pub use spec::{
+    ArgValue, BufferRef, DeclaredWork, Direction, KernelRef, Param, RunArgSpec, RunCall, Signature,
+};
 pub use staging::Staging;
 pub use views::ViewPolicy;
 pub use worker::{CloseSummary, Worker};

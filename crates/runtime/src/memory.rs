@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use simpler_driver::{DevPtr, Device, DeviceError};
+use simpler_driver::{CostModel, DevPtr, Device, DeviceError};
 
 use crate::addr::AddrMap;
 use crate::error::{Error, Phase, Result};
@@ -73,11 +73,17 @@ pub struct Memory {
 impl Memory {
     /// The memory of a new worker over `dev`.
     pub fn new(dev: Arc<dyn Device>) -> Memory {
+        let mut views = ViewCache::default();
+        views.auto_model = Some(
+            dev.cost_model()
+                .copied()
+                .unwrap_or_else(|| CostModel::for_platform(dev.platform())),
+        );
         Memory {
             dev,
             id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
             allocs: AddrMap::default(),
-            views: ViewCache::default(),
+            views,
             launcher: Default::default(),
             exports: Default::default(),
             next_gen: 1,
@@ -212,7 +218,9 @@ impl Memory {
 
     /// Forgets every allocation and view (after the driver's own close removed them).
     pub(crate) fn forget_all(&mut self) {
+        let auto_model = self.views.auto_model;
         self.views = ViewCache::default();
+        self.views.auto_model = auto_model;
         self.allocs.clear();
     }
 }

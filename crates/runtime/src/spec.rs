@@ -111,8 +111,56 @@ impl Signature {
     }
 }
 
+/// The work one task of a kernel does, as the kernel declares it (`sp.Kernel(work=...)`): what
+/// a cost model prices its execution from. Bytes left undeclared are derived from the task's
+/// views (the extent each view touches, read if the kernel reads it, written if it writes it);
+/// operations are only known when declared.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredWork {
+    pub bytes_read: Option<u64>,
+    pub bytes_written: Option<u64>,
+    pub flops: simpler_driver::model::Flops,
+}
+
+impl DeclaredWork {
+    /// The work `kernel` declares per task: bytes read and written (`None`: derived from the
+    /// task's views) and operations by precision name (`"bf16"`, `"fp16"`, `"fp8"`, `"int8"`,
+    /// `"fp32"`); an unknown or repeated precision is an error naming the kernel.
+    pub fn new(
+        kernel: &str,
+        bytes_read: Option<u64>,
+        bytes_written: Option<u64>,
+        flops: &[(String, u64)],
+    ) -> Result<DeclaredWork> {
+        use simpler_driver::model::Precision;
+        let mut out = DeclaredWork {
+            bytes_read,
+            bytes_written,
+            ..DeclaredWork::default()
+        };
+        let mut seen = Vec::new();
+        for (name, n) in flops {
+            let p = Precision::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = Precision::ALL.iter().map(|p| p.name()).collect();
+                Error::Value(format!(
+                    "kernel {kernel}: work flops precision must be one of {}, not '{name}'",
+                    known.join(", ")
+                ))
+            })?;
+            if seen.contains(&p) {
+                return Err(Error::Value(format!(
+                    "kernel {kernel}: work flops names {name} twice"
+                )));
+            }
+            seen.push(p);
+            out.flops.set(p, *n);
+        }
+        Ok(out)
+    }
+}
+
 /// A kernel as the run cycle records it: the host's id for it, its name and its signature,
-/// and its device launch when it carries device code.
+/// its device launch when it carries device code, and the work it declares.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelRef<'a> {
     pub id: u32,
@@ -122,6 +170,9 @@ pub struct KernelRef<'a> {
     /// The host function takes device arrays (no host copies) where device memory is not host
     /// memory.
     pub device_arrays: bool,
+    /// The work one task does, for a cost model (`None`: bytes derived from the views, no
+    /// operations).
+    pub work: Option<DeclaredWork>,
 }
 
 /// A handle to a device allocation: the worker that made it, its base address and its

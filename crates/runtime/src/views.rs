@@ -27,7 +27,7 @@
 
 use std::sync::Arc;
 
-use simpler_driver::{DevPtr, Device, HostMem, HostMemError, MapGrant};
+use simpler_driver::{CostModel, DevPtr, Device, HostMem, HostMemError, MapGrant};
 
 use crate::addr::AddrMap;
 use crate::error::{Error, Phase, Result};
@@ -105,12 +105,11 @@ impl ViewPolicy {
     }
 }
 
-/// Under [`ViewPolicy::Auto`], a mapping becomes a cached view once this many element reads
-/// through it, per byte of the allocation, have been made: one read per 512 bytes is where the
-/// reads' uncached round trips (~1.7 us each) pass a bulk copy of the allocation out of the
-/// mapping (~0.3 GB/s with streaming loads; `docs/cost-model.md`).
-pub const AUTO_CACHE_BYTES_PER_READ: u64 = 512;
-/// ... but never before this many reads.
+/// Under [`ViewPolicy::Auto`], a mapping becomes a cached view once the element reads through
+/// it have cost what one bulk copy of the allocation out of the mapping costs, as the worker's
+/// cost model prices both ([`CostModel::reads_worth_a_copy`]: ~1.7 us per uncached read
+/// against ~0.3 GB/s of streaming loads, one read per ~510 bytes; `docs/cost-model.md`) ...
+/// but never before this many reads.
 pub const AUTO_CACHE_MIN_READS: u64 = 16;
 /// Allocations larger than this stay mappings under `Auto` (a cache doubles their host memory).
 pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
@@ -118,14 +117,14 @@ pub const AUTO_CACHE_MAX_BYTES: u64 = 64 << 20;
 impl ViewPolicy {
     /// Whether the reads through a mapping of `bytes`, `reads` of them made so far, are to be
     /// served from a host copy: always under `Cached`; under `Auto` once they have reached the
-    /// point where the copy pays (see [`AUTO_CACHE_BYTES_PER_READ`]; never for more than
-    /// [`AUTO_CACHE_MAX_BYTES`]); never under `Mapping` and `Mirror`.
-    pub fn reads_from_copy(self, bytes: u64, reads: u64) -> bool {
+    /// point where the copy pays under `model` (see [`AUTO_CACHE_MIN_READS`]; never for more
+    /// than [`AUTO_CACHE_MAX_BYTES`]); never under `Mapping` and `Mirror`.
+    pub fn reads_from_copy(self, bytes: u64, reads: u64, model: &CostModel) -> bool {
         match self {
             ViewPolicy::Cached => true,
             ViewPolicy::Auto => {
                 bytes <= AUTO_CACHE_MAX_BYTES
-                    && reads >= (bytes / AUTO_CACHE_BYTES_PER_READ).max(AUTO_CACHE_MIN_READS)
+                    && reads >= model.reads_worth_a_copy(bytes).max(AUTO_CACHE_MIN_READS)
             }
             ViewPolicy::Mapping | ViewPolicy::Mirror => false,
         }
@@ -185,6 +184,10 @@ pub struct ViewCache {
     entries: AddrMap<Entry>,
     /// The policy of allocations without a hint.
     pub policy: ViewPolicy,
+    /// The cost model whose figures decide when `auto` turns a mapping into a cache: the
+    /// worker's primary model, else its platform's ([`CostModel::for_platform`]); `None` reads
+    /// as the sim's.
+    pub auto_model: Option<CostModel>,
     /// Per-allocation policies (`ResidentTaskArgs.add(..., host_view=...)`).
     hints: AddrMap<ViewPolicy>,
     /// Bumped whenever an established means may stop being what an earlier lookup returned (a
@@ -197,6 +200,12 @@ fn dev_err(phase: Phase, tensor: &str, e: simpler_driver::DeviceError) -> Error 
 }
 
 impl ViewCache {
+    /// See the field [`ViewCache::auto_model`].
+    pub fn auto_model(&self) -> CostModel {
+        self.auto_model
+            .unwrap_or_else(|| CostModel::for_platform("sim"))
+    }
+
     /// See the field: a lookup made at this epoch is still valid.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -289,7 +298,7 @@ impl ViewCache {
                 ev.mapped += 1;
                 // The cache is an optimization: without host memory for it, the mapping serves.
                 match policy
-                    .reads_from_copy(bytes, 0)
+                    .reads_from_copy(bytes, 0, &self.auto_model())
                     .then(|| new_cache(&mem, offset, bytes, base, tensor))
                 {
                     Some(Ok(cache)) => {
@@ -382,6 +391,7 @@ impl ViewCache {
         ev: &mut ViewEvents,
     ) -> Result<bool> {
         let policy = self.policy_of(base);
+        let model = self.auto_model();
         let Some(e) = self.entries.get_mut(&base.0) else {
             return Ok(false);
         };
@@ -389,7 +399,7 @@ impl ViewCache {
         // Under `Cached` the cache was made at establishment; one that failed is not retried.
         if !e.resident
             || policy != ViewPolicy::Auto
-            || !policy.reads_from_copy(e.bytes, e.mapped_reads)
+            || !policy.reads_from_copy(e.bytes, e.mapped_reads, &model)
         {
             return Ok(false);
         }

@@ -86,10 +86,13 @@ def parse_rounds(v: str) -> int:
 def worker_options(
     svm: str | int | None = None,
     staging: str | None = None,
-    model: str | None = None,
+    model: str | Sequence[str] | None = None,
     view_policy: str | None = None,
 ) -> dict[str, Any]:
-    """The ``Worker`` keyword options from runner flags (only those given)."""
+    """The ``Worker`` keyword options from runner flags (only those given); several models (a
+    repeated ``--model``) become one comma-separated ``model``, the first being the primary."""
+    if model is not None and not isinstance(model, str):
+        model = ",".join(model) or None
     given = {"svm": svm, "staging": staging, "model": model, "view_policy": view_policy}
     return {k: v for k, v in given.items() if v is not None}
 
@@ -174,9 +177,11 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
     flag("staging", choices=_core.STAGING_MODES, default=None, help="staging path: arena (default) or fresh")
     flag(
         "model",
+        action="append",
         choices=_core.MODELS,
         default=None,
-        help="sim: price every driver call and mapped access with a hardware cost model",
+        help="sim: price every driver call, mapped access and kernel with a hardware cost model "
+        "(repeatable: one run priced under each, the first being the primary model)",
     )
     flag(
         "view-policy",

@@ -18,7 +18,8 @@ matches a case by its name without the arm, and naming a manual case (``--case B
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
 ``counters``) plus ``workload``, ``test``, ``case``, ``case_name``, ``arm``, ``round`` (1-based),
 ``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved``, on a sim
-worker with a cost model ``modeled`` (per phase) and ``modeled_dispatch_ns``, and the
+worker with cost models ``modeled`` (per phase, the primary model), ``modeled_by`` (per model),
+``kernels`` (each kernel's work and price), ``modeled_dispatch_ns`` and ``modeled_round_ns``, and the
 run's provenance: ``version`` (of simpler), ``commit`` (of the checkout simpler was built from,
 when there is one), ``host``, ``python`` and ``timestamp`` (UTC, ISO 8601, when the bench started).
 """
@@ -306,7 +307,7 @@ def bench_records(
                 **(
                     {
                         "modeled_dispatch_ns": rep.modeled_dispatch_ns,
-                        "modeled_by": opts.worker_options["model"],
+                        "modeled_round_ns": rep.modeled_round_ns,
                     }
                     if rep.modeled is not None
                     else {}

@@ -28,7 +28,10 @@ The checks (``--platform cuda``, the default):
   the device (``host_path_tasks == 0``, ``device_tasks == tasks``).
 * ``bench.paged_attention[B64_8K]`` and ``[B256_8K]`` (``--quick``: Small1, Small2) — the bench's
   three arms interleaved (:func:`simpler.tools.bench.bench_records`, golden checked): per-phase
-  warm medians per arm, the dispatch ratios bulk/staged and all/bulk, execute ms per round.
+  warm medians per arm, the dispatch ratios bulk/staged and all/bulk, execute ms per round; then
+  the model's error: the same case priced on sim under every cost model, printed beside the
+  measured phases (every phase, the dispatch path and the round) with the ratio measured /
+  modeled, figures ``model.<arm>.<row>.<model>`` (``docs/cost-model.md`` keeps them per platform).
 * ``export.torch_side_stream`` — a torch side stream reads a :class:`~simpler.DeviceTensor`
   right after ``Buffer.copy_to`` wrote new data, many times, through ``torch.from_dlpack`` (the
   capsule made for the side stream, and torch asking itself) and through
@@ -66,6 +69,7 @@ from typing import IO, Any
 import numpy as np
 
 from .. import __version__
+from .._core import MODELS
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, DeviceError, PlatformUnavailableError
 from ..testing import fake_cuda
@@ -74,7 +78,7 @@ from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker
 from ..workloads import paged_attention as pa
 from .bench import BenchOptions, bench_records
 from .benchmarks import LAUNCH_KERNEL, _mirror_worker, bench_launches
-from .report import format_tables
+from .report import format_model_comparison, format_tables, model_comparison
 
 __all__ = ["CHECKS", "Context", "Skip", "main", "run_checks"]
 
@@ -578,9 +582,34 @@ def _bench_check(case: str) -> Check:
             figures["dispatch_ratio_all_over_bulk"] = round(
                 dispatch["Residency_all"] / dispatch["Residency_bulk"], 4
             )
+        figures.update(_model_error(ctx, case, rounds, records))
         return figures
 
     return check
+
+
+def _model_error(ctx: Context, case: str, rounds: int, measured: list[dict[str, Any]]) -> Figures:
+    """The model's error: the same case priced on sim under every cost model (golden skipped:
+    the device run checked it), printed beside the device's measured phases with the ratio
+    measured / modeled; the ratios become figures ``model.<arm>.<row>.<model>``."""
+    opts = BenchOptions(
+        workload="paged_attention",
+        rounds=rounds,
+        platform="sim",
+        cases=[case],
+        skip_golden=True,
+        worker_options={"model": ",".join(MODELS)},
+    )
+    modeled, failures = bench_records(opts, progress=False)
+    if failures:
+        raise AssertionError("; ".join(failures))
+    print(format_model_comparison(measured, modeled, measured_on=ctx.platform))
+    return {
+        f"model.{r['arm']}.{r['row']}.{m}": round(ratio, 4)
+        for r in model_comparison(measured, modeled)
+        for m, ratio in r["ratio"].items()
+        if ratio is not None
+    }
 
 
 # -- d: exports read from a torch side stream --------------------------------------------------------

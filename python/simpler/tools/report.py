@@ -23,7 +23,20 @@ from typing import Any
 
 from .bench import BYTES_KEYS, PHASES
 
-__all__ = ["ReportError", "format_compare", "format_tables", "plot_records", "read_jsonl"]
+__all__ = [
+    "MODEL_ROWS",
+    "ReportError",
+    "format_compare",
+    "format_model_comparison",
+    "format_tables",
+    "model_comparison",
+    "plot_records",
+    "read_jsonl",
+]
+
+#: The rows of the measured-vs-modeled table: every phase, the dispatch path (every phase but
+#: execute) and the whole round.
+MODEL_ROWS: tuple[str, ...] = (*PHASES, "dispatch", "round")
 
 #: The arm every other arm is compared with.
 BASELINE = "Residency_staged"
@@ -149,6 +162,98 @@ def _warm_min(xs: list[float]) -> float:
     return min(xs[1:]) if len(xs) > 1 else xs[0]
 
 
+def _fmt_ratio(ratio: float | None) -> str:
+    """``1.23x``, ``52.2x``, ``1,740x``; ``-`` when there is none (nothing modeled)."""
+    if ratio is None:
+        return "-"
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+
+
+def _row_value(phases: Mapping[str, Any], row: str) -> float:
+    """Phase ``row`` of a phases dict, or the dispatch path, or the round."""
+    if row == "dispatch":
+        return float(sum(v for k, v in phases.items() if k != "execute"))
+    if row == "round":
+        return float(sum(phases.values()))
+    return float(phases.get(row, 0))
+
+
+def _modeled_by(r: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """A record's modeled phases by model (records of older versions name one model)."""
+    by = r.get("modeled_by")
+    if isinstance(by, dict):
+        return by
+    if isinstance(by, str) and isinstance(r.get("modeled"), dict):
+        return {by: r["modeled"]}
+    return {}
+
+
+def model_comparison(
+    measured: Iterable[Mapping[str, Any]], modeled: Iterable[Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Measured beside modeled: per case, arm and row (:data:`MODEL_ROWS`), the warm median of
+    the ``measured`` records' phases and, per cost model, the warm median of the ``modeled``
+    records' modeled phases (the same records by default: a sim run measured and priced at
+    once), with ``ratio`` = measured / modeled (the model's accuracy where the measured side is
+    a device). Cases and arms without modeled records are left out."""
+    measured = list(measured)
+    by_key = _group(measured if modeled is None else modeled)
+    out: list[dict[str, Any]] = []
+    for key, arms in _group(measured).items():
+        for arm, rs in arms.items():
+            ms = by_key.get(key, {}).get(arm, [])
+            models = list(dict.fromkeys(m for r in ms for m in _modeled_by(r)))
+            for row in MODEL_ROWS if models else ():
+                meas = _warm_median([_row_value(r["phases"], row) for r in rs])
+                mod = {
+                    m: _warm_median([_row_value(_modeled_by(r)[m], row) for r in ms if m in _modeled_by(r)])
+                    for m in models
+                }
+                out.append(
+                    {
+                        "workload": key[0],
+                        "test": key[1],
+                        "case": key[2],
+                        "arm": arm,
+                        "row": row,
+                        "measured_ns": meas,
+                        "modeled_ns": mod,
+                        "ratio": {m: (meas / v if v else None) for m, v in mod.items()},
+                    }
+                )
+    return out
+
+
+def format_model_comparison(
+    measured: Iterable[Mapping[str, Any]],
+    modeled: Iterable[Mapping[str, Any]] | None = None,
+    measured_on: str = "sim",
+) -> str:
+    """:func:`model_comparison` as a table per case: per arm and row, measured and each model's
+    figure (warm medians, us) with the ratio measured / modeled."""
+    rows = model_comparison(measured, modeled)
+    lines: list[str] = []
+    for case in dict.fromkeys((r["workload"], r["test"], r["case"]) for r in rows):
+        sel = [r for r in rows if (r["workload"], r["test"], r["case"]) == case]
+        models = list(sel[0]["modeled_ns"])
+        lines.append(
+            f"  measured ({measured_on}) beside modeled, warm median, us; ratio = measured / modeled:"
+        )
+        head = f"  {'arm':<18} {'':<12} {'measured':>12}"
+        for m in models:
+            head += f" {m:>12} {'ratio':>8}"
+        lines.append(head)
+        last_arm = None
+        for r in sel:
+            label = r["arm"] if r["arm"] != last_arm else ""
+            last_arm = r["arm"]
+            line = f"  {label:<18} {r['row']:<12} {r['measured_ns'] / 1e3:>12.1f}"
+            for m in models:
+                line += f" {r['modeled_ns'][m] / 1e3:>12.1f} {_fmt_ratio(r['ratio'][m]):>8}"
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def _ratios(d: Mapping[str, float]) -> list[str]:
     """``Residency_bulk / Residency_staged`` and ``Residency_all / Residency_bulk`` of ``d``."""
     out = []
@@ -218,23 +323,19 @@ def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
             ratios = _ratios(d)
             if ratios:
                 lines.append(f"  {label}: " + "; ".join(ratios))
-        modeled = {
-            arm: _warm_median([float(r["modeled_dispatch_ns"]) for r in rs])
-            for arm, rs in arms.items()
-            if all("modeled_dispatch_ns" in r for r in rs)
-        }
-        if modeled:
-            model = next(iter(arms.values()))[0].get("modeled_by", "the cost model")
-            lines.append(f"  modeled dispatch path ({model}; warm median, us; measured beside it):")
-            m_base = modeled.get(BASELINE)
-            for arm, m in modeled.items():
-                ratio = f"{m / m_base:.3f}x" if m_base else "-"
-                lines.append(
-                    f"  {arm:<18} modeled {m / 1e3:>11.1f} {ratio:>9}   measured {disp[arm] / 1e3:>11.1f}"
-                )
+        group = [r for rs in arms.values() for r in rs]
+        for model in dict.fromkeys(m for r in group for m in _modeled_by(r)):
+            modeled = {
+                arm: _warm_median([_row_value(_modeled_by(r)[model], "dispatch") for r in rs])
+                for arm, rs in arms.items()
+                if all(model in _modeled_by(r) for r in rs)
+            }
             ratios = _ratios(modeled)
             if ratios:
-                lines.append("  modeled ratios: " + "; ".join(ratios))
+                lines.append(f"  modeled dispatch ratios ({model}): " + "; ".join(ratios))
+        table = format_model_comparison(group, measured_on=str(any_r.get("platform", "sim")))
+        if table:
+            lines.append(table)
         lines.append("")
     return "\n".join(lines)
 

@@ -46,6 +46,7 @@ golden remain, both documented in ``docs/porting.md``: an empty context gives ze
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ml_dtypes
@@ -129,22 +130,65 @@ def _zero(out):
 
 # Each kernel also carries its CUDA device code (paged_attention_cuda.py): on the cuda platform
 # the runtime launches that natively; the numpy functions above are the reference and run on sim.
-_cu = _pa_cuda.cuda_code
-QK = sp.Kernel(_qk, [sp.IN, sp.IN, (sp.OUT, "float32")], name="qk", cuda=_cu("pa_qk"))
-SOFTMAX = sp.Kernel(
-    _block_softmax, [sp.IN, sp.OUT, sp.OUT], name="block_softmax", cuda=_cu("pa_block_softmax")
+_CUDA = {
+    name: _pa_cuda.cuda_code(entry)
+    for name, entry in (
+        ("qk", "pa_qk"),
+        ("block_softmax", "pa_block_softmax"),
+        ("pv", "pa_pv"),
+        ("online_update", "pa_online_update"),
+        ("normalize", "pa_normalize"),
+        ("zero", "pa_zero"),
+    )
+}
+_BODIES = {
+    "qk": (_qk, [sp.IN, sp.IN, (sp.OUT, "float32")]),
+    "block_softmax": (_block_softmax, [sp.IN, sp.OUT, sp.OUT]),
+    "pv": (_pv, [sp.IN, sp.IN, sp.OUT]),
+    "online_update": (_online_update, [sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT]),
+    "normalize": (_normalize, [sp.IN, sp.IN, (sp.OUT, "float32")]),
+    "zero": (_zero, [(sp.OUT, "float32")]),
+}
+
+
+def kernel_work(heads: int, head_dim: int, block_size: int) -> dict[str, sp.KernelWork]:
+    """The operations one task of each kernel does on a full block, for the cost models
+    (``docs/cost-model.md``; a multiply-add counts two). The bytes are left to the model, which
+    derives them from each task's views. QK and PV are matrix products in the inputs' bfloat16
+    (``2 * heads * block_size * head_dim`` each); the rest is float32 vector work: the scale
+    (one per score), the block softmax (max, subtract, exp, sum: four per score), the online
+    update (per head: a max, two subtract-and-exps, the sum's two multiplies and an add: eight;
+    per accumulator element two multiplies and an add) and the normalization (a divide per
+    output element)."""
+    scores, acc = heads * block_size, heads * head_dim
+    matmul = 2 * heads * block_size * head_dim
+    return {
+        "qk": sp.KernelWork(flops={"bf16": matmul, "fp32": scores}),
+        "block_softmax": sp.KernelWork(flops={"fp32": 4 * scores}),
+        "pv": sp.KernelWork(flops={"bf16": matmul}),
+        "online_update": sp.KernelWork(flops={"fp32": 8 * heads + 3 * acc}),
+        "normalize": sp.KernelWork(flops={"fp32": acc}),
+        "zero": sp.KernelWork(),
+    }
+
+
+@functools.cache
+def kernels_for(heads: int, head_dim: int, block_size: int) -> dict[str, sp.Kernel]:
+    """The six kernels (by name: ``qk``, ``block_softmax``, ``pv``, ``online_update``,
+    ``normalize``, ``zero``), declaring the work of :func:`kernel_work` for this shape; made
+    once per shape, sharing their device code."""
+    work = kernel_work(heads, head_dim, block_size)
+    return {
+        name: sp.Kernel(fn, sig, name=name, cuda=_CUDA[name], work=work[name])
+        for name, (fn, sig) in _BODIES.items()
+    }
+
+
+# The kernels without declared work (their bytes alone are priced), for code that submits
+# them by hand.
+QK, SOFTMAX, PV, UPDATE, NORMALIZE, ZERO = (
+    sp.Kernel(fn, sig, name=name, cuda=_CUDA[name]) for name, (fn, sig) in _BODIES.items()
 )
-PV = sp.Kernel(_pv, [sp.IN, sp.IN, sp.OUT], name="pv", cuda=_cu("pa_pv"))
-UPDATE = sp.Kernel(
-    _online_update,
-    [sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT],
-    name="online_update",
-    cuda=_cu("pa_online_update"),
-)
-NORMALIZE = sp.Kernel(
-    _normalize, [sp.IN, sp.IN, (sp.OUT, "float32")], name="normalize", cuda=_cu("pa_normalize")
-)
-ZERO = sp.Kernel(_zero, [(sp.OUT, "float32")], name="zero", cuda=_cu("pa_zero"))
 
 #: Blocks whose QK / softmax / PV / update are submitted together; the per-block scratch (about
 #: 24 KiB per block at 16 heads x 128 dims) is sized for one group and reused by the next.
@@ -203,6 +247,9 @@ def orchestrate(o, query, key_cache, value_cache, block_table, context_lens, out
     one batched normalization (and zeroing of empty contexts)."""
     _, n_heads, head_dim = query.shape
     block_size = key_cache.shape[1]
+    k_ = kernels_for(n_heads, head_dim, block_size)
+    QK, SOFTMAX, PV, UPDATE = k_["qk"], k_["block_softmax"], k_["pv"], k_["online_update"]
+    NORMALIZE, ZERO = k_["normalize"], k_["zero"]
     lens, batch, pos, blk, valid = _plan(o, query, key_cache, block_table, context_lens)
     group = max(1, min(GROUP_BLOCKS, len(batch)))
     sc = _scratch(o, query, key_cache, group)
@@ -255,6 +302,9 @@ def orchestrate_per_task(o, query, key_cache, value_cache, block_table, context_
     at a time: the single-submit path."""
     n_batch, n_heads, head_dim = query.shape
     block_size = key_cache.shape[1]
+    k_ = kernels_for(n_heads, head_dim, block_size)
+    QK, SOFTMAX, PV, UPDATE = k_["qk"], k_["block_softmax"], k_["pv"], k_["online_update"]
+    NORMALIZE, ZERO = k_["normalize"], k_["zero"]
     lens = [int(o.get_tensor_data(context_lens, b)) for b in range(n_batch)]
     blocks = []  # (batch, position, cache block, valid tokens)
     for b, ctx in enumerate(lens):

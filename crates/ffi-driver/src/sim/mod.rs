@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
+use crate::model::{per_model, PerModel};
 use crate::{traced, CostModel, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 
 /// First sim device address. Non-canonical on x86-64 (4- and 5-level paging) and outside any
@@ -67,7 +68,7 @@ impl SvmPolicy {
 }
 
 /// Options of a sim device.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SimConfig {
     pub svm: SvmPolicy,
     /// Byte written into every fresh allocation; `None` leaves it zeroed.
@@ -76,8 +77,9 @@ pub struct SimConfig {
     pub capacity: u64,
     /// Hand freed addresses out again (to the next allocation of the same aligned size).
     pub reuse_addresses: bool,
-    /// Price every operation with this cost model (modeled time beside measured time).
-    pub model: Option<CostModel>,
+    /// Price every operation with these cost models (modeled time beside measured time), the
+    /// primary one first (at most one of each name).
+    pub models: Vec<CostModel>,
 }
 
 impl Default for SimConfig {
@@ -87,7 +89,7 @@ impl Default for SimConfig {
             poison: Some(POISON),
             capacity: DEFAULT_CAPACITY,
             reuse_addresses: false,
-            model: None,
+            models: Vec::new(),
         }
     }
 }
@@ -194,27 +196,36 @@ impl SimDevice {
     }
 
     /// The options this device was made with.
-    pub fn config(&self) -> SimConfig {
-        self.config
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// Whether the primary model page-locks mirrors (the driver's `pins` counters follow it).
+    fn primary_pins(&self) -> bool {
+        self.config.models.first().is_some_and(|m| m.pins_mirrors)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Charges a successful `op` of `bytes` to the cost model (if any); `host` is the host side
-    /// of a copy, which counts as page-locked when it lies in a pinned mirror.
-    fn charge(&self, st: &mut State, op: Op, bytes: u64, host: Option<(usize, usize)>) {
-        let Some(model) = &self.config.model else {
+    /// Charges a successful `op` of `bytes` to the cost models (if any); `host` is the host
+    /// side of a copy, which counts as page-locked when it lies in a pinned mirror; `alloc` is
+    /// the size of the allocation the operation works on.
+    fn charge(&self, st: &mut State, op: Op, bytes: u64, host: Option<(usize, usize)>, alloc: u64) {
+        if self.config.models.is_empty() {
             return;
-        };
+        }
         let pinned = host.is_some_and(|(addr, len)| {
             st.pinned
                 .range(..=addr)
                 .next_back()
                 .is_some_and(|(&a, &l)| addr + len <= a + l)
         });
-        st.ledger.charge(model.op_ns(op, bytes, pinned));
+        let ns = per_model(&self.config.models, |m| {
+            m.op_ns(op, bytes, pinned && m.pins_mirrors, alloc)
+        });
+        st.ledger.charge(ns);
     }
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
@@ -291,7 +302,7 @@ impl SimDevice {
             },
         );
         st.ledger.on_alloc(DevPtr(addr), bytes);
-        self.charge(st, Op::Alloc, bytes, None);
+        self.charge(st, Op::Alloc, bytes, None, bytes);
         Ok(DevPtr(addr))
     }
 
@@ -417,7 +428,7 @@ impl Device for SimDevice {
         let op = Op::Free;
         traced(&mut *st, op, ptr.0, size, injected(op), |st| {
             self.do_free(st, ptr)?;
-            self.charge(st, op, size, None);
+            self.charge(st, op, size, None, size);
             Ok(())
         })
     }
@@ -429,7 +440,14 @@ impl Device for SimDevice {
             b.mem
                 .write(off as usize, src)
                 .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))?;
-            self.charge(st, op, bytes, Some((src.as_ptr() as usize, src.len())));
+            let alloc = b.size;
+            self.charge(
+                st,
+                op,
+                bytes,
+                Some((src.as_ptr() as usize, src.len())),
+                alloc,
+            );
             Ok(())
         })
     }
@@ -442,7 +460,8 @@ impl Device for SimDevice {
             b.mem
                 .read(off as usize, dst)
                 .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(src.0))?;
-            self.charge(st, op, bytes, Some(host));
+            let alloc = b.size;
+            self.charge(st, op, bytes, Some(host), alloc);
             Ok(())
         })
     }
@@ -454,7 +473,8 @@ impl Device for SimDevice {
             b.mem
                 .fill(off as usize, bytes as usize, value)
                 .map_err(|e| err(op, call_name(op), codes::BAD_ADDRESS, e.to_string()).at(dst.0))?;
-            self.charge(st, op, bytes, None);
+            let alloc = b.size;
+            self.charge(st, op, bytes, None, alloc);
             Ok(())
         })
     }
@@ -464,7 +484,8 @@ impl Device for SimDevice {
         traced(&mut *self.lock(), op, ptr.0, bytes, injected(op), |st| {
             let grant = self.do_map(st, ptr, bytes)?;
             if matches!(grant, MapGrant::Mapped { .. }) {
-                self.charge(st, op, bytes, None);
+                let alloc = st.find(op, ptr.0, bytes).map_or(bytes, |(_, b)| b.size);
+                self.charge(st, op, bytes, None, alloc);
             }
             Ok(grant)
         })
@@ -472,16 +493,16 @@ impl Device for SimDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
-        // The mapping's size, for the log and the error (0 when nothing is mapped here).
-        let bytes = st
-            .find(Op::Unmap, ptr.0, 1)
-            .ok()
-            .and_then(|(_, b)| b.mappings.iter().find(|&&(s, _)| s == ptr.0))
-            .map_or(0, |&(_, l)| l);
+        // The mapping's size, for the log and the error (0 when nothing is mapped here), and
+        // its allocation's (registration is priced per page of the allocation's page size).
+        let (bytes, alloc) = st.find(Op::Unmap, ptr.0, 1).ok().map_or((0, 0), |(_, b)| {
+            let span = b.mappings.iter().find(|&&(s, _)| s == ptr.0);
+            (span.map_or(0, |&(_, l)| l), b.size)
+        });
         let op = Op::Unmap;
         traced(&mut *st, op, ptr.0, bytes, injected(op), |st| {
             Self::do_unmap(st, ptr).map_err(|e| e.sized(bytes))?;
-            self.charge(st, op, bytes, None);
+            self.charge(st, op, bytes, None, alloc);
             Ok(())
         })
     }
@@ -490,30 +511,33 @@ impl Device for SimDevice {
         true
     }
 
-    fn cost_model(&self) -> Option<&CostModel> {
-        self.config.model.as_ref()
+    fn cost_models(&self) -> &[CostModel] {
+        &self.config.models
     }
 
-    fn modeled(&self) -> Vec<(&'static str, u64)> {
+    fn modeled(&self) -> Vec<(&'static str, PerModel)> {
         self.lock().ledger.modeled()
     }
 
-    fn charge_modeled(&self, phase: &'static str, ns: u64) {
-        if self.config.model.is_some() {
+    fn charge_modeled(&self, phase: &'static str, ns: PerModel) {
+        if !self.config.models.is_empty() {
             self.lock().ledger.charge_to(phase, ns);
         }
     }
 
-    /// A plain mirror; under a model whose platform page-locks mirrors, it counts as pinned
-    /// (its copies run at pinned bandwidth and its locking is charged).
+    /// A plain mirror. Under a model whose platform page-locks mirrors, it counts as pinned for
+    /// that model (its copies run at pinned bandwidth and its locking is charged); the
+    /// driver's `pins` counters follow the primary model.
     fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
         let mem = Arc::new(HostMem::new(len, 0)?);
-        if self.config.model.is_some_and(|m| m.pins_mirrors) {
+        if self.config.models.iter().any(|m| m.pins_mirrors) {
             if let Some(addr) = mem.owned_addr() {
                 let mut st = self.lock();
                 st.pinned.insert(addr, len);
-                st.ledger.on_pin(len as u64);
-                self.charge(&mut st, Op::Pin, len as u64, None);
+                if self.primary_pins() {
+                    st.ledger.on_pin(len as u64);
+                }
+                self.charge(&mut st, Op::Pin, len as u64, None, 0);
             }
         }
         Ok(mem)
@@ -523,7 +547,9 @@ impl Device for SimDevice {
         if let Some(addr) = mem.owned_addr() {
             let mut st = self.lock();
             if let Some(len) = st.pinned.remove(&addr) {
-                st.ledger.on_unpin(len as u64);
+                if self.primary_pins() {
+                    st.ledger.on_unpin(len as u64);
+                }
             }
         }
         Ok(())

@@ -220,7 +220,12 @@ impl RunState {
         let a = &self.args[arg as usize];
         let c = &a.span_copy;
         let (_, span_len) = a.span().unwrap_or_default();
-        c.mem.is_some() || !c.failed && mem.views.policy.reads_from_copy(span_len, c.reads)
+        c.mem.is_some()
+            || !c.failed
+                && mem
+                    .views
+                    .policy
+                    .reads_from_copy(span_len, c.reads, &mem.views.auto_model())
     }
 
     /// The resolution of staged or scratch argument `arg` through a per-run host copy of its

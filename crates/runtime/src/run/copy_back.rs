@@ -6,11 +6,12 @@
 //! staging buffers are released (view first; the arena and the scratch pool are kept), the run's
 //! task list and hazard index are freed, and the report is completed. All of it is timed.
 
+use simpler_driver::model::{per_model, PerModel};
 use simpler_driver::DevPtr;
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::Memory;
-use crate::run::report::{Phases, RunReport};
+use crate::run::report::{ModeledRun, Phases, RunReport};
 use crate::run::state::{ArgKind, Records, RunState, Stage};
 
 impl RunState {
@@ -109,25 +110,38 @@ impl RunState {
         c.views_cached = self.events.cached;
         c.cache_fills = self.events.cache_fills;
         c.cache_fill_bytes = self.events.cache_fill_bytes;
-        if let Some(model) = mem.dev.cost_model() {
-            let after = mem.dev.modeled();
-            let delta = |phase: &str| {
-                let at = |v: &[(&str, u64)]| v.iter().find(|(p, _)| *p == phase).map_or(0, |x| x.1);
-                at(&after) - at(&self.modeled_before).min(at(&after))
-            };
+        let models = mem.dev.cost_models();
+        if !models.is_empty() {
             let c = &self.report.counters;
-            let host_side = model.mapped_access_ns(c.mapped_reads, c.mapped_writes)
-                + model.mapped_bulk_read_ns(c.cache_fill_bytes);
-            let orchestrate = delta("orchestrate") + host_side;
+            let host_side = per_model(models, |m| {
+                m.mapped_access_ns(c.mapped_reads, c.mapped_writes)
+                    + m.mapped_bulk_read_ns(c.cache_fill_bytes)
+            });
             // The device's cumulative figure (`stats()["modeled_ns"]`) includes it too.
             mem.dev.charge_modeled(Phase::Orchestrate.name(), host_side);
-            self.report.modeled = Some(Phases {
-                bind: delta("bind"),
-                orchestrate,
-                execute: delta("execute"),
-                copy_back: delta("copy_back"),
-                cleanup: delta("cleanup"),
-            });
+            let after = mem.dev.modeled();
+            let before = &self.modeled_before;
+            self.report.modeled_by = models
+                .iter()
+                .enumerate()
+                .map(|(k, m)| {
+                    let at = |v: &[(&str, PerModel)], phase: &str| {
+                        v.iter().find(|(p, _)| *p == phase).map_or(0, |x| x.1[k])
+                    };
+                    let delta = |phase: &str| at(&after, phase).saturating_sub(at(before, phase));
+                    ModeledRun {
+                        model: m.name,
+                        phases: Phases {
+                            bind: delta("bind"),
+                            orchestrate: delta("orchestrate"),
+                            execute: delta("execute"),
+                            copy_back: delta("copy_back"),
+                            cleanup: delta("cleanup"),
+                        },
+                    }
+                })
+                .collect();
+            self.report.modeled = self.report.modeled_by.first().map(|m| m.phases);
         }
         self.report.ok = !self.failed && first_err.is_none();
         (self.report, first_err, records)

@@ -204,6 +204,11 @@ impl RunState {
             self.report.phases.orchestrate = self.lap();
         } else {
             self.report.phases.execute = self.lap();
+            if !self.failed {
+                self.price_execute(mem);
+                // Pricing is the model's work, not the run's: outside every timed phase.
+                self.lap();
+            }
         }
         self.stage = Stage::Executed;
         waited

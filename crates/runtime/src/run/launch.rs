@@ -199,6 +199,21 @@ fn write_row(src: &RowSource<'_>, t: u32, fields: &mut Vec<u64>, rows: &mut Vec<
     Ok(())
 }
 
+/// Tasks one launch covers at most, for a launch geometry of `gz` blocks along z per task.
+fn tasks_per_launch(gz: u32) -> u64 {
+    u64::from((MAX_GRID_Z / gz.max(1)).max(1))
+}
+
+/// Each task's level in a batch of `count` tasks over `spans`, or `None` when they are
+/// independent (see the module docs).
+fn batch_levels(spans: &[SlotSpan<'_>], count: u32) -> Option<Vec<u32>> {
+    if count < 2 || plainly_independent(spans, count) {
+        None
+    } else {
+        levels(count as usize, &footprints(spans, count))
+    }
+}
+
 /// Every task's footprints, task by task.
 fn footprints(spans: &[SlotSpan<'_>], count: u32) -> Vec<Footprint> {
     let mut out = Vec::with_capacity(count as usize * spans.len());
@@ -278,14 +293,8 @@ impl RunState {
                 ))
             })?;
             let n = b.count as usize;
-            let spans: Vec<SlotSpan<'_>> = (b.first_slot..b.first_slot + u32::from(b.slots))
-                .map(|s| self.slot_span(s))
-                .collect();
-            let level = if n < 2 || plainly_independent(&spans, b.count) {
-                None
-            } else {
-                levels(n, &footprints(&spans, b.count))
-            };
+            let spans = self.batch_spans(i);
+            let level = batch_levels(&spans, b.count);
             rows.reserve(n * 8 * (spans.len() + b.per_task as usize + consts.len()));
             let src = RowSource {
                 spans: &spans,
@@ -299,7 +308,7 @@ impl RunState {
                 order.sort_by_key(|&t| l[t as usize]);
             }
             let gz = db.dims.grid[2].max(1);
-            let per_launch = (MAX_GRID_Z / gz).max(1) as usize;
+            let per_launch = tasks_per_launch(gz) as usize;
             let first = plan.launches.len();
             let mut at = 0usize;
             while at < n {
@@ -326,6 +335,33 @@ impl RunState {
             plan.batches.push((i, first..plan.launches.len()));
         }
         Ok(())
+    }
+
+    /// The slots of batch `i` as planning reads them.
+    fn batch_spans(&self, i: usize) -> Vec<SlotSpan<'_>> {
+        let b = self.tasks.batch(i);
+        (b.first_slot..b.first_slot + u32::from(b.slots))
+            .map(|s| self.slot_span(s))
+            .collect()
+    }
+
+    /// How many launches batch `i` takes as device code: one per dependence level (one in
+    /// all for independent tasks), each split at the grid's z limit. The count planning
+    /// makes, for any batch, so a cost model prices launches as a device would make them.
+    pub(crate) fn batch_launches(&self, i: usize) -> u64 {
+        let b = self.tasks.batch(i);
+        let gz = b.device.map_or(1, |(db, _)| db.dims.grid[2]);
+        let per = tasks_per_launch(gz);
+        match batch_levels(&self.batch_spans(i), b.count) {
+            None => u64::from(b.count).div_ceil(per),
+            Some(level) => {
+                let mut per_level: HashMap<u32, u64> = HashMap::new();
+                for l in level {
+                    *per_level.entry(l).or_default() += 1;
+                }
+                per_level.values().map(|n| n.div_ceil(per)).sum()
+            }
+        }
     }
 
     /// Slot `s`'s bytes as planning reads them.

@@ -32,6 +32,11 @@ impl Phases {
     pub fn dispatch(&self) -> u64 {
         self.bind + self.orchestrate + self.copy_back + self.cleanup
     }
+
+    /// The whole round: the dispatch path plus execute.
+    pub fn round(&self) -> u64 {
+        self.dispatch() + self.execute
+    }
 }
 
 /// Per-run counters (documented in `docs/concepts.md`).
@@ -101,15 +106,55 @@ impl Counters {
     }
 }
 
+/// One cost model's price of a kernel over a run (the sums over its batches; each batch costs
+/// `overhead + max(memory, compute)`, so `ns` is at most the sum of the three).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct KernelModeled {
+    pub model: &'static str,
+    pub overhead_ns: f64,
+    pub memory_ns: f64,
+    pub compute_ns: f64,
+    pub ns: u64,
+}
+
+/// The work of one kernel over a run, and its price under each cost model.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct KernelCost {
+    pub name: String,
+    /// Whether the kernel declares its work (else bytes come from its views, and it does no
+    /// priced operations).
+    pub declared: bool,
+    pub batches: u64,
+    pub tasks: u64,
+    /// Launches a device would make of its batches (one per dependence level).
+    pub launches: u64,
+    /// The work of one task (of its first batch) and of all its tasks.
+    pub per_task: simpler_driver::model::Work,
+    pub work: simpler_driver::model::Work,
+    pub modeled: Vec<KernelModeled>,
+}
+
+/// One cost model's modeled phases of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModeledRun {
+    pub model: &'static str,
+    pub phases: Phases,
+}
+
 /// What a run did and how long each phase took.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct RunReport {
     pub phases: Phases,
     pub counters: Counters,
     /// Whether every phase succeeded.
     pub ok: bool,
-    /// Modeled nanoseconds per phase, when the device prices its operations with a cost model
-    /// (sim with `model=`): its driver calls, plus element accesses through mappings and cache
-    /// fills out of them during orchestration.
+    /// Modeled nanoseconds per phase, when the device prices its operations with cost models
+    /// (sim with `model=`), under the primary model: its driver calls, element accesses
+    /// through mappings and cache fills out of them during orchestration, and the kernels
+    /// (`execute`).
     pub modeled: Option<Phases>,
+    /// The modeled phases under every cost model of the device, the primary one first.
+    pub modeled_by: Vec<ModeledRun>,
+    /// Per kernel, the work the run's tasks did and its price (with a cost model).
+    pub kernels: Vec<KernelCost>,
 }

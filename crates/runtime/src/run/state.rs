@@ -219,8 +219,8 @@ pub struct RunState {
     mark: Instant,
     pub(crate) report: RunReport,
     pub(crate) stats_before: Stats,
-    /// The device's modeled time by phase when the run started (a cost model on sim).
-    pub(crate) modeled_before: Vec<(&'static str, u64)>,
+    /// The device's modeled time by phase, per cost model, when the run started (sim).
+    pub(crate) modeled_before: Vec<(&'static str, simpler_driver::model::PerModel)>,
     pub(crate) events: ViewEvents,
     /// Fresh staging allocations of this run, with the tensor each holds.
     pub(crate) fresh: Vec<(Arc<str>, DevPtr)>,

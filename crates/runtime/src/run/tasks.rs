@@ -14,7 +14,7 @@ use simpler_driver::LaunchDims;
 
 use crate::dtype::Value;
 use crate::geometry::Geometry;
-use crate::spec::{Direction, KernelRef};
+use crate::spec::{DeclaredWork, Direction, KernelRef};
 
 /// One tensor position of a batch.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +46,8 @@ struct Batch {
     device: Option<u32>,
     /// The kernel's host function takes device arrays.
     device_arrays: bool,
+    /// The work one task declares (for a cost model).
+    work: Option<DeclaredWork>,
 }
 
 /// How a batch of device code launches: the program (a worker's loaded-program key), the
@@ -68,6 +70,8 @@ pub(crate) struct BatchInfo<'a> {
     pub per_task: u16,
     pub scalars: &'a [Value],
     pub device: Option<(&'a DeviceBatch, &'a [i64])>,
+    pub kernel: u32,
+    pub work: Option<DeclaredWork>,
 }
 
 /// What the execution cursor found next.
@@ -170,6 +174,8 @@ impl TaskStore {
                 let d = &self.devices[d as usize];
                 (d, &self.consts[d.consts.clone()])
             }),
+            kernel: b.kernel,
+            work: b.work,
         }
     }
 
@@ -268,6 +274,7 @@ impl TaskStore {
             per_task,
             device,
             device_arrays: kernel.device_arrays,
+            work: kernel.work,
         });
         let before = self.scalars.len();
         self.scalars.extend(scalars);
@@ -277,6 +284,14 @@ impl TaskStore {
         );
         self.tasks += u64::from(count);
         first
+    }
+
+    /// The name of kernel `id` (`"?"` for one never submitted).
+    pub fn name_of(&self, id: u32) -> &str {
+        self.names
+            .iter()
+            .find(|(k, _)| *k == id)
+            .map_or("?", |(_, n)| n)
     }
 
     /// The name of the kernel task `task` runs (`"?"` past the last task).

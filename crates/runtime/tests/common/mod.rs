@@ -164,6 +164,7 @@ pub fn kernel<'a>(id: u32, name: &'a str, s: &'a Signature) -> KernelRef<'a> {
         sig: s,
         device: None,
         device_arrays: false,
+        work: None,
     }
 }
 

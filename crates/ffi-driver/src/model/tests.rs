@@ -1,0 +1,177 @@
+//! One test per calibrated figure: the model reproduces the public measurement it comes from
+//! (the sources are named in `docs/cost-model.md` and in each test).
+
+use super::*;
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1_000.0
+}
+
+fn a3() -> CostModel {
+    CostModel::named("ascend-a3").unwrap()
+}
+
+fn h200() -> CostModel {
+    CostModel::named("h200").unwrap()
+}
+
+/// A register + unregister pair of a whole allocation of `bytes`.
+fn pair_us(m: &CostModel, bytes: u64) -> f64 {
+    us(m.op_ns(Op::Map, bytes, false, bytes) + m.op_ns(Op::Unmap, bytes, false, bytes))
+}
+
+#[test]
+fn register_unregister_pairs_match_every_row_of_the_a2a3_table_within_15_percent() {
+    // hw-native-sys/simpler docs/investigations/2026-09-hbg-per-run-host-view-rebuild.md:
+    // a2a3, CANN 9.0.0, 4 KiB host pages, median pair in us.
+    let rows: [(u64, f64); 7] = [
+        (64, 5.321),
+        (4 << 10, 5.210),
+        (64 << 10, 9.000),
+        (256 << 10, 18.760),
+        (4 << 20, 32.801),
+        (16 << 20, 114.061),
+        (256 << 20, 1765.027),
+    ];
+    for (bytes, measured) in rows {
+        let modeled = pair_us(&a3(), bytes);
+        let err = (modeled - measured).abs() / measured;
+        assert!(
+            err <= 0.15,
+            "{bytes} B: modeled {modeled} us, measured {measured} us"
+        );
+    }
+    // Interpolated, not a line through two points: 256 MiB is ~1.8 ms, not ~14 ms.
+    assert!(pair_us(&a3(), 256 << 20) < 2_000.0);
+}
+
+#[test]
+fn registration_is_per_page_of_the_allocations_page_size() {
+    let m = a3();
+    // A 64 KiB window of a 256 KiB allocation: 16 ordinary pages.
+    assert_eq!(m.map.pages(64 << 10, 256 << 10), (16, false));
+    // The same window of a 4 MiB allocation: one huge page (ACL_MEM_MALLOC_HUGE_FIRST).
+    assert_eq!(m.map.pages(64 << 10, 4 << 20), (1, true));
+    // The measured non-monotonicity: registering 4 MiB (2 huge pages) is cheaper than
+    // registering 256 KiB (64 ordinary pages).
+    let reg = |b: u64| m.op_ns(Op::Map, b, false, b);
+    assert!(reg(4 << 20) < reg(256 << 10));
+}
+
+#[test]
+fn the_unregister_dominated_slope_matches_256_ms_for_38_gib() {
+    // hw-native-sys/simpler: 20 mappings totalling 38.05 GiB cost 255.98 ms per run to
+    // register and unregister (quoted in the investigation above); ~7 ms/GiB.
+    let each = (38.05 * (1u64 << 30) as f64 / 20.0) as u64;
+    let total_ms = 20.0 * pair_us(&a3(), each) / 1_000.0;
+    assert!((total_ms - 255.98).abs() / 255.98 <= 0.15, "{total_ms} ms");
+}
+
+#[test]
+fn a_small_d2h_costs_9_5_us_on_a2a3() {
+    // Same investigation: aclrtMemcpy D2H of 4-64 B, median ~9.5 us (9.53-9.89).
+    assert!((us(a3().op_ns(Op::D2h, 64, false, 0)) - 9.5).abs() < 0.01);
+}
+
+#[test]
+fn a2a3_host_link_runs_at_55_gbps_pinned_and_within_22_55_gbps_pageable() {
+    // hw-native-sys/simpler pull request 1971 ("allocate Qwen args in pinned host memory"):
+    // 40,859,999,040 bytes of H2D per run; pinned 721.6-739.6 ms (55.3-56.6 GB/s), pageable
+    // 22.17-54.87 GB/s across its interleaved groups.
+    let bytes = 40_859_999_040u64;
+    let m = a3();
+    let pinned_ms = m.op_ns(Op::H2d, bytes, true, 0) as f64 / 1e6;
+    assert!(
+        (pinned_ms - 739.55).abs() / 739.55 <= 0.15,
+        "{pinned_ms} ms"
+    );
+    let pageable = bytes as f64 / m.op_ns(Op::H2d, bytes, false, 0) as f64;
+    assert!((22.17..=54.87).contains(&pageable), "{pageable} GB/s");
+}
+
+#[test]
+fn device_allocation_is_priced_by_size() {
+    // hw-native-sys/simpler pull request 812: ~32 GB of aclrtMalloc + aclrtFree per run
+    // cost ~150 ms (~4.7 ms/GB).
+    let m = a3();
+    let pair_ms =
+        |b: u64| (m.op_ns(Op::Alloc, b, false, b) + m.op_ns(Op::Free, b, false, b)) as f64 / 1e6;
+    assert!((pair_ms(32_000_000_000) - 150.0).abs() / 150.0 <= 0.15);
+    assert!(
+        (pair_ms(32 << 30) - 150.0).abs() / 150.0 <= 0.15,
+        "32 GiB read as GiB too"
+    );
+    // A small allocation still pays the call.
+    assert_eq!(m.op_ns(Op::Alloc, 4096, false, 4096), 10_010);
+}
+
+#[test]
+fn h200_reference_figures() {
+    let m = h200();
+    // 256 MiB H2D at 53-55 GB/s pinned, 10-17 GB/s pageable.
+    let gbps = |ns: u64| (256u64 << 20) as f64 / ns as f64;
+    let pinned = gbps(m.op_ns(Op::H2d, 256 << 20, true, 0));
+    let pageable = gbps(m.op_ns(Op::H2d, 256 << 20, false, 0));
+    assert!((53.0..=55.0).contains(&pinned), "{pinned}");
+    assert!((10.0..=17.0).contains(&pageable), "{pageable}");
+    // cudaMemcpy fixed overhead 6-7 us (GDRCopy README).
+    assert!((6.0..=7.0).contains(&us(m.op_ns(Op::D2h, 4, true, 0))));
+    // A mapped 4-byte read 1.7 us, write 0.09 us (GDRCopy).
+    assert_eq!(m.mapped_access_ns(1, 0), 1_700);
+    assert_eq!(m.mapped_access_ns(0, 1), 90);
+    // cudaHostRegister ~0.1 s/GB.
+    assert_eq!(m.op_ns(Op::Pin, 1_000_000_000, false, 0), 100_000_000);
+    // GDRCopy pinning, low end: 10 us a pair whatever the size.
+    assert_eq!(pair_us(&m, 4096), 10.0);
+    assert_eq!(pair_us(&m, 1 << 30), 10.0);
+}
+
+#[test]
+fn h200_device_rates_reproduce_a_device_copy_and_a_large_matrix_product() {
+    let m = h200();
+    // A 1 GiB device-to-device copy (read + write) at ~4.3 TB/s.
+    let copy = Work {
+        bytes_read: 1 << 30,
+        bytes_written: 1 << 30,
+        flops: Flops::default(),
+    };
+    let c = m.exec.price(1, 1, &copy);
+    let tbps = 2.0 * (1u64 << 30) as f64 / c.memory_ns / 1e3;
+    assert!((tbps - 4.3).abs() < 0.01, "{tbps}");
+    // An 8192^3 bf16 matrix product at ~790 TFLOP/s.
+    let n = 8192u64;
+    let mut flops = Flops::default();
+    flops.set(Precision::Bf16, 2 * n * n * n);
+    let mm = Work {
+        bytes_read: 2 * n * n * 2,
+        bytes_written: n * n * 2,
+        flops,
+    };
+    let c = m.exec.price(1, 1, &mm);
+    let tflops = (2 * n * n * n) as f64 / (c.ns() as f64 - 1_300.0) / 1e3;
+    assert!((tflops - 790.0).abs() / 790.0 < 0.01, "{tflops}");
+}
+
+#[test]
+fn the_auto_threshold_is_one_read_per_510_bytes_on_both_models() {
+    for m in [a3(), h200()] {
+        // 1.7 us per read against 0.3 GB/s of bulk reads out of the mapping.
+        assert_eq!(m.reads_worth_a_copy(510 * 1000), 1000);
+        assert_eq!(m.reads_worth_a_copy(256 << 10), 515);
+    }
+}
+
+#[test]
+fn model_lists_parse_with_the_primary_first() {
+    let l = CostModel::parse_list("h200, ascend-a3").unwrap();
+    assert_eq!((l[0].name, l[1].name), ("h200", "ascend-a3"));
+    assert!(CostModel::parse_list("h200,h200")
+        .unwrap_err()
+        .contains("twice"));
+    assert!(CostModel::parse_list("tpu")
+        .unwrap_err()
+        .contains("one of ascend-a3, h200"));
+    assert!(CostModel::named("tpu").is_none());
+    assert_eq!(CostModel::for_platform("cuda").name, "h200");
+    assert_eq!(CostModel::for_platform("ascend").name, "ascend-a3");
+}
