@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import pytest
 
 import simpler as sp
-from simpler.tools import cli
+from simpler.tools import cli, report
 
 ARMS = ("Residency_staged", "Residency_bulk", "Residency_all")
 RECORD_KEYS = {
@@ -306,3 +306,63 @@ def test_bench_help_shows_plain_metavars():
     status, out, _ = _run(["bench", "--help"])
     assert status == 0
     assert "--rounds N" in out and "--case CASE" in out and "SIMPLER_" not in out
+
+
+def test_bench_prices_one_run_under_several_models_beside_the_measured_phases(tmp_path):
+    """``--model ascend-a3 --model h200``: one measured run, a modeled column per model, every
+    phase (and the dispatch path and the round) with the ratio measured / modeled."""
+    out = tmp_path / "m.jsonl"
+    stdout = io.StringIO()
+    argv = ["bench", "paged_attention", "--rounds", "2", "--case", "Small1", "--skip-golden"]
+    argv += ["--model", "ascend-a3", "--model", "h200", "--json", str(out)]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(argv) == 0
+    text = stdout.getvalue()
+    assert "measured (sim) beside modeled" in text
+    assert "ascend-a3" in text and "h200" in text
+    assert "modeled dispatch ratios (ascend-a3)" in text and "modeled dispatch ratios (h200)" in text
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 6
+    for r in recs:
+        assert list(r["modeled_by"]) == ["ascend-a3", "h200"]
+        assert r["modeled"] == r["modeled_by"]["ascend-a3"]
+        assert r["modeled_round_ns"] == sum(r["modeled"].values())
+        assert {k["kernel"] for k in r["kernels"]} == {
+            "qk",
+            "block_softmax",
+            "pv",
+            "online_update",
+            "normalize",
+        }
+        assert all(k["declared"] for k in r["kernels"])
+    rows = report.model_comparison(recs)
+    assert {(x["arm"], x["row"]) for x in rows} == {(a, p) for a in ARMS for p in report.MODEL_ROWS}
+    for x in rows:
+        for m in ("ascend-a3", "h200"):
+            if x["modeled_ns"][m]:
+                assert x["ratio"][m] == x["measured_ns"] / x["modeled_ns"][m]
+
+
+def test_the_model_error_compares_one_run_measured_with_another_priced():
+    """The device check's comparison: the measured side from one set of records (the device),
+    the modeled side from another (the same case priced on sim), matched by case and arm."""
+
+    def rec(rnd, phases, modeled_by=None):
+        r = {"workload": "w", "test": "T", "case": "C", "arm": "Residency_bulk", "round": rnd}
+        r["phases"] = phases
+        if modeled_by is not None:
+            r["modeled_by"] = modeled_by
+        return r
+
+    ph = dict.fromkeys(cli.PHASES, 0)
+    measured = [rec(1, {**ph, "execute": 9_000}), rec(2, {**ph, "execute": 3_000, "bind": 100})]
+    modeled = [rec(i, ph, {"h200": {**ph, "execute": 1_000, "bind": 50}}) for i in (1, 2)]
+    rows = {x["row"]: x for x in report.model_comparison(measured, modeled)}
+    assert rows["execute"]["measured_ns"] == 3_000  # the warm round
+    assert rows["execute"]["ratio"] == {"h200": 3.0}
+    assert rows["bind"]["ratio"] == {"h200": 2.0}
+    assert rows["round"]["measured_ns"] == 3_100 and rows["round"]["modeled_ns"] == {"h200": 1_050}
+    assert rows["cleanup"]["ratio"] == {"h200": None}
+    text = report.format_model_comparison(measured, modeled, measured_on="cuda")
+    assert "measured (cuda) beside modeled" in text and "3x" in text
+    assert report.model_comparison(measured) == []  # nothing modeled: no rows

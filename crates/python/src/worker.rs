@@ -221,7 +221,8 @@ impl PyWorker {
         self.cell.with(false, |w| w.view_policy().name())
     }
 
-    /// The cost model the device prices its operations with (sim), or ``None``.
+    /// The cost model the device prices its operations with (sim; the primary one, the first
+    /// named, when there are several), or ``None``.
     #[getter]
     fn model(&self) -> Option<&'static str> {
         self.cell.dev.cost_model().map(|m| m.name)
