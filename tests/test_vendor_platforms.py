@@ -117,8 +117,10 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, f
         w.free(w.malloc(64))
         refs_while_open = acl.fake_ascend_init_count()
         w.close()
+        refs_after_close = acl.fake_ascend_init_count()  # the session stays until exit
+        sp.release_sessions()
         maps = open("/proc/self/maps").read()
-        print(refs_while_open, acl.fake_ascend_init_count(), sys.argv[1] in maps)
+        print(refs_while_open, refs_after_close, acl.fake_ascend_init_count(), sys.argv[1] in maps)
         """
     )
     env = dict(os.environ)
@@ -131,8 +133,8 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, f
     ours = str(fake.resolve())
     out = subprocess.run([sys.executable, "-c", script, ours], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    refs_open, refs_closed, ours_loaded = out.stdout.split()
-    assert (refs_open, refs_closed) == ("1", "0"), "the worker initialized the framework's copy"
+    refs_open, refs_closed, refs_released, ours_loaded = out.stdout.split()
+    assert (refs_open, refs_closed, refs_released) == ("1", "1", "0"), "the worker initialized the framework's copy"
     assert ours_loaded == "False", "a second copy of the runtime was loaded"
 
 

@@ -35,6 +35,7 @@ pub unsafe extern "C" fn aclInit(config_path: *const c_char) -> c_int {
         }
         st.acl_refs += 1;
         let code = if st.acl_refs == 1 {
+            st.lifecycle.acl_inits += 1;
             ACL_SUCCESS
         } else {
             ACL_ERROR_REPEAT_INITIALIZE
@@ -55,6 +56,7 @@ pub extern "C" fn aclFinalize() -> c_int {
             return st.ret("aclFinalize", "-", ACL_ERROR_REPEAT_FINALIZE);
         }
         let dropped = std::mem::take(&mut st.acl_refs);
+        st.lifecycle.finalizes += 1;
         st.ret("aclFinalize", &format!("dropped={dropped}"), ACL_SUCCESS)
     })
 }
@@ -73,6 +75,9 @@ pub unsafe extern "C" fn aclFinalizeReference(ref_count: *mut u64) -> c_int {
             return st.ret("aclFinalizeReference", "-", ACL_ERROR_REPEAT_FINALIZE);
         }
         st.acl_refs -= 1;
+        if st.acl_refs == 0 {
+            st.lifecycle.finalizes += 1;
+        }
         if !ref_count.is_null() {
             // SAFETY: non-null and, per the caller, valid for this write.
             unsafe { *ref_count = st.acl_refs };

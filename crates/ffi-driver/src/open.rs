@@ -135,12 +135,16 @@ fn open_vendor(platform: &str, spec: &DeviceSpec) -> Result<Arc<dyn Device>, Ope
         if let Some(p) = spec.malloc_policy.as_deref().and_then(MallocPolicy::parse) {
             cfg.malloc_policy = p;
         }
-        Ok(Arc::new(AscendDevice::open(cfg).map_err(unavailable)?))
+        let dev: Arc<dyn Device> = Arc::new(AscendDevice::open(cfg).map_err(unavailable)?);
+        crate::sessions::track(&dev);
+        Ok(dev)
     } else {
         let cfg = CudaConfig {
             device_id,
             ..CudaConfig::default()
         };
-        Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
+        let dev: Arc<dyn Device> = Arc::new(CudaDevice::open(cfg).map_err(unavailable)?);
+        crate::sessions::track(&dev);
+        Ok(dev)
     }
 }

@@ -18,9 +18,16 @@
 //!   code (an unaligned pointer, a bad range, a bad device) is a bug and a [`DeviceError`].
 //! * **The HAL gets the logical device id** (the runtime's translation of the user id, see
 //!   [`loading::logical_device_id`]).
-//! * **One device reference, one ACL reference**, taken at open and given back once at close;
-//!   every runtime call runs with this device's context current on the calling thread, and the
-//!   caller's own context is restored afterwards ([`session`]).
+//! * **Resource answers are refusals too.** `halHostRegister` answering OUT_OF_MEMORY,
+//!   NO_RESOURCES, OVER_LIMIT or MALLOC_FAIL (the host's mapping resources, the BAR window, are
+//!   exhausted) is a `MapGrant::Refused` as well, with one warning naming the allocation, its size
+//!   and the code: the caller mirrors that allocation instead of failing the run.
+//! * **One device reference, one ACL reference per process**, in the session every worker on
+//!   the device shares ([`session`], `crate::sessions`), given back at exit; `close` frees this
+//!   device's own memory and mappings only. Every runtime call runs with the device's context
+//!   current on the calling thread, and the caller's own context is restored afterwards.
+//! * **Inert in a forked child.** Every call is refused before any vendor call, and `close`
+//!   revokes the host mappings without unregistering anything (`crate::fork`).
 //! * Every call is validated against the ledger first (zero-byte allocations, copies past their
 //!   allocation, unknown addresses are refused before any vendor call), counted and logged like
 //!   sim, and an injected fault fails the call before the vendor function runs.
@@ -75,7 +82,8 @@ struct State {
     ledger: Ledger,
     /// Live host mappings by device start address.
     mappings: BTreeMap<u64, MapEntry>,
-    session: Session,
+    /// `close` ran: every call is refused.
+    closed: bool,
 }
 
 impl Ledgered for State {
@@ -91,6 +99,7 @@ pub struct AscendDevice {
     logical: u32,
     runtime: Runtime,
     hal: Hal,
+    session: Arc<Session>,
     state: Mutex<State>,
 }
 
@@ -108,50 +117,39 @@ impl fmt::Debug for AscendDevice {
 
 impl AscendDevice {
     /// Opens user device `config.device_id`: loads the libraries (HAL first; a copy the process
-    /// already loaded is reused), takes one ACL reference and one device reference, and finds
-    /// the logical id the HAL wants.
+    /// already loaded is reused), and joins the process's session on the device (one ACL
+    /// reference and one device reference, taken by the first open, given back at exit by
+    /// `crate::release_sessions`), which finds the logical id the HAL wants.
     pub fn open(config: AscendConfig) -> Result<AscendDevice, LoadError> {
         let user = i32::try_from(config.device_id).map_err(|_| LoadError::Config {
             what: "device_id".to_string(),
             detail: format!("{} does not fit int32_t", config.device_id),
         })?;
         let (hal, runtime) = loading::load(&loading::search_dirs(config.lib_dir.as_ref()))?;
-        let mut session = Session::init(runtime, user)?;
-        let lib = runtime.lib();
-        let logical = match runtime.logic_id(user) {
-            Some(Ok(id)) => u32::try_from(id).map_err(|_| LoadError::Config {
-                what: "logical device id".to_string(),
-                detail: format!(
-                    "{} returned success but a negative id ({id}) for device {user}",
-                    runtime.calls().logic_id
-                ),
-            })?,
-            Some(Err(s)) => {
-                return Err(s.init_error(
-                    lib.name,
-                    runtime.calls().logic_id,
-                    format!("translating user device {user}"),
-                ))
-            }
-            None => logical_device_id(config.device_id, config.visible_devices.value().as_deref())
-                .map_err(|detail| LoadError::Config {
-                    what: "device id".to_string(),
-                    detail,
-                })?,
+        let key = crate::sessions::Key {
+            platform: "ascend",
+            library: runtime.lib().path,
+            device: i64::from(user),
         };
-        session.set_device(lib.name, logical)?;
+        let session = crate::sessions::shared(key, || Session::open(runtime, user, &config))?;
         Ok(AscendDevice {
             config,
             user,
-            logical,
+            logical: session.logical(),
             runtime,
             hal,
+            session,
             state: Mutex::new(State {
                 ledger: Ledger::new(),
                 mappings: BTreeMap::new(),
-                session,
+                closed: false,
             }),
         })
+    }
+
+    /// The process this device was opened in.
+    pub fn process_id(&self) -> u32 {
+        self.session.process().pid
     }
 
     /// The options this device was opened with.
@@ -240,6 +238,14 @@ impl AscendDevice {
             .require(addr, bytes, |why| self.refused(op, code, why))
     }
 
+    /// Binds the device's context for one call (see [`Session::enter`]); refused once closed.
+    fn enter(&self, st: &State, op: Op) -> Result<session::Bound<'_>, DeviceError> {
+        if st.closed {
+            return Err(self.refused(op, codes::UNINIT, "the device is closed"));
+        }
+        self.session.enter(op)
+    }
+
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
         if bytes == 0 {
@@ -255,7 +261,7 @@ impl AscendDevice {
                 .refused(op, ACL_ERROR_INVALID_PARAM, "size exceeds size_t")
                 .sized(bytes));
         }
-        let _bound = st.session.enter(op).map_err(|e| e.sized(bytes))?;
+        let _bound = self.enter(st, op).map_err(|e| e.sized(bytes))?;
         let (status, p) = self.runtime.malloc(bytes, self.config.malloc_policy);
         let policy = self.config.malloc_policy;
         status.result().map_err(|s| {
@@ -290,7 +296,7 @@ impl AscendDevice {
                 .before_call();
             return Err(e.at(ptr.0).sized(size));
         }
-        let _bound = st.session.enter(op).map_err(|e| e.at(ptr.0).sized(size))?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(ptr.0).sized(size))?;
         self.runtime.free(ptr.0).result().map_err(|s| {
             s.error(op, self.call(op), "allocation left live")
                 .at(ptr.0)
@@ -313,7 +319,7 @@ impl AscendDevice {
         if bytes == 0 {
             return Ok(());
         }
-        let _bound = st.session.enter(op).map_err(|e| e.at(addr).sized(bytes))?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = op.transfer_what();
         call(base + size - addr)
             .result()
@@ -461,13 +467,22 @@ impl Device for AscendDevice {
         self.lock().ledger.clear_faults();
     }
 
-    /// Unmaps every mapping, frees every allocation, then gives back the device and ACL
-    /// references. The device is unusable afterwards (calls fail: "the device is closed").
+    /// Unmaps every mapping and frees every allocation of this device; the process's session
+    /// (the device and ACL references) stays for the next worker, until exit. The device is
+    /// unusable afterwards (calls fail: "the device is closed"). In a forked child nothing is
+    /// called: the inherited mappings are revoked and the rest is the parent's.
     fn close(&self) -> CloseReport {
         let mut st = self.lock();
         st.ledger.clear_faults();
         let mut report = CloseReport::default();
-        if !st.session.is_open() {
+        if st.closed {
+            return report;
+        }
+        if self.session.process().forked() {
+            for entry in st.mappings.values() {
+                entry.mem.revoke();
+            }
+            st.closed = true;
             return report;
         }
         // 1. Every mapping goes first: unregister before free, always.
@@ -489,12 +504,11 @@ impl Device for AscendDevice {
             }
         }
         // 3. A mapping whose unregister failed above is still registered with the HAL, and its
-        // allocation stays live; the host side is revoked before the device goes away.
+        // allocation stays live; the host side is revoked before the device is given up.
         for entry in st.mappings.values() {
             entry.mem.revoke();
         }
-        // 4. Give back what open took, once.
-        report.errors.extend(st.session.close());
+        st.closed = true;
         if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
             log::warn!(
                 "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \
@@ -508,11 +522,15 @@ impl Device for AscendDevice {
         }
         report
     }
+
+    fn closed(&self) -> bool {
+        self.lock().closed
+    }
 }
 
 impl Drop for AscendDevice {
-    /// Releases whatever is still live (mappings before allocations) and gives back the
-    /// runtime references. Never panics: errors are logged.
+    /// Releases whatever is still live (mappings before allocations); the session's references
+    /// stay with the process. Never panics: errors are logged.
     fn drop(&mut self) {
         let report = self.close();
         for e in &report.errors {

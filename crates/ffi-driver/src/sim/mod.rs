@@ -587,6 +587,10 @@ impl Device for SimDevice {
         }
         report
     }
+
+    fn closed(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
