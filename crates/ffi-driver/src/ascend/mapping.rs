@@ -25,7 +25,7 @@ fn is_resource_refusal(code: i64) -> bool {
 
 impl AscendDevice {
     /// Refuses a HAL call on a closed device, or in a forked child.
-    fn check_open(&self, st: &State, op: Op) -> Result<(), DeviceError> {
+    pub(super) fn check_open(&self, st: &State, op: Op) -> Result<(), DeviceError> {
         if st.closed {
             return Err(self.refused(op, codes::UNINIT, "the device is closed"));
         }

@@ -248,6 +248,7 @@ impl AscendDevice {
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
+        self.check_open(st, op).map_err(|e| e.sized(bytes))?;
         if bytes == 0 {
             let e = self.refused(
                 op,
@@ -279,6 +280,7 @@ impl AscendDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
+        self.check_open(st, op).map_err(|e| e.at(ptr.0))?;
         let size = st
             .ledger
             .require_live(ptr, |why| self.refused(op, ACL_ERROR_INVALID_PARAM, why))?;
@@ -315,6 +317,8 @@ impl AscendDevice {
         bytes: u64,
         call: impl FnOnce(u64) -> sys::AclStatus,
     ) -> Result<(), DeviceError> {
+        self.check_open(st, op)
+            .map_err(|e| e.at(addr).sized(bytes))?;
         let (base, size) = self.containing(st, op, addr, bytes)?;
         if bytes == 0 {
             return Ok(());

@@ -383,6 +383,18 @@ impl CudaDevice {
         })
     }
 
+    /// Refuses any call on a closed device, or in a forked child, before the ledger's checks.
+    fn check_open(&self, st: &State, op: Op) -> Result<(), DeviceError> {
+        if st.closed {
+            return Err(Self::refused(
+                op,
+                sys::CUDA_ERROR_INVALID_CONTEXT,
+                "the device is closed",
+            ));
+        }
+        self.session.check_process(op, Self::call_name(op))
+    }
+
     fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
         st.ledger.require(addr, bytes, |why| {
             Self::refused(op, CUDA_ERROR_INVALID_VALUE, why)
@@ -391,6 +403,7 @@ impl CudaDevice {
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
+        self.check_open(st, op).map_err(|e| e.sized(bytes))?;
         if bytes == 0 {
             return Err(
                 Self::refused(op, CUDA_ERROR_INVALID_VALUE, "zero-byte allocation").sized(0),
@@ -419,6 +432,7 @@ impl CudaDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
+        self.check_open(st, op).map_err(|e| e.at(ptr.0))?;
         let size = st
             .ledger
             .require_live(ptr, |why| Self::refused(op, CUDA_ERROR_INVALID_VALUE, why))?;
@@ -445,6 +459,8 @@ impl CudaDevice {
         bytes: u64,
         call: impl FnOnce(sys::CuStream) -> CuResult,
     ) -> Result<(), DeviceError> {
+        self.check_open(st, op)
+            .map_err(|e| e.at(addr).sized(bytes))?;
         Self::containing(st, op, addr, bytes)?;
         if bytes == 0 {
             return Ok(());
