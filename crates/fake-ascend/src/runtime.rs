@@ -11,6 +11,11 @@ use crate::{
     ACL_SUCCESS,
 };
 
+extern "C" {
+    /// From the fake's load-time dependency, `libc_sec.so` (see `build.rs`).
+    fn fake_c_sec_version() -> c_int;
+}
+
 /// Runs an `acl*` call when ACL is initialized; logs UNINITIALIZE otherwise.
 fn acl<R: From<c_int>>(name: &str, args: &str, f: impl FnOnce(&mut State) -> R) -> R {
     with_state(|st| {
@@ -32,6 +37,11 @@ pub unsafe extern "C" fn aclInit(config_path: *const c_char) -> c_int {
         let args = format!("{:#x}", config_path as usize);
         if let Some(code) = st.injected("aclInit", &args) {
             return code;
+        }
+        // SAFETY: `int fake_c_sec_version(void)`, no arguments; the library is a load-time
+        // dependency, so it is loaded whenever this code runs.
+        if unsafe { fake_c_sec_version() } != 1 {
+            return st.ret("aclInit", &args, ACL_ERROR_INVALID_PARAM);
         }
         st.acl_refs += 1;
         let code = if st.acl_refs == 1 {

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from ..testing import fake_cuda
-from .bench_lifecycle import bench_lifecycle
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
+from .bench_lifecycle import bench_lifecycle
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -652,7 +652,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("which", nargs="*", help=f"{', '.join(BENCHES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
     p.add_argument(
-        "--platform", default="sim", help="platform of the mirrors, launches and lifecycle benchmarks (default sim)"
+        "--platform",
+        default="sim",
+        help="platform of the mirrors, launches and lifecycle benchmarks (default sim)",
     )
     return p
 

@@ -34,6 +34,10 @@ const SEARCH_HINT: &str = "set SIMPLER_ASCEND_LIB_DIR to the directory holding t
      ASCEND_HOME_PATH to the CANN toolkit root (sourcing the toolkit's set_env.sh does that); \
      bare names are searched on LD_LIBRARY_PATH";
 
+/// The driver's folder of common libraries (the HAL's dependencies), which `set_env.sh` puts on
+/// `LD_LIBRARY_PATH` with the toolkit's and the HAL's folders.
+const DRIVER_COMMON_DIR: &str = "/usr/local/Ascend/driver/lib64/common";
+
 vendor_fns! {
     /// The `acl*` runtime (`libascendcl.so`, `acl/acl_rt.h`).
     pub(crate) struct AclFns, names AclNames {
@@ -412,12 +416,23 @@ pub(crate) fn search_dirs_from(
     }
 }
 
-fn open(file: &'static str, dirs: &[PathBuf], bare: bool) -> Result<VendorLib, LoadError> {
-    loader::open_first(file, &loader::candidates(file, dirs, bare), SEARCH_HINT)
+/// Opens `file` from `dirs`; a missing dependency is preloaded from the folders `set_env.sh`
+/// would have put on `LD_LIBRARY_PATH` (`deps`).
+fn open(
+    file: &'static str,
+    dirs: &[PathBuf],
+    bare: bool,
+    deps: &[PathBuf],
+) -> Result<VendorLib, LoadError> {
+    let paths = loader::candidates(file, dirs, bare);
+    loader::open_first_with(file, &paths, SEARCH_HINT, deps)
 }
 
 /// Loads the HAL, then the runtime (`acl*`, else `rt*`).
 pub(crate) fn load(dirs: &SearchDirs) -> Result<(Hal, Runtime), LoadError> {
+    let mut deps: Vec<PathBuf> = dirs.runtime.iter().chain(&dirs.hal).cloned().collect();
+    deps.push(PathBuf::from(DRIVER_COMMON_DIR));
+    let open = |file, dirs: &[PathBuf], bare| open(file, dirs, bare, &deps);
     let lib = open("libascend_hal.so", &dirs.hal, dirs.bare)?;
     // SAFETY: the table's types are the exact `ascend_hal.h` signatures.
     let f = unsafe { HalFns::load(&lib) }?;
