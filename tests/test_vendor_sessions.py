@@ -158,3 +158,37 @@ def test_a_hal_resource_refusal_is_mirrored_with_one_warning(fake_vendor, caplog
         assert fake.fake_ascend_inject(b"halHostRegister", 1, 3) == 0
         with pytest.raises(sp.DeviceError, match="halHostRegister failed with code 3"):
             w.run(read, [third.tensor((N,), "int32"), bufs[0].tensor((N,), "int32")])
+
+
+def test_the_ascend_hardware_check_reports_the_vendors_answers_as_json(fake_vendor):
+    """`python -m simpler.tools.ascend_check` against the fake runtime, whose answers are known:
+    every size maps, a 256 MiB BAR budget refuses the fifth 64 MiB mapping with OUT_OF_MEMORY,
+    an unregister under the user id (0) of logical device 1 finds nothing, the context object is
+    reused after a reset."""
+    import json
+    import subprocess
+    import sys
+
+    fake_vendor.use("ascend")
+    env = dict(os.environ, FAKE_ASCEND_BAR=str(256 << 20), FAKE_ASCEND_MAP="always")
+    out = subprocess.run(
+        [sys.executable, "-m", "simpler.tools.ascend_check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [(r["bytes"], r["register"], r["unregister"]) for r in got["map_sizes"]] == [
+        (1, 0, 0),
+        (33, 0, 0),
+        (4097, 0, 0),
+        ((1 << 20) + 1, 0, 0),
+    ]
+    assert got["map_until_refusal"]["mapped"] == 4
+    assert got["map_until_refusal"]["refusal"] == {"call": "halHostRegister", "code": 6}
+    u = got["unregister_devid"]
+    assert (u["logical"], u["unregister_user"], u["unregister_logical"]) == (1, 11, 0)
+    assert got["context_after_reopen"]["same_object"] is True
+    assert got["open_close_cycles"]["cycles"] == 10
