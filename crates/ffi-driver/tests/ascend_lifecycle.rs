@@ -644,3 +644,39 @@ fn a_failed_context_bind_names_the_address_and_size() {
     assert_eq!((e.addr, e.bytes), (None, Some(64)), "{e}");
     d.free(p).unwrap();
 }
+
+#[test]
+fn a_device_fault_poisons_every_worker_on_the_device_until_the_last_one_closes() {
+    let fake = standard();
+    let (a, b) = (open_id(&fake, 0), open_id(&fake, 0));
+    let p = a.alloc(4096).unwrap();
+    let q = b.alloc(4096).unwrap();
+    // An AI Core exception reported by a copy: the fake poisons the device, as the runtime does.
+    fake.inject("aclrtMemcpy", 1, 507_015);
+    let e = a.copy_h2d(p, &[1; 64]).unwrap_err();
+    assert_eq!((e.code, e.called), (507_015, true), "{e}");
+    assert_eq!(fake.query::<u32, c_int>("poisoned", 0), 507_015);
+    // Every later call of every worker on the device is refused, naming the first fault.
+    let e = b.copy_h2d(q, &[1; 64]).unwrap_err();
+    assert!(!e.called && e.code == 507_015, "{e}");
+    assert!(e.to_string().contains("aclrtMemcpy reported"), "{e}");
+    let r = a.close();
+    assert_eq!(r.errors.len(), 1, "one summary: {:?}", r.errors);
+    assert!(
+        r.errors[0].to_string().contains("after a device fault"),
+        "{}",
+        r.errors[0]
+    );
+    assert_eq!(refs(&fake), (1, 1, 0), "b still holds the session");
+    b.close();
+    // The last close gave the faulted session back: the device was reset, its fault cleared,
+    // and what the failed frees left was freed by the reset.
+    assert_eq!(refs(&fake), (0, 0, 0));
+    assert_eq!(fake.query::<u32, c_int>("poisoned", 0), 0);
+    assert_eq!(fake.count("reset_freed"), 2);
+    let c = open_id(&fake, 0);
+    c.free(c.alloc(64).unwrap()).unwrap();
+    drop(c);
+    release(&fake);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}

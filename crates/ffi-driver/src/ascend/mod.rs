@@ -84,6 +84,8 @@ struct State {
     mappings: BTreeMap<u64, MapEntry>,
     /// `close` ran: every call is refused.
     closed: bool,
+    /// Close is releasing what a faulted device held: calls are made despite the fault.
+    releasing: bool,
 }
 
 impl Ledgered for State {
@@ -132,6 +134,7 @@ impl AscendDevice {
             device: i64::from(user),
         };
         let session = crate::sessions::shared(key, || Session::open(runtime, user, &config))?;
+        session.join();
         Ok(AscendDevice {
             config,
             user,
@@ -143,6 +146,7 @@ impl AscendDevice {
                 ledger: Ledger::new(),
                 mappings: BTreeMap::new(),
                 closed: false,
+                releasing: false,
             }),
         })
     }
@@ -238,12 +242,54 @@ impl AscendDevice {
             .require(addr, bytes, |why| self.refused(op, code, why))
     }
 
-    /// Binds the device's context for one call (see [`Session::enter`]); refused once closed.
+    /// Binds the device's context for one call (see [`Session::enter`]); refused once closed,
+    /// and after a device fault (naming the first one), except while close releases.
     fn enter(&self, st: &State, op: Op) -> Result<session::Bound<'_>, DeviceError> {
         if st.closed {
             return Err(self.refused(op, codes::UNINIT, "the device is closed"));
         }
+        if let Some((code, first)) = self.session.fault().filter(|_| !st.releasing) {
+            return Err(Self::own_status(op, code)
+                .error(
+                    op,
+                    self.call(op),
+                    format!(
+                        "the device is unusable after a device fault {first} reported; close \
+                         every worker on this device: it works again once the last one has \
+                         closed and the device was reset"
+                    ),
+                )
+                .before_call());
+        }
         self.session.enter(op)
+    }
+
+    /// One driver call (see `traced`); a device fault the vendor call reports poisons the
+    /// process's session on the device.
+    fn traced<T: crate::ledger::Outcome>(
+        &self,
+        st: &mut State,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        traced(st, op, addr, bytes, self.injected(op), |st| {
+            let r = body(st);
+            if let Err(e) = &r {
+                if e.called && sys::is_device_fault(e.code) && self.session.note_fault(e) {
+                    log::error!(
+                        "ascend device {} is unusable after {} ({}) from {}: close every worker \
+                         on it",
+                        self.user,
+                        e.code,
+                        e.code_name,
+                        e.call
+                    );
+                }
+            }
+            r
+        })
     }
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
@@ -338,7 +384,7 @@ impl Device for AscendDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        traced(&mut *self.lock(), op, 0, bytes, self.injected(op), |st| {
+        self.traced(&mut self.lock(), op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
@@ -347,104 +393,74 @@ impl Device for AscendDevice {
         let mut st = self.lock();
         let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
-        traced(&mut *st, op, ptr.0, size, self.injected(op), |st| {
-            self.do_free(st, ptr)
-        })
+        self.traced(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |dest_max| {
-                    // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
-                    // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
-                    unsafe {
-                        self.runtime.memcpy(
-                            dst.0 as *mut c_void,
-                            dest_max,
-                            src.as_ptr().cast(),
-                            bytes,
-                            sys::MEMCPY_HOST_TO_DEVICE,
-                        )
-                    }
-                })
-            },
-        )
+        self.traced(&mut self.lock(), op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |dest_max| {
+                // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
+                // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
+                unsafe {
+                    self.runtime.memcpy(
+                        dst.0 as *mut c_void,
+                        dest_max,
+                        src.as_ptr().cast(),
+                        bytes,
+                        sys::MEMCPY_HOST_TO_DEVICE,
+                    )
+                }
+            })
+        })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let out = dst.as_mut_ptr();
-        traced(
-            &mut *self.lock(),
-            op,
-            src.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, src.0, bytes, |_| {
-                    // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
-                    // bytes)` lies inside a live allocation (checked by `transfer`).
-                    unsafe {
-                        self.runtime.memcpy(
-                            out.cast(),
-                            bytes,
-                            src.0 as *const c_void,
-                            bytes,
-                            sys::MEMCPY_DEVICE_TO_HOST,
-                        )
-                    }
-                })
-            },
-        )
+        self.traced(&mut self.lock(), op, src.0, bytes, |st| {
+            self.transfer(st, op, src.0, bytes, |_| {
+                // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
+                // bytes)` lies inside a live allocation (checked by `transfer`).
+                unsafe {
+                    self.runtime.memcpy(
+                        out.cast(),
+                        bytes,
+                        src.0 as *const c_void,
+                        bytes,
+                        sys::MEMCPY_DEVICE_TO_HOST,
+                    )
+                }
+            })
+        })
     }
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |dest_max| {
-                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
-                    // bytes from `dst` (checked by `transfer`).
-                    unsafe {
-                        self.runtime
-                            .memset(dst.0 as *mut c_void, dest_max, value, bytes)
-                    }
-                })
-            },
-        )
+        self.traced(&mut self.lock(), op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |dest_max| {
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
+                // bytes from `dst` (checked by `transfer`).
+                unsafe {
+                    self.runtime
+                        .memset(dst.0 as *mut c_void, dest_max, value, bytes)
+                }
+            })
+        })
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        traced(
-            &mut *self.lock(),
-            op,
-            ptr.0,
-            bytes,
-            self.injected(op),
-            |st| self.do_map(st, ptr, bytes),
-        )
+        self.traced(&mut self.lock(), op, ptr.0, bytes, |st| {
+            self.do_map(st, ptr, bytes)
+        })
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let mut st = self.lock();
         let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
         let op = Op::Unmap;
-        traced(&mut *st, op, ptr.0, bytes, self.injected(op), |st| {
-            self.do_unmap(st, ptr.0)
-        })
+        self.traced(&mut st, op, ptr.0, bytes, |st| self.do_unmap(st, ptr.0))
     }
 
     fn stats(&self) -> Stats {
@@ -489,13 +505,18 @@ impl Device for AscendDevice {
             st.closed = true;
             return report;
         }
+        // After a device fault the releasing calls are still made (they fail with it; the
+        // device's teardown frees what they could not), and one summary says so.
+        let fault = self.session.fault();
+        st.releasing = fault.is_some();
+        let mut errors = Vec::new();
         // 1. Every mapping goes first: unregister before free, always.
         let mappings: Vec<(u64, u64)> = st.mappings.iter().map(|(&a, m)| (a, m.bytes)).collect();
         for (start, bytes) in mappings {
             report.leaked_mappings += 1;
             let r = self.do_unmap(&mut st, start);
             if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
         // 2. Then every allocation whose mappings are gone.
@@ -504,15 +525,39 @@ impl Device for AscendDevice {
             report.leaked_bytes += size;
             let r = self.do_free(&mut st, ptr);
             if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
+        match fault {
+            Some((code, first)) => {
+                let left = st.ledger.live_allocations();
+                for (ptr, _) in &left {
+                    st.ledger.on_free(*ptr);
+                }
+                report.errors.push(acl_status(code).error(
+                    Op::Device,
+                    "(the device, after a device fault)",
+                    format!(
+                        "closed device {} after a device fault {first} reported: {} \
+                             releasing call(s) failed with it; {} allocation(s) go with the \
+                             device's teardown",
+                        self.user,
+                        errors.len(),
+                        left.len()
+                    ),
+                ));
+            }
+            None => report.errors.extend(errors),
+        }
+        st.releasing = false;
         // 3. A mapping whose unregister failed above is still registered with the HAL, and its
         // allocation stays live; the host side is revoked before the device is given up.
         for entry in st.mappings.values() {
             entry.mem.revoke();
         }
         st.closed = true;
+        drop(st);
+        report.errors.extend(self.session.leave());
         if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
             log::warn!(
                 "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \

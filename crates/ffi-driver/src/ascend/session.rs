@@ -18,6 +18,7 @@
 //! context of a reset device is forbidden): the threads left on it are bound afresh by their
 //! next call, and keep what that call bound.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use super::loading::{logical_device_id, Calls, Runtime};
@@ -53,6 +54,10 @@ pub(crate) struct Session {
     stamp: Stamp,
     /// Read-locked by every call for its duration, write-locked by the release.
     held: RwLock<Held>,
+    /// The first device fault a call reported: (code, call).
+    fault: Mutex<Option<(i64, String)>>,
+    /// Devices (workers) open on the session.
+    users: AtomicUsize,
 }
 
 // SAFETY: `Context` is an opaque runtime handle that the runtime lets any thread make current;
@@ -85,6 +90,8 @@ impl Session {
                 ctx: None,
                 acl: false,
             }),
+            fault: Mutex::new(None),
+            users: AtomicUsize::new(0),
         };
         let lib = runtime.lib();
         if let Runtime::Acl(_, f) = runtime {
@@ -237,6 +244,37 @@ impl Session {
                 self.user
             );
         }
+    }
+
+    /// The first device fault: its code and the call that reported it.
+    pub fn fault(&self) -> Option<(i64, String)> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the device fault `e` reported (the first one is kept); whether it is new.
+    pub fn note_fault(&self, e: &DeviceError) -> bool {
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            return false;
+        }
+        *f = Some((e.code, e.call.clone()));
+        true
+    }
+
+    /// A worker opened on the session.
+    pub fn join(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A worker on the session closed; after a device fault, the last one gives the session
+    /// back at once, so that the device is reset (its fault cleared) for the next worker.
+    pub fn leave(&self) -> Vec<DeviceError> {
+        let left = self.users.fetch_sub(1, Ordering::AcqRel) - 1;
+        if left > 0 || self.fault().is_none() {
+            return Vec::new();
+        }
+        crate::sessions::forget(self);
+        self.release()
     }
 
     /// Whether the device reference is still held.

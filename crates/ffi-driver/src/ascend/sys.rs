@@ -72,6 +72,17 @@ pub const ACL_ERROR_RT_CONTEXT_NULL: i64 = 107_002;
 pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: i64 = 207_000;
 pub const ACL_ERROR_RT_INTERNAL_ERROR: i64 = 507_000;
 
+/// Whether a runtime code is a device fault after which the device is unusable until it is
+/// reset (`acl/error_codes/rt_error_codes.h`: lost heartbeat, DMA, AI Core and AI CPU timeouts
+/// and exceptions, device memory and ECC errors, the driver's internal error; not the generic
+/// 507000 internal error).
+pub fn is_device_fault(code: i64) -> bool {
+    matches!(
+        code,
+        507_010 | 507_013..=507_018 | 507_053 | 507_054 | 507_899
+    )
+}
+
 /// Status codes of the `acl*` and `rt*` runtime (`acl/acl_base_rt.h` and
 /// `acl/error_codes/rt_error_codes.h`; the `rt*` functions return the same `ACL_ERROR_RT_*`
 /// numbers).
