@@ -60,8 +60,9 @@ impl Stamp {
     pub fn refusal(&self) -> String {
         format!(
             "worker opened in process {} used in a forked child (process {}): its device handles \
-             are inert here (no vendor call is made, host mappings are revoked); open a new \
-             Worker in the child, or start children with the 'spawn' method",
+             are inert here (no vendor call is made, host mappings are revoked); a process that \
+             initialized a device cannot hand it to a forked child: start worker processes with \
+             the 'spawn' or 'forkserver' method (multiprocessing.get_context(\"spawn\"))",
             self.pid,
             std::process::id()
         )

@@ -12,8 +12,8 @@
 //! refused in a forked child of the process that mapped it (`crate::fork`): the child inherits
 //! the mapping, and a write through it would land in the parent's device memory.
 //!
-//! Owned blocks are page-aligned and cover whole host pages ([`HostMem::with_page`]), so a
-//! block that a driver page-locks (a CUDA mirror) never shares a page with another one; on a
+//! Owned blocks are 4 KiB-aligned; a block a driver page-locks (a CUDA mirror) is laid out in
+//! whole host pages ([`HostMem::with_page`]), so it never shares a page with another one; on a
 //! 64 KiB-page host the page is 64 KiB.
 
 use std::alloc::{self, Layout};
@@ -90,26 +90,27 @@ impl std::fmt::Debug for HostMem {
 }
 
 impl HostMem {
-    /// Allocates `len` bytes (at least 1), every byte set to `fill`, on whole pages of the host
-    /// ([`host_page_size`]).
+    /// Allocates `len` bytes (at least 1), every byte set to `fill`, 4 KiB-aligned.
     pub fn new(len: usize, fill: u8) -> Result<HostMem, HostMemError> {
-        HostMem::with_page(len, fill, host_page_size())
+        HostMem::layout(len, fill, ALIGN, len.max(1))
     }
 
-    /// [`HostMem::new`] on pages of `page` bytes (a power of two, at least 4 KiB): the block
-    /// starts on a page and [`HostMem::allocated`] (its length rounded up to whole pages) is
-    /// what it occupies, so no other block shares its pages.
+    /// [`HostMem::new`] on whole pages of `page` bytes (rounded up to a power of two, at least
+    /// 4 KiB): the block starts on a page and [`HostMem::allocated`] (its length rounded up to
+    /// whole pages) is what it occupies, so no other block shares its pages (what a driver that
+    /// page-locks it needs).
     pub fn with_page(len: usize, fill: u8, page: usize) -> Result<HostMem, HostMemError> {
-        let page = page.max(ALIGN);
-        if !page.is_power_of_two() {
-            return Err(HostMemError::Alloc(len));
-        }
+        let page = page.max(ALIGN).next_power_of_two();
         let size = len
             .max(1)
             .checked_next_multiple_of(page)
             .ok_or(HostMemError::Alloc(len))?;
-        let layout = Layout::from_size_align(size, page).map_err(|_| HostMemError::Alloc(len))?;
-        // SAFETY: `layout` has a non-zero size (at least 1 byte).
+        HostMem::layout(len, fill, page, size)
+    }
+
+    fn layout(len: usize, fill: u8, align: usize, size: usize) -> Result<HostMem, HostMemError> {
+        let layout = Layout::from_size_align(size, align).map_err(|_| HostMemError::Alloc(len))?;
+        // SAFETY: `layout` has a non-zero size (both callers pass at least 1 byte).
         let raw = unsafe {
             if fill == 0 {
                 alloc::alloc_zeroed(layout)
@@ -297,7 +298,7 @@ mod tests {
             Err(HostMemError::OutOfRange { .. })
         ));
         assert_eq!(m.owned_addr().unwrap() % ALIGN, 0);
-        assert_eq!(m.allocated() % host_page_size(), 0);
+        assert_eq!(m.allocated(), 16);
     }
 
     #[test]
@@ -314,9 +315,10 @@ mod tests {
         // Two blocks never share a page.
         let (x, y) = (a.owned_addr().unwrap(), b.owned_addr().unwrap());
         assert!(x + a.allocated() <= y || y + b.allocated() <= x);
+        // A page size that is not a power of two is rounded up to one.
         assert_eq!(
-            HostMem::with_page(1, 0, 3 << 12).unwrap_err(),
-            HostMemError::Alloc(1)
+            HostMem::with_page(1, 0, 3 << 12).unwrap().allocated(),
+            16 << 10
         );
         assert_eq!(
             HostMem::with_page(usize::MAX, 0, page).unwrap_err(),

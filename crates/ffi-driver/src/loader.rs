@@ -238,6 +238,10 @@ fn missing_dependency(error: &str) -> Option<&str> {
     (!name.is_empty() && !name.contains('/')).then_some(name)
 }
 
+/// How many dependencies one library may pull in by preloading (a chain, not a cycle, is
+/// what a vendor installation has).
+const MAX_PRELOADS: usize = 32;
+
 /// Opens `path`; while that fails on a missing dependency found in the library's folder or in
 /// `dep_dirs`, loads the dependency by absolute path (recorded in `opened`) and tries again.
 /// A dependency found nowhere is an error naming it, the folders searched and the fix.
@@ -246,21 +250,34 @@ fn open_with_deps(
     dep_dirs: &[PathBuf],
     opened: &mut Opened,
 ) -> Result<&'static Library, String> {
+    open_preloading(path, dep_dirs, opened, &mut Vec::new())
+}
+
+/// [`open_with_deps`]; `chain` holds the dependencies being preloaded, across the recursion
+/// (a dependency of a dependency is preloaded the same way), so that a cycle or a dependency
+/// that still does not satisfy its name ends in an error, never in a loop.
+fn open_preloading(
+    path: &Path,
+    dep_dirs: &[PathBuf],
+    opened: &mut Opened,
+    chain: &mut Vec<String>,
+) -> Result<&'static Library, String> {
     let mut dirs: Vec<PathBuf> = path.parent().map(Path::to_path_buf).into_iter().collect();
     dirs.extend(dep_dirs.iter().cloned());
     dirs.retain(|d| !d.as_os_str().is_empty());
-    let mut loaded = Vec::new();
+    let own_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     loop {
         let error = match open_one(path) {
             Ok(lib) => return Ok(lib),
             Err(e) => e,
         };
-        let Some(dep) = missing_dependency(&error).map(str::to_string) else {
-            return Err(error);
+        // A bare name that is itself missing is not a dependency.
+        let dep = match missing_dependency(&error) {
+            Some(dep) if Some(dep) != own_name.as_deref() => dep.to_string(),
+            _ => return Err(error),
         };
-        let found = dirs.iter().map(|d| d.join(&dep)).find(|p| p.exists());
-        let (Some(file), false) = (found, loaded.contains(&dep)) else {
-            let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let Some(file) = dirs.iter().map(|d| d.join(&dep)).find(|p| p.exists()) else {
             return Err(format!(
                 "{error}; {dep} is not in {} either. The vendor's libraries carry no RPATH: \
                  source the toolkit's set_env.sh before starting Python, or start it with \
@@ -270,13 +287,20 @@ fn open_with_deps(
                 searched.join(":")
             ));
         };
-        // A dependency's own missing dependency is preloaded the same way.
-        let lib = open_with_deps(&file, dep_dirs, opened)
+        if chain.contains(&dep) || chain.len() >= MAX_PRELOADS {
+            return Err(format!(
+                "{error}; preloading {} did not satisfy it (its soname is not {dep}?), or the \
+                 dependencies form a cycle ({})",
+                file.display(),
+                chain.join(" -> ")
+            ));
+        }
+        chain.push(dep);
+        let lib = open_preloading(&file, dep_dirs, opened, chain)
             .map_err(|e| format!("{error}; preloading {} failed: {e}", file.display()))?;
         log::debug!("preloaded {} for {}", file.display(), path.display());
         let text: &'static str = Box::leak(file.display().to_string().into_boxed_str());
         opened.push((file, lib, text));
-        loaded.push(dep);
     }
 }
 

@@ -556,6 +556,7 @@ fn bound_thread() -> (
         while let Ok(Some(d)) = wait.recv() {
             let p = d.alloc(64).unwrap();
             d.free(p).unwrap();
+            drop(d); // before the test goes on (a session is kept while a worker is open)
             done.send(()).unwrap();
         }
     });
@@ -663,7 +664,9 @@ fn a_device_fault_poisons_every_worker_on_the_device_until_the_last_one_closes()
     let r = a.close();
     assert_eq!(r.errors.len(), 1, "one summary: {:?}", r.errors);
     assert!(
-        r.errors[0].to_string().contains("after a device fault"),
+        r.errors[0]
+            .to_string()
+            .contains("after the device fault aclrtMemcpy reported"),
         "{}",
         r.errors[0]
     );
@@ -678,5 +681,27 @@ fn a_device_fault_poisons_every_worker_on_the_device_until_the_last_one_closes()
     c.free(c.alloc(64).unwrap()).unwrap();
     drop(c);
     release(&fake);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn a_session_is_never_given_back_under_an_open_device() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    // The device was opened directly (not through open_device): the release cannot close it,
+    // so it keeps the session and says why.
+    let r = release(&fake);
+    assert_eq!(r.sessions, 0);
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert!(
+        r.errors[0].to_string().contains("close them first"),
+        "{}",
+        r.errors[0]
+    );
+    assert_eq!(refs(&fake), (1, 1, 0));
+    d.copy_h2d(p, &[3; 64]).unwrap();
+    d.close();
+    assert_eq!(release(&fake).sessions, 1);
     assert_eq!(refs(&fake), (0, 0, 0));
 }

@@ -317,6 +317,18 @@ fn ten_workers_in_a_row_create_one_context_and_a_sticky_fault_resets_it() {
     let e = b.alloc(64).unwrap_err();
     assert!(!e.called && e.code == 700, "{e}");
     assert!(e.to_string().contains("cuMemAlloc_v2 reported"), "{e}");
+    // A new worker is not handed the poisoned context.
+    let e = CudaDevice::open(CudaConfig {
+        lib_path: Some(fake.dir.join("libcuda.so.1")),
+        ..CudaConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sticky fault cuMemAlloc_v2 reported (code 700)"),
+        "{e}"
+    );
+    assert!(e.contains("close the 2 worker(s)"), "{e}");
     a.close();
     assert_eq!(retains(&fake, 0), 1, "b still holds the session");
     b.close();
@@ -346,14 +358,49 @@ fn mirrors_cover_whole_host_pages_so_two_never_share_a_page_lock() {
         })
         .unwrap()
     };
-    // Mirrors laid out in 4 KiB pages (the old assumption) can share a 64 KiB page: every
-    // second registration is refused, and that mirror stays pageable.
-    let small = open_paged(4096);
-    let ms: Vec<_> = (0..4).map(|_| small.alloc_mirror(100).unwrap()).collect();
-    let s = small.stats();
-    assert!(s.pins < 4, "some mirrors shared a page: {s:?}");
-    drop(ms);
-    small.close();
+    // Two mirrors laid out in 4 KiB pages (the old assumption) may share a 64 KiB page: the
+    // driver refuses to page-lock the second one.
+    type Register = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> c_int;
+    type Unregister = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type Retain = unsafe extern "C" fn(*mut Ctx, c_int) -> c_int;
+    let block = simpler_driver::HostMem::with_page(128 << 10, 0, 64 << 10).unwrap();
+    let base = block.owned_addr().unwrap();
+    // SAFETY: the fake's exports with their `cuda.h` signatures; the registered ranges lie in
+    // `block`, which outlives them (the fake records ranges and never touches the memory);
+    // the primary context retained here is released below.
+    unsafe {
+        let mut ctx: Ctx = std::ptr::null_mut();
+        assert_eq!(fake.sym::<extern "C" fn(c_uint) -> c_int>("cuInit")(0), 0);
+        assert_eq!(
+            fake.sym::<Retain>("cuDevicePrimaryCtxRetain")(&mut ctx, 0),
+            0
+        );
+        assert_eq!(
+            fake.sym::<unsafe extern "C" fn(Ctx) -> c_int>("cuCtxSetCurrent")(ctx),
+            0
+        );
+        let register = fake.sym::<Register>("cuMemHostRegister_v2");
+        let unregister = fake.sym::<Unregister>("cuMemHostUnregister");
+        assert_eq!(register(base as *mut c_void, 100, 0), 0);
+        assert_eq!(
+            register((base + 4096) as *mut c_void, 100, 0),
+            712,
+            "ALREADY_REGISTERED: the same 64 KiB page"
+        );
+        assert_eq!(
+            register((base + (64 << 10)) as *mut c_void, 100, 0),
+            0,
+            "the next page"
+        );
+        assert_eq!(unregister(base as *mut c_void), 0);
+        assert_eq!(unregister((base + (64 << 10)) as *mut c_void), 0);
+        let set = fake.sym::<unsafe extern "C" fn(Ctx) -> c_int>("cuCtxSetCurrent");
+        assert_eq!(set(std::ptr::null_mut()), 0);
+        assert_eq!(
+            fake.sym::<extern "C" fn(c_int) -> c_int>("cuDevicePrimaryCtxRelease_v2")(0),
+            0
+        );
+    }
     // Laid out in the host's pages, every mirror is registered, each on pages of its own.
     let paged = open_paged(64 << 10);
     let ms: Vec<_> = (0..4).map(|_| paged.alloc_mirror(100).unwrap()).collect();

@@ -431,7 +431,10 @@ fn open(
 /// Loads the HAL, then the runtime (`acl*`, else `rt*`).
 pub(crate) fn load(dirs: &SearchDirs) -> Result<(Hal, Runtime), LoadError> {
     let mut deps: Vec<PathBuf> = dirs.runtime.iter().chain(&dirs.hal).cloned().collect();
-    deps.push(PathBuf::from(DRIVER_COMMON_DIR));
+    // Pinned folders (the config's or SIMPLER_ASCEND_LIB_DIR) are the only ones searched.
+    if dirs.bare {
+        deps.push(PathBuf::from(DRIVER_COMMON_DIR));
+    }
     let open = |file, dirs: &[PathBuf], bare| open(file, dirs, bare, &deps);
     let lib = open("libascend_hal.so", &dirs.hal, dirs.bare)?;
     // SAFETY: the table's types are the exact `ascend_hal.h` signatures.

@@ -65,6 +65,10 @@ impl AscendDevice {
                 .at(ptr.0)
                 .sized(bytes)
         })?;
+        let _held = self
+            .session
+            .hold(op, self.call(op))
+            .map_err(|e| e.at(ptr.0).sized(bytes))?;
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: `halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
         // void **dstPtr)`: `ptr` is a device address inside a live allocation (checked above),
@@ -128,7 +132,9 @@ impl AscendDevice {
         };
         // SAFETY: the HAL keeps the mapping valid for `len` bytes until `halHostUnregister`,
         // and this driver revokes the `HostMem` when that call succeeds (blocking accesses
-        // while it runs), or at `close` before the device is reset, whichever comes first.
+        // while it runs), or at `close`, whichever comes first; the session (whose release
+        // resets the device) is never released while this device is open
+        // (`crate::sessions`).
         let mem = Arc::new(unsafe { HostMem::foreign(host, len) });
         st.mappings.insert(
             ptr.0,
@@ -155,6 +161,10 @@ impl AscendDevice {
                 .at(start));
         };
         let bytes = entry.bytes;
+        let _held = self
+            .session
+            .hold(op, self.call(op))
+            .map_err(|e| e.at(start).sized(bytes))?;
         // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
         // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
         // usable, and its allocation stays live until a retry unregisters it.

@@ -128,13 +128,8 @@ impl AscendDevice {
             detail: format!("{} does not fit int32_t", config.device_id),
         })?;
         let (hal, runtime) = loading::load(&loading::search_dirs(config.lib_dir.as_ref()))?;
-        let key = crate::sessions::Key {
-            platform: "ascend",
-            library: runtime.lib().path,
-            device: i64::from(user),
-        };
-        let session = crate::sessions::shared(key, || Session::open(runtime, user, &config))?;
-        session.join();
+        let key = Self::key(runtime, user);
+        let session = crate::sessions::join(key, || Session::open(runtime, user, &config))?;
         Ok(AscendDevice {
             config,
             user,
@@ -154,6 +149,19 @@ impl AscendDevice {
     /// The process this device was opened in.
     pub fn process_id(&self) -> u32 {
         self.session.process().pid
+    }
+
+    fn key(runtime: Runtime, user: i32) -> crate::sessions::Key {
+        crate::sessions::Key {
+            platform: "ascend",
+            library: runtime.lib().path,
+            device: i64::from(user),
+        }
+    }
+
+    /// The key of the process's session this device belongs to.
+    pub(crate) fn session_key(&self) -> crate::sessions::Key {
+        Self::key(self.runtime, self.user)
     }
 
     /// The options this device was opened with.
@@ -188,6 +196,13 @@ impl AscendDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, for one call of `op`; refused in a forked child before the lock is taken (a
+    /// parent thread may have held it when it forked).
+    fn lock_for(&self, op: Op) -> Result<MutexGuard<'_, State>, DeviceError> {
+        self.session.check_process(op, self.call(op))?;
+        Ok(self.lock())
     }
 
     /// The vendor function behind `op`.
@@ -248,7 +263,9 @@ impl AscendDevice {
         if st.closed {
             return Err(self.refused(op, codes::UNINIT, "the device is closed"));
         }
-        if let Some((code, first)) = self.session.fault().filter(|_| !st.releasing) {
+        if let Some((code, first)) =
+            crate::sessions::VendorSession::fault(&*self.session).filter(|_| !st.releasing)
+        {
             return Err(Self::own_status(op, code)
                 .error(
                     op,
@@ -384,21 +401,21 @@ impl Device for AscendDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        self.traced(&mut self.lock(), op, 0, bytes, |st| {
+        self.traced(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
+        let mut st = self.lock_for(op)?;
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
         self.traced(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        self.traced(&mut self.lock(), op, dst.0, bytes, |st| {
+        self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |dest_max| {
                 // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
                 // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
@@ -418,7 +435,7 @@ impl Device for AscendDevice {
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let out = dst.as_mut_ptr();
-        self.traced(&mut self.lock(), op, src.0, bytes, |st| {
+        self.traced(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
             self.transfer(st, op, src.0, bytes, |_| {
                 // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
                 // bytes)` lies inside a live allocation (checked by `transfer`).
@@ -437,7 +454,7 @@ impl Device for AscendDevice {
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        self.traced(&mut self.lock(), op, dst.0, bytes, |st| {
+        self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |dest_max| {
                 // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
                 // bytes from `dst` (checked by `transfer`).
@@ -451,15 +468,15 @@ impl Device for AscendDevice {
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        self.traced(&mut self.lock(), op, ptr.0, bytes, |st| {
+        self.traced(&mut *self.lock_for(op)?, op, ptr.0, bytes, |st| {
             self.do_map(st, ptr, bytes)
         })
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
         let op = Op::Unmap;
+        let mut st = self.lock_for(op)?;
+        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
         self.traced(&mut st, op, ptr.0, bytes, |st| self.do_unmap(st, ptr.0))
     }
 
@@ -490,24 +507,21 @@ impl Device for AscendDevice {
     /// Unmaps every mapping and frees every allocation of this device; the process's session
     /// (the device and ACL references) stays for the next worker, until exit. The device is
     /// unusable afterwards (calls fail: "the device is closed"). In a forked child nothing is
-    /// called: the inherited mappings are revoked and the rest is the parent's.
+    /// done, not even a lock taken (a parent thread may have held it when it forked): every
+    /// call there is refused, and the inherited mappings refuse every access.
     fn close(&self) -> CloseReport {
-        let mut st = self.lock();
-        st.ledger.clear_faults();
         let mut report = CloseReport::default();
-        if st.closed {
+        if self.session.process().forked() {
             return report;
         }
-        if self.session.process().forked() {
-            for entry in st.mappings.values() {
-                entry.mem.revoke();
-            }
-            st.closed = true;
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        if st.closed {
             return report;
         }
         // After a device fault the releasing calls are still made (they fail with it; the
         // device's teardown frees what they could not), and one summary says so.
-        let fault = self.session.fault();
+        let fault = crate::sessions::VendorSession::fault(&*self.session);
         st.releasing = fault.is_some();
         let mut errors = Vec::new();
         // 1. Every mapping goes first: unregister before free, always.
@@ -529,25 +543,30 @@ impl Device for AscendDevice {
             }
         }
         match fault {
-            Some((code, first)) => {
+            Some((code, first)) if !errors.is_empty() => {
+                for e in &errors {
+                    log::debug!(
+                        "ascend device {} close after a device fault: {e}",
+                        self.user
+                    );
+                }
                 let left = st.ledger.live_allocations();
                 for (ptr, _) in &left {
                     st.ledger.on_free(*ptr);
                 }
                 report.errors.push(acl_status(code).error(
                     Op::Device,
-                    "(the device, after a device fault)",
+                    first.as_str(),
                     format!(
-                        "closed device {} after a device fault {first} reported: {} \
-                             releasing call(s) failed with it; {} allocation(s) go with the \
-                             device's teardown",
+                        "closed device {} after the device fault {first} reported: {} releasing \
+                         call(s) failed with it; {} allocation(s) go with the device's teardown",
                         self.user,
                         errors.len(),
                         left.len()
                     ),
                 ));
             }
-            None => report.errors.extend(errors),
+            _ => report.errors.extend(errors),
         }
         st.releasing = false;
         // 3. A mapping whose unregister failed above is still registered with the HAL, and its
@@ -557,7 +576,7 @@ impl Device for AscendDevice {
         }
         st.closed = true;
         drop(st);
-        report.errors.extend(self.session.leave());
+        report.errors.extend(crate::sessions::leave(&*self.session));
         if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
             log::warn!(
                 "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \

@@ -14,11 +14,12 @@
 //! bound one, or one that user code or a framework switched to another device), makes it current
 //! with `aclrtSetCurrentContext`; when the call is done, a context the caller had is restored.
 //! A thread that had none keeps this device's context (the `acl*` runtime has no "unbind": it
-//! refuses a null context). A context this process gave back is never restored (restoring a
-//! context of a reset device is forbidden): the threads left on it are bound afresh by their
-//! next call, and keep what that call bound.
+//! refuses a null context). A context this process gave back and left on such a thread is never
+//! restored (restoring a context of a reset device is forbidden): the thread is bound afresh by
+//! its next call, and keeps what that call bound. A context the thread had of its own (a
+//! framework's, which may be the same device's default context, alive through the framework's
+//! reference) is always restored.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use super::loading::{logical_device_id, Calls, Runtime};
@@ -37,9 +38,16 @@ fn retired() -> std::sync::MutexGuard<'static, Vec<(&'static str, usize)>> {
     RETIRED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+thread_local! {
+    /// The context this thread was left on by a call of ours (it had none before): the only
+    /// context of the thread that may be one we gave back.
+    static LEFT: std::cell::Cell<Option<(&'static str, usize)>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// What a session holds; `ctx` is `None` once it was given back.
 #[derive(Debug)]
-struct Held {
+pub(crate) struct Held {
     ctx: Option<Context>,
     acl: bool,
 }
@@ -56,8 +64,6 @@ pub(crate) struct Session {
     held: RwLock<Held>,
     /// The first device fault a call reported: (code, call).
     fault: Mutex<Option<(i64, String)>>,
-    /// Devices (workers) open on the session.
-    users: AtomicUsize,
 }
 
 // SAFETY: `Context` is an opaque runtime handle that the runtime lets any thread make current;
@@ -91,7 +97,6 @@ impl Session {
                 acl: false,
             }),
             fault: Mutex::new(None),
-            users: AtomicUsize::new(0),
         };
         let lib = runtime.lib();
         if let Runtime::Acl(_, f) = runtime {
@@ -208,7 +213,7 @@ impl Session {
                     );
                 }
                 if let Some(p) = prev {
-                    self.restore(p);
+                    self.restore(p, 0);
                 }
                 return Err(match other {
                     Err(s) => fail(s, c.get_context, "reading the context the device gave"),
@@ -224,15 +229,20 @@ impl Session {
         retired().retain(|&r| r != (lib, ctx as usize));
         self.write().ctx = Some(ctx);
         if let Some(p) = prev.filter(|&p| p != ctx) {
-            self.restore(p);
+            self.restore(p, ctx as usize);
         }
         Ok(())
     }
 
-    /// Makes `prev` (the caller's own context) current again, unless this process gave it
-    /// back; a failure is logged, naming the call, its code and this device.
-    fn restore(&self, prev: Context) {
-        if retired().contains(&(self.runtime.lib().path, prev as usize)) {
+    /// Makes `prev` (the context the thread had before the call) current again, unless a call
+    /// of ours left it there and this process gave it back since; a failure is logged, naming
+    /// the call, its code and this device.
+    /// `bound` is the context the call made current.
+    fn restore(&self, prev: Context, bound: usize) {
+        let ours = (self.runtime.lib().path, prev as usize);
+        if LEFT.with(|l| l.get()) == Some(ours) && retired().contains(&ours) {
+            // The thread keeps the context this call bound.
+            LEFT.with(|l| l.set(Some((ours.0, bound))));
             return;
         }
         if let Err(s) = self.runtime.set_context(prev).result() {
@@ -246,11 +256,6 @@ impl Session {
         }
     }
 
-    /// The first device fault: its code and the call that reported it.
-    pub fn fault(&self) -> Option<(i64, String)> {
-        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
     /// Records the device fault `e` reported (the first one is kept); whether it is new.
     pub fn note_fault(&self, e: &DeviceError) -> bool {
         let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
@@ -259,22 +264,6 @@ impl Session {
         }
         *f = Some((e.code, e.call.clone()));
         true
-    }
-
-    /// A worker opened on the session.
-    pub fn join(&self) {
-        self.users.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A worker on the session closed; after a device fault, the last one gives the session
-    /// back at once, so that the device is reset (its fault cleared) for the next worker.
-    pub fn leave(&self) -> Vec<DeviceError> {
-        let left = self.users.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left > 0 || self.fault().is_none() {
-            return Vec::new();
-        }
-        crate::sessions::forget(self);
-        self.release()
     }
 
     /// Whether the device reference is still held.
@@ -295,6 +284,25 @@ impl Session {
             self.stamp.refusal(),
         )
         .before_call())
+    }
+
+    /// Keeps the session from being released for the duration of a call that needs no context
+    /// (the HAL's); refused once it was released, and in a forked child.
+    pub fn hold(&self, op: Op, call: &str) -> Result<RwLockReadGuard<'_, Held>, DeviceError> {
+        self.check_process(op, call)?;
+        let held = self.read();
+        if held.ctx.is_none() {
+            return Err(DeviceError::new(
+                op,
+                call,
+                crate::error::codes::UNINIT,
+                "DRV_ERROR_UNINIT",
+                "the process's session on this device was released (at exit, or by \
+                 release_sessions)",
+            )
+            .before_call());
+        }
+        Ok(held)
     }
 
     /// Binds this device's context to the calling thread for one call; the guard restores the
@@ -323,8 +331,13 @@ impl Session {
             return Ok(Bound {
                 session: self,
                 restore: None,
+                bound: ctx as usize,
                 _held: held,
             });
+        }
+        if cur.is_none() {
+            // Nothing to restore: the thread keeps this context after the call.
+            LEFT.with(|l| l.set(Some((self.runtime.lib().path, ctx as usize))));
         }
         self.runtime.set_context(ctx).result().map_err(|s| {
             s.error(
@@ -336,6 +349,7 @@ impl Session {
         Ok(Bound {
             session: self,
             restore: cur,
+            bound: ctx as usize,
             _held: held,
         })
     }
@@ -382,8 +396,8 @@ impl VendorSession for Session {
         errors
     }
 
-    fn stamp(&self) -> Stamp {
-        self.stamp
+    fn fault(&self) -> Option<(i64, String)> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -391,13 +405,15 @@ impl VendorSession for Session {
 pub(crate) struct Bound<'a> {
     session: &'a Session,
     restore: Option<Context>,
+    /// The context the call made current.
+    bound: usize,
     _held: RwLockReadGuard<'a, Held>,
 }
 
 impl Drop for Bound<'_> {
     fn drop(&mut self) {
         if let Some(prev) = self.restore {
-            self.session.restore(prev);
+            self.session.restore(prev, self.bound);
         }
     }
 }

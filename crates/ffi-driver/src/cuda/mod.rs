@@ -221,17 +221,12 @@ impl CudaDevice {
             detail: format!("{} does not fit int", config.device_id),
         })?;
         let (lib, f) = loading::load(config.lib_path.as_ref())?;
-        let key = crate::sessions::Key {
-            platform: "cuda",
-            library: lib.path,
-            device: i64::from(ordinal),
-        };
-        let session = crate::sessions::shared(key, || Session::open(lib, f, ordinal))?;
+        let key = Self::key(lib, ordinal);
+        let session = crate::sessions::join(key, || Session::open(lib, f, ordinal))?;
         let pin_mirrors = config
             .pin_mirrors
             .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| !is_false_word(&v)));
         let host_page = config.host_page.unwrap_or_else(crate::host_page_size);
-        session.join();
         let device = CudaDevice {
             config,
             pin_mirrors,
@@ -266,6 +261,19 @@ impl CudaDevice {
         self.session.process().pid
     }
 
+    fn key(lib: VendorLib, ordinal: c_int) -> crate::sessions::Key {
+        crate::sessions::Key {
+            platform: "cuda",
+            library: lib.path,
+            device: i64::from(ordinal),
+        }
+    }
+
+    /// The key of the process's session this device belongs to.
+    pub(crate) fn session_key(&self) -> crate::sessions::Key {
+        Self::key(self.lib, self.session.ordinal)
+    }
+
     /// The options this device was opened with.
     pub fn config(&self) -> &CudaConfig {
         &self.config
@@ -278,6 +286,13 @@ impl CudaDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, for one call of `op`; refused in a forked child before the lock is taken (a
+    /// parent thread may have held it when it forked).
+    fn lock_for(&self, op: Op) -> Result<MutexGuard<'_, State>, DeviceError> {
+        self.session.check_process(op, Self::call_name(op))?;
+        Ok(self.lock())
     }
 
     fn call_name(op: Op) -> &'static str {
@@ -341,7 +356,9 @@ impl CudaDevice {
                  release_sessions): its primary context is gone",
             ));
         };
-        if let Some((code, first)) = self.session.fault().filter(|_| !st.releasing) {
+        if let Some((code, first)) =
+            crate::sessions::VendorSession::fault(&*self.session).filter(|_| !st.releasing)
+        {
             return Err(Self::refused_at(
                 op,
                 call,
@@ -487,21 +504,21 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        call(&mut self.lock(), op, 0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
+        let mut st = self.lock_for(op)?;
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
         call(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        call(&mut self.lock(), op, dst.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
                 // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
@@ -516,7 +533,7 @@ impl Device for CudaDevice {
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let (out, len) = (dst.as_mut_ptr(), dst.len());
-        call(&mut self.lock(), op, src.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
             self.transfer(st, op, src.0, bytes, |stream| {
                 // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
                 // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
@@ -528,7 +545,7 @@ impl Device for CudaDevice {
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        call(&mut self.lock(), op, dst.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
                 // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
@@ -541,7 +558,7 @@ impl Device for CudaDevice {
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        call(&mut self.lock(), op, ptr.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, ptr.0, bytes, |st| {
             Self::containing(st, op, ptr.0, bytes.max(1))?;
             st.ledger.on_map(false);
             Ok(MapGrant::Refused {
@@ -555,7 +572,7 @@ impl Device for CudaDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Unmap;
-        call(&mut self.lock(), op, ptr.0, 0, |_| {
+        call(&mut *self.lock_for(op)?, op, ptr.0, 0, |_| {
             Err(Self::refused(
                 op,
                 CUDA_ERROR_INVALID_VALUE,
@@ -570,8 +587,10 @@ impl Device for CudaDevice {
         if !self.pin_mirrors {
             return Ok(mem);
         }
-        let mut st = self.lock();
         let op = Op::Pin;
+        let Ok(mut st) = self.lock_for(op) else {
+            return Ok(mem);
+        };
         let bytes = mem.allocated() as u64;
         let r = call(&mut st, op, 0, bytes, |st| self.do_pin(st, &mem));
         if let Err(e) = r {
@@ -585,7 +604,7 @@ impl Device for CudaDevice {
         let Some(addr) = mem.owned_addr() else {
             return Ok(());
         };
-        let mut st = self.lock();
+        let mut st = self.lock_for(Op::Unpin)?;
         if !st.pinned.contains_key(&addr) {
             return Ok(());
         }
@@ -604,7 +623,7 @@ impl Device for CudaDevice {
     fn load_module(&self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         let op = Op::Module;
         let bytes = image.len() as u64;
-        call(&mut self.lock(), op, 0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_load_module(st, image)
         })
     }
@@ -612,27 +631,29 @@ impl Device for CudaDevice {
     fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
         let op = Op::Module;
         let name = CudaFns::NAMES.module_get_function;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_function(st, module, entry)
         })
     }
 
     fn launch(&self, func: FuncId, dims: LaunchDims, params: &[u64]) -> Result<(), DeviceError> {
         let op = Op::Launch;
-        call(&mut self.lock(), op, 0, 0, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, 0, |st| {
             self.do_launch(st, func, dims, params)
         })
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut self.lock(), op, 0, 0, |st| self.do_synchronize(st))
+        call(&mut *self.lock_for(op)?, op, 0, 0, |st| {
+            self.do_synchronize(st)
+        })
     }
 
     fn synchronize_device(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let name = CudaFns::NAMES.ctx_synchronize;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_synchronize_device(st)
         })
     }
@@ -645,7 +666,7 @@ impl Device for CudaDevice {
     }
 
     fn fault(&self) -> Option<i64> {
-        self.session.fault().map(|(code, _)| code)
+        crate::sessions::VendorSession::fault(&*self.session).map(|(code, _)| code)
     }
 
     fn driver_version(&self) -> Option<(u32, u32)> {
@@ -661,7 +682,7 @@ impl Device for CudaDevice {
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let name = CudaFns::NAMES.stream_wait_event;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_order_stream(st, consumer)
         })
     }
@@ -691,22 +712,22 @@ impl Device for CudaDevice {
     /// Drains the stream, unregisters every mirror and frees every allocation of this device;
     /// the process's session (the primary-context retain) stays for the next worker, until exit
     /// (or, after a sticky fault, until the last worker on the device closes). The device is
-    /// unusable afterwards. In a forked child nothing is called.
+    /// unusable afterwards. In a forked child nothing is done, not even a lock taken (a parent
+    /// thread may have held it when it forked).
     fn close(&self) -> CloseReport {
-        let mut st = self.lock();
-        st.ledger.clear_faults();
         let mut report = CloseReport::default();
-        if st.closed {
+        if self.session.process().forked() {
             return report;
         }
-        if self.session.process().forked() {
-            st.closed = true;
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        if st.closed {
             return report;
         }
         // After a sticky fault every call fails, but the releasing calls are still made (they
         // release what they can: a driver frees with the context); their errors are expected,
         // so one summary says what happened.
-        let fault = self.session.fault();
+        let fault = crate::sessions::VendorSession::fault(&*self.session);
         st.releasing = fault.is_some();
         let mut errors = Vec::new();
         match self.enter(&st, Op::Device) {
@@ -747,7 +768,7 @@ impl Device for CudaDevice {
             q.extend(kept.into_values());
         }
         drop(st);
-        report.errors.extend(self.session.leave());
+        report.errors.extend(crate::sessions::leave(&*self.session));
         if report.leaked_allocations > 0 {
             log::warn!(
                 "cuda device {} closed with {} live allocation(s) ({} bytes); freed them",
@@ -786,7 +807,8 @@ impl CudaDevice {
 }
 
 impl Drop for CudaDevice {
-    /// Frees what is still live and releases the primary context. Never panics.
+    /// Frees what is still live; the session's primary-context reference stays with the process.
+    /// Never panics.
     fn drop(&mut self) {
         let report = self.close();
         for e in &report.errors {

@@ -6,10 +6,9 @@
 //! A sticky fault (a kernel's 700 ILLEGAL_ADDRESS, say) poisons the primary context for every
 //! worker of the process on that device, so the session keeps it: every later call of every
 //! worker is refused with the first fault, and when the last worker on the device closes, the
-//! session is given back at once (the context is reset), so that the next worker opens a
-//! working device.
+//! session is given back at once (the context is reset, unless another library in the process
+//! retains it too), so that the next worker opens a working device.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use super::loading::CudaFns;
@@ -31,8 +30,6 @@ pub(crate) struct Session {
     ctx: RwLock<Option<CuContext>>,
     /// The first sticky fault a call reported: (code, call).
     fault: Mutex<Option<(i64, String)>>,
-    /// Devices (workers) open on the session.
-    users: AtomicUsize,
 }
 
 // SAFETY: `CuContext` is an opaque driver handle that CUDA lets any thread make current; the
@@ -46,7 +43,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("ordinal", &self.ordinal)
             .field("library", &self.lib.path)
-            .field("fault", &self.fault())
+            .field("fault", &VendorSession::fault(self))
             .finish_non_exhaustive()
     }
 }
@@ -93,7 +90,6 @@ impl Session {
             stamp: Stamp::now(),
             ctx: RwLock::new(Some(ctx)),
             fault: Mutex::new(None),
-            users: AtomicUsize::new(0),
         })
     }
 
@@ -117,11 +113,6 @@ impl Session {
             .before_call())
     }
 
-    /// The first sticky fault: its code and the call that reported it.
-    pub fn fault(&self) -> Option<(i64, String)> {
-        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
     /// Records a sticky fault `call` reported (the first one is kept); whether it is new.
     pub fn note_fault(&self, code: i64, call: &str) -> bool {
         let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
@@ -130,22 +121,6 @@ impl Session {
         }
         *f = Some((code, call.to_string()));
         true
-    }
-
-    /// A worker opened on the session.
-    pub fn join(&self) {
-        self.users.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A worker on the session closed; after a fault, the last one gives the session back so
-    /// that the context is reset for the next worker.
-    pub fn leave(&self) -> Vec<DeviceError> {
-        let left = self.users.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left > 0 || self.fault().is_none() {
-            return Vec::new();
-        }
-        crate::sessions::forget(self);
-        self.release()
     }
 }
 
@@ -172,7 +147,7 @@ impl VendorSession for Session {
         }
     }
 
-    fn stamp(&self) -> Stamp {
-        self.stamp
+    fn fault(&self) -> Option<(i64, String)> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

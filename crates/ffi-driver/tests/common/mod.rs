@@ -118,7 +118,9 @@ impl Fake {
         std::fs::copy(&so, &copy).unwrap();
         if krate == "fake-ascend" {
             own_soname(&copy, n);
-            // The runtime's dependency lies beside it (the loader preloads it from there).
+            // The runtime's dependency lies beside it, and this process loads it first (the
+            // control handle below needs it), so no test here goes through the loader's
+            // preload; tests/test_vendor_platforms.py does, in fresh processes.
             std::fs::copy(fake_dependency(&so), dir.join("libc_sec.so")).unwrap();
             // SAFETY: a C library of one function, without initializers.
             let dep = unsafe { libloading::Library::new(dir.join("libc_sec.so")) }.unwrap();
