@@ -54,6 +54,7 @@ py-test: build
 	cargo build -q -p fake-ascend -p fake-cuda
 	mkdir -p $(FAKE_ASCEND) $(FAKE_CUDA)
 	for n in libascendcl.so libascend_hal.so libruntime.so; do ln -sf ../debug/libfake_ascend.so $(FAKE_ASCEND)/$$n; done
+	ln -sf $(CURDIR)/$$(ls -t target/debug/build/fake-ascend-*/out/libc_sec.so | head -1) $(FAKE_ASCEND)/libc_sec.so
 	ln -sf ../debug/libfake_cuda.so $(FAKE_CUDA)/libcuda.so.1
 	$(PY) -m mypy.stubtest --ignore-disjoint-bases simpler._core
 	$(VENV)/bin/pytest -q -p no:cacheprovider

@@ -103,6 +103,7 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, f
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     shutil.copy(fake, theirs / "libfake_ascend.so")
+    shutil.copy(fake_vendor.ascend_libs / "libc_sec.so", theirs / "libc_sec.so")
     for name in ("libascendcl.so", "libruntime.so", "libascend_hal.so"):
         (theirs / name).symlink_to("libfake_ascend.so")
     script = textwrap.dedent(
@@ -117,8 +118,10 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, f
         w.free(w.malloc(64))
         refs_while_open = acl.fake_ascend_init_count()
         w.close()
+        refs_after_close = acl.fake_ascend_init_count()  # the session stays until exit
+        sp.release_sessions()
         maps = open("/proc/self/maps").read()
-        print(refs_while_open, acl.fake_ascend_init_count(), sys.argv[1] in maps)
+        print(refs_while_open, refs_after_close, acl.fake_ascend_init_count(), sys.argv[1] in maps)
         """
     )
     env = dict(os.environ)
@@ -131,9 +134,51 @@ def test_an_already_loaded_vendor_runtime_is_reused_not_loaded_twice(tmp_path, f
     ours = str(fake.resolve())
     out = subprocess.run([sys.executable, "-c", script, ours], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    refs_open, refs_closed, ours_loaded = out.stdout.split()
-    assert (refs_open, refs_closed) == ("1", "0"), "the worker initialized the framework's copy"
+    refs_open, refs_closed, refs_released, ours_loaded = out.stdout.split()
+    assert (refs_open, refs_closed, refs_released) == ("1", "1", "0"), (
+        "the worker initialized the framework's copy"
+    )
     assert ours_loaded == "False", "a second copy of the runtime was loaded"
+
+
+_LOAD_SCRIPT = """
+import simpler as sp
+try:
+    with sp.Worker("ascend") as w:
+        w.free(w.malloc(64))
+    print("loaded")
+except sp.PlatformUnavailableError as e:
+    print(e)
+"""
+
+
+def test_a_missing_vendor_dependency_is_preloaded_from_beside_the_library_or_named_with_the_fix(
+    tmp_path, fake_vendor
+):
+    """CANN's libraries carry no RPATH: a dependency (libc_sec.so) not on LD_LIBRARY_PATH is
+    found beside the library and preloaded; where it is nowhere, the error names it and the
+    fix (set_env.sh, or the LD_LIBRARY_PATH entries)."""
+    fake = ROOT / "target" / "debug" / "libfake_ascend.so"
+    if not (fake_vendor.ascend_libs / "libc_sec.so").exists():
+        pytest.skip("fake vendor libraries not linked (run `make test`)")
+    libs = tmp_path / "cann" / "lib64"
+    libs.mkdir(parents=True)
+    shutil.copy(fake, libs / "libfake_ascend.so")
+    for name in ("libascendcl.so", "libascend_hal.so"):
+        (libs / name).symlink_to("libfake_ascend.so")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "ASCEND_RT_VISIBLE_DEVICES")}
+    env.update(SIMPLER_ASCEND_LIB_DIR=str(libs), FAKE_ASCEND_MAP="always")
+
+    def load() -> str:
+        out = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    missing = load()
+    for needle in ("libc_sec.so", "set_env.sh", f"LD_LIBRARY_PATH={libs}", str(libs / "libascend_hal.so")):
+        assert needle in missing, f"{needle!r} missing from: {missing}"
+    shutil.copy(fake_vendor.ascend_libs / "libc_sec.so", libs / "libc_sec.so")
+    assert load() == "loaded"
 
 
 def test_device_check_skips_cleanly_without_a_device_and_finds_a_driver_library(fake_vendor):

@@ -57,6 +57,8 @@ from .worker import (
     RunTensor,
     Worker,
     device_code_stats,
+    release_sessions,
+    session_stats,
 )
 
 IN = ArgDirection.IN
@@ -103,6 +105,8 @@ __all__ = [
     "device_code_stats",
     "main",
     "np_dtype",
+    "release_sessions",
     "run_case",
     "scene_test",
+    "session_stats",
 ]

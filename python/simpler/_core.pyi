@@ -54,6 +54,8 @@ __all__ = [
     "dlpack_destructor",
     "install_helpers",
     "parse_svm",
+    "release_sessions",
+    "session_stats",
 ]
 
 DTYPES: list[str]
@@ -394,6 +396,13 @@ class _Export:
 
 def device_code_stats() -> dict[str, int]:
     """``compiles`` and ``cache_hits`` of device-code source in this process."""
+
+def release_sessions() -> dict[str, Any]:
+    """Gives back this process's vendor sessions now (closing the ascend / cuda workers still
+    open first): ``{"sessions": n, "closed_workers": k, "errors": [...]}``."""
+
+def session_stats() -> dict[str, int]:
+    """``opened`` (vendor sessions this process opened so far) and ``held`` (held now)."""
 
 def dlpack_destructor() -> int:
     """The address of the DLPack capsule destructor ``simpler._dlpack`` uses."""

@@ -28,6 +28,8 @@ __all__ = [
     "RunTensor",
     "Worker",
     "device_code_stats",
+    "release_sessions",
+    "session_stats",
 ]
 
 ArgDirection = _core.ArgDirection
@@ -43,6 +45,8 @@ Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
 RunTensor = _core.RunTensor
 device_code_stats = _core.device_code_stats
+release_sessions = _core.release_sessions
+session_stats = _core.session_stats
 
 
 class Worker(_core.Worker):

@@ -77,6 +77,36 @@ pub unsafe extern "C" fn fake_ascend_set_visible(spec: *const c_char) -> c_int {
     0
 }
 
+/// Sets the bytes the HAL may map at once (the BAR budget); 0 removes the limit.
+#[no_mangle]
+pub extern "C" fn fake_ascend_set_bar(bytes: u64) {
+    with_state(|st| st.bar_budget = (bytes > 0).then_some(bytes));
+}
+
+/// Lifecycle events so far and their modeled cost: writes `[acl_inits, device_opens,
+/// device_resets, finalizes]` into `out` (when not null) and returns the modeled nanoseconds.
+///
+/// # Safety
+/// `out` must be null or valid for writes of four `u64`.
+#[no_mangle]
+pub unsafe extern "C" fn fake_ascend_lifecycle(out: *mut u64) -> u64 {
+    with_state(|st| {
+        let l = st.lifecycle;
+        if !out.is_null() {
+            let v = [l.acl_inits, l.device_opens, l.device_resets, l.finalizes];
+            // SAFETY: non-null and, per the caller, valid for four `u64` writes.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 4) };
+        }
+        l.ns()
+    })
+}
+
+/// The first device fault of logical device `dev` while it is poisoned, else 0.
+#[no_mangle]
+pub extern "C" fn fake_ascend_poisoned(dev: c_uint) -> c_int {
+    with_state(|st| st.poisoned.get(&dev).copied().unwrap_or(0))
+}
+
 /// Sets the number of logical devices.
 #[no_mangle]
 pub extern "C" fn fake_ascend_set_devices(n: c_uint) {

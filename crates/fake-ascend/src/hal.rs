@@ -5,7 +5,8 @@ use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 use crate::{
     with_state, MapMode, Mapping, DRV_ERROR_INVALID_DEVICE, DRV_ERROR_INVALID_VALUE,
-    DRV_ERROR_NOT_EXIST, DRV_ERROR_NOT_SUPPORT, DRV_ERROR_PARA_ERROR, HUGE_PAGE, PAGE,
+    DRV_ERROR_NOT_EXIST, DRV_ERROR_NOT_SUPPORT, DRV_ERROR_OUT_OF_MEMORY, DRV_ERROR_PARA_ERROR,
+    HUGE_PAGE, PAGE,
 };
 
 /// `halHostRegister` map type: device memory mapped for the host.
@@ -15,7 +16,8 @@ const CTRL_TYPE_SUPPORT_FEATURE: c_int = 2;
 
 /// `drvError_t halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
 /// void **dstPtr)`. `srcPtr` must be page-aligned (2 MiB for huge-page memory) inside one live
-/// allocation; `devid` is logged and otherwise ignored for `DEV_SVM_MAP_HOST`.
+/// allocation; the registration is keyed by `devid` (see `halHostUnregister`); past the BAR
+/// budget it answers OUT_OF_MEMORY.
 ///
 /// # Safety
 /// `dst_ptr` must be null or valid for a pointer-sized write.
@@ -67,15 +69,23 @@ pub unsafe extern "C" fn halHostRegister(
         if !grant {
             return st.ret(NAME, &args, DRV_ERROR_NOT_SUPPORT);
         }
+        if let Some(budget) = st.bar_budget {
+            let mapped = st.mapped_bytes();
+            if mapped.saturating_add(size) > budget {
+                let why = format!("{args} bar-exhausted({mapped}+{size}>{budget})");
+                return st.ret(NAME, &why, DRV_ERROR_OUT_OF_MEMORY);
+            }
+        }
         // SAFETY: `dst_ptr` is non-null and, per the caller, valid for this write.
         unsafe { *dst_ptr = host.cast() };
-        st.mappings.insert(addr, Mapping { size });
+        st.mappings.insert(addr, Mapping { size, devid });
         st.ret(NAME, &format!("{args} host={:#x}", host as usize), 0)
     })
 }
 
 /// `drvError_t halHostUnregister(void *srcPtr, UINT32 devid)`: the device pointer a registration
-/// was made with; `devid` is logged and otherwise ignored.
+/// was made with, looked up under `devid`: another id finds nothing (NOT_EXIST), and the
+/// registration stays (leaked), as in the driver.
 #[no_mangle]
 pub extern "C" fn halHostUnregister(src_ptr: *mut c_void, devid: c_uint) -> c_int {
     const NAME: &str = "halHostUnregister";
@@ -85,9 +95,15 @@ pub extern "C" fn halHostUnregister(src_ptr: *mut c_void, devid: c_uint) -> c_in
         if let Some(code) = st.injected(NAME, &args) {
             return code;
         }
-        if st.mappings.remove(&addr).is_none() {
-            return st.ret(NAME, &args, DRV_ERROR_NOT_EXIST);
+        match st.mappings.get(&addr) {
+            Some(m) if m.devid == devid => {}
+            Some(m) => {
+                let why = format!("{args} registered-under-devid={}", m.devid);
+                return st.ret(NAME, &why, DRV_ERROR_NOT_EXIST);
+            }
+            None => return st.ret(NAME, &args, DRV_ERROR_NOT_EXIST),
         }
+        st.mappings.remove(&addr);
         st.ret(NAME, &args, 0)
     })
 }

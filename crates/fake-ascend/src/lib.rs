@@ -14,7 +14,9 @@
 //!   in the process fails with UNINITIALIZE.
 //! * **Devices and contexts.** `aclrtSetDevice` / `rtSetDevice` add a reference to the device's
 //!   default context and make it the calling thread's current context; `aclrtResetDevice` /
-//!   `rtDeviceReset` remove one, and at zero the context is destroyed. The current context is
+//!   `rtDeviceReset` remove one, and at zero the context is destroyed. As in the runtime, a
+//!   device's default context object is reused: setting the device again after a reset gives the
+//!   same handle back, alive again. The current context is
 //!   per thread: a thread that never bound one has none, and memory calls then fail with
 //!   CONTEXT_NULL (107002). `aclrtSetCurrentContext` / `rtCtxSetCurrent` bind an existing context
 //!   without counting. Each allocation records the device of the context current when it was
@@ -25,11 +27,23 @@
 //!   HAL and `aclrtGetLogicDevIdByUserDevId` speak logical ids.
 //! * **HAL mappings.** `halHostRegister` wants a page-aligned device pointer (2 MiB for huge-page
 //!   allocations) inside one allocation, refuses overlapping registrations (PARA_ERROR) and
-//!   answers NOT_SUPPORT where the host cannot map the allocation's pages (map modes below); the
-//!   `devid` of these two calls is logged and otherwise ignored, as the driver does for
-//!   `DEV_SVM_MAP_HOST`. A free of a still-mapped allocation is a violation: it is logged with
+//!   answers NOT_SUPPORT where the host cannot map the allocation's pages (map modes below).
+//!   A registration is keyed by the `devid` it was made with, as in the driver: unregistering
+//!   with another id answers NOT_EXIST and leaves the mapping registered (leaked). The host's
+//!   mapping window (the BAR) can be given a budget in bytes (`FAKE_ASCEND_BAR`): a registration
+//!   past it answers OUT_OF_MEMORY, the resource answer of the driver. A free of a still-mapped allocation is a violation: it is logged with
 //!   `STILL-MAPPED`, succeeds, and keeps the memory (and its address) alive, so the stale host
 //!   pointer stays harmless.
+//! * **Sticky device errors.** A runtime call that answers a device-fault code (507010,
+//!   507013-507018, 507053, 507054, 507899; here only by injection) poisons its device: every later runtime call on it answers that first
+//!   code, until the device's last reference is given back (its teardown clears it).
+//! * **Lifecycle costs.** Nothing sleeps, but the expensive lifecycle events are counted and
+//!   priced (`fake_ascend_lifecycle`): initializing ACL (the first `aclInit`), opening a device
+//!   (its first reference), tearing it down (its last reset) and finalizing ACL (the last
+//!   `aclFinalizeReference`, or `aclFinalize`, which waits for the device log flush, up to
+//!   `ASCEND_LOG_DEVICE_FLUSH_TIMEOUT` = 2000 ms by default). The prices are assumed orders of
+//!   magnitude except the flush timeout (CANN's documented default); what a benchmark compares
+//!   is how many of each event a workload causes.
 //! * **Addresses.** Device addresses come from a distinct, non-canonical range
 //!   (`0xa5c0_0000_0000_0000` upward), so a caller that dereferences one crashes, and a freed
 //!   address is handed out again to the next allocation of the same size, as the runtime's
@@ -48,7 +62,9 @@
 //! * `FAKE_ASCEND_REUSE` (default on): `0` stops freed addresses from being reused.
 //! * `FAKE_ASCEND_ADDRESSES`: `distinct` (default) or `host`.
 //! * `FAKE_ASCEND_INJECT=name:nth:code[,name:nth:code...]`: the `nth` next call of the named
-//!   function returns `code` without doing anything.
+//!   function returns `code` without doing anything (a 507xxx code on a runtime call also
+//!   poisons the current device, see above).
+//! * `FAKE_ASCEND_BAR`: bytes the HAL can map at once (default: unlimited).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -71,13 +87,48 @@ const HUGE_PAGE: u64 = 2 << 20;
 const HUGE_THRESHOLD: u64 = 1 << 20;
 /// Byte written into fresh allocations (device memory is not zeroed).
 const FILL: u8 = 0xCD;
-/// Default context handles: device `d`'s context of generation `g` (the how-many-th time the
-/// device went from no reference to one) is `CTX_BASE + (g << CTX_GEN_SHIFT) + d * CTX_STRIDE`,
-/// so a context re-created after a reset is a different handle from the destroyed one. Opaque
-/// handles, never dereferenced.
+/// Default context handles: device `d`'s is `CTX_BASE + d * CTX_STRIDE`, the same object again
+/// after a reset (the runtime reuses it). Opaque handles, never dereferenced.
 const CTX_BASE: usize = 0xC7A0_0000;
 const CTX_STRIDE: usize = 16;
-const CTX_GEN_SHIFT: u32 = 12;
+
+/// Modeled lifecycle costs, in nanoseconds (see the module docs): the first `aclInit`, a
+/// device's first reference, its last reset, and the finalize at the last ACL reference (the
+/// device log flush wait, `ASCEND_LOG_DEVICE_FLUSH_TIMEOUT`'s default).
+const ACL_INIT_NS: u64 = 100_000_000;
+const DEVICE_OPEN_NS: u64 = 500_000_000;
+const DEVICE_RESET_NS: u64 = 100_000_000;
+const FINALIZE_NS: u64 = 2_000_000_000;
+
+/// Lifecycle events (see [`Lifecycle`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lifecycle {
+    acl_inits: u64,
+    device_opens: u64,
+    device_resets: u64,
+    finalizes: u64,
+}
+
+impl Lifecycle {
+    /// The modeled cost of the events so far.
+    fn ns(&self) -> u64 {
+        self.acl_inits * ACL_INIT_NS
+            + self.device_opens * DEVICE_OPEN_NS
+            + self.device_resets * DEVICE_RESET_NS
+            + self.finalizes * FINALIZE_NS
+    }
+}
+
+/// Whether a runtime code is a device fault that poisons the device (the 507xxx device-fault
+/// codes of `acl/error_codes/rt_error_codes.h`: lost heartbeat, DMA, AI Core and AI CPU
+/// timeouts and exceptions, device memory and ECC errors, the driver's internal error; not the
+/// generic 507000 internal error).
+fn is_sticky(code: c_int) -> bool {
+    matches!(
+        code,
+        507_010 | 507_013..=507_018 | 507_053 | 507_054 | 507_899
+    )
+}
 
 const ACL_SUCCESS: c_int = 0;
 const ACL_ERROR_INVALID_PARAM: c_int = 100_000;
@@ -91,6 +142,7 @@ const ACL_ERROR_RT_MEMORY_ALLOCATION: c_int = 207_001;
 
 const DRV_ERROR_INVALID_DEVICE: c_int = 2;
 const DRV_ERROR_INVALID_VALUE: c_int = 3;
+const DRV_ERROR_OUT_OF_MEMORY: c_int = 6;
 const DRV_ERROR_PARA_ERROR: c_int = 8;
 const DRV_ERROR_NOT_EXIST: c_int = 11;
 const DRV_ERROR_NOT_SUPPORT: c_int = 0xfffe;
@@ -126,15 +178,18 @@ fn parse_addresses(s: &str) -> Option<AddressMode> {
 }
 
 /// The user → logical renumbering of `ASCEND_RT_VISIBLE_DEVICES`, read the way the runtime does:
-/// entries up to the first one that is not all digits or is past the device count; a descending
-/// or repeated entry makes the whole variable invalid (no device visible).
+/// each comma-separated entry is the number its leading digits spell (what follows them is
+/// ignored: "5x" is 5), up to the first entry that does not start with a digit or is past the
+/// device count; a descending or repeated entry makes the whole variable invalid (no device
+/// visible).
 fn parse_visible(list: &str, devices: u32) -> Vec<u32> {
     let mut ids: Vec<u32> = Vec::new();
     for item in list.split(',') {
-        if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+        let digits = item.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
             break;
         }
-        match item.parse::<u32>() {
+        match item[..digits].parse::<u32>() {
             Ok(id) if id < devices => {
                 if ids.contains(&id) || ids.last().is_some_and(|&l| id < l) {
                     return Vec::new();
@@ -160,9 +215,9 @@ fn set_current_ctx(ctx: usize) {
     CURRENT.with(|c| c.set(ctx));
 }
 
-/// The handle of logical device `dev`'s default context of generation `gen`.
-fn ctx_of(dev: u32, gen: u32) -> usize {
-    CTX_BASE + ((gen as usize) << CTX_GEN_SHIFT) + dev as usize * CTX_STRIDE
+/// The handle of logical device `dev`'s default context.
+fn ctx_of(dev: u32) -> usize {
+    CTX_BASE + dev as usize * CTX_STRIDE
 }
 
 /// What the fake records about an allocation.
@@ -174,6 +229,8 @@ struct Meta {
 
 struct Mapping {
     size: u64,
+    /// The `devid` the registration was made with (its key in the driver).
+    devid: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -200,8 +257,11 @@ struct State {
     /// Device references (set minus reset) by logical device; a device's context is alive
     /// while its count is above zero.
     device_refs: BTreeMap<u32, u64>,
-    /// The generation of each device's current (or last) default context.
-    device_gens: BTreeMap<u32, u32>,
+    /// The first device fault of each poisoned device (cleared by its teardown).
+    poisoned: BTreeMap<u32, c_int>,
+    /// Bytes the HAL may map at once (`None`: unlimited).
+    bar_budget: Option<u64>,
+    lifecycle: Lifecycle,
     /// Allocations the runtime freed because their device's last reference was given back
     /// while they were live (a driver that frees before it resets leaves this at 0).
     reset_freed: u64,
@@ -223,7 +283,9 @@ impl State {
             violations: 0,
             acl_refs: 0,
             device_refs: BTreeMap::new(),
-            device_gens: BTreeMap::new(),
+            poisoned: BTreeMap::new(),
+            bar_budget: None,
+            lifecycle: Lifecycle::default(),
             reset_freed: 0,
         };
         st.apply_env();
@@ -244,6 +306,13 @@ impl State {
             match v.trim().parse() {
                 Ok(n) => self.devices = n,
                 Err(_) => self.config_error(&format!("FAKE_ASCEND_DEVICES={v:?}")),
+            }
+        }
+        self.bar_budget = None;
+        if let Ok(v) = std::env::var("FAKE_ASCEND_BAR") {
+            match v.trim().parse() {
+                Ok(n) => self.bar_budget = Some(n),
+                Err(_) => self.config_error(&format!("FAKE_ASCEND_BAR={v:?}")),
             }
         }
         let devices = self.devices;
@@ -280,9 +349,33 @@ impl State {
         self.log.ret(name, args, code)
     }
 
-    /// An injected failure for this call of `name`, if one is due (logged).
+    /// An injected failure for this call of `name`, if one is due (logged). A device fault
+    /// (507xxx) poisons the calling thread's current device.
     fn injected(&mut self, name: &str, args: &str) -> Option<c_int> {
-        self.injections.take_logged(&mut self.log, name, args)
+        let code = self.injections.take_logged(&mut self.log, name, args)?;
+        if is_sticky(code) {
+            if let Ok(dev) = self.current_device() {
+                self.poisoned.entry(dev).or_insert(code);
+                self.log
+                    .line(&format!("fake_ascend fault {code} poisons device {dev}"));
+            }
+        }
+        Some(code)
+    }
+
+    /// The current device, unless it is poisoned (then its first fault): the gate of every
+    /// runtime call that works on the device.
+    fn usable_device(&self) -> Result<u32, c_int> {
+        let dev = self.current_device()?;
+        match self.poisoned.get(&dev) {
+            Some(&code) => Err(code),
+            None => Ok(dev),
+        }
+    }
+
+    /// Total bytes mapped now.
+    fn mapped_bytes(&self) -> u64 {
+        self.mappings.values().map(|m| m.size).sum()
     }
 
     /// The logical id of user device `user`, if it is visible and exists.
@@ -298,14 +391,12 @@ impl State {
     /// The logical device whose context `ctx` is, while that context is alive.
     fn live_context(&self, ctx: usize) -> Option<u32> {
         let off = ctx.checked_sub(CTX_BASE)?;
-        let gen = u32::try_from(off >> CTX_GEN_SHIFT).ok()?;
-        let slot = off & ((1 << CTX_GEN_SHIFT) - 1);
-        if !slot.is_multiple_of(CTX_STRIDE) {
+        if !off.is_multiple_of(CTX_STRIDE) {
             return None;
         }
-        let dev = u32::try_from(slot / CTX_STRIDE).ok()?;
+        let dev = u32::try_from(off / CTX_STRIDE).ok()?;
         let alive = self.device_refs.get(&dev).copied().unwrap_or(0) > 0;
-        (alive && self.device_gens.get(&dev) == Some(&gen)).then_some(dev)
+        alive.then_some(dev)
     }
 
     /// The device of the calling thread's current context, or CONTEXT_NULL.
@@ -342,9 +433,9 @@ impl State {
         *refs += 1;
         let refs = *refs;
         if refs == 1 {
-            *self.device_gens.entry(dev).or_insert(0) += 1;
+            self.lifecycle.device_opens += 1;
         }
-        set_current_ctx(ctx_of(dev, self.device_gens[&dev]));
+        set_current_ctx(ctx_of(dev));
         self.ret(
             name,
             &format!("{args} logical={dev} refs={refs}"),
@@ -371,9 +462,11 @@ impl State {
         let left = *refs;
         if left == 0 {
             self.device_refs.remove(&dev);
-            if current_ctx() == ctx_of(dev, self.device_gens[&dev]) {
+            self.lifecycle.device_resets += 1;
+            if current_ctx() == ctx_of(dev) {
                 set_current_ctx(0);
             }
+            self.poisoned.remove(&dev);
             self.release_device_memory(dev);
         }
         self.ret(
@@ -466,7 +559,7 @@ impl State {
         if let Some(code) = self.injected(name, &args) {
             return code;
         }
-        let device = match self.current_device() {
+        let device = match self.usable_device() {
             Ok(d) => d,
             Err(code) => return self.ret(name, &args, code),
         };
@@ -494,7 +587,7 @@ impl State {
         if let Some(code) = self.injected(name, &args) {
             return code;
         }
-        let device = match self.current_device() {
+        let device = match self.usable_device() {
             Ok(d) => d,
             Err(code) => return self.ret(name, &args, code),
         };
@@ -538,7 +631,7 @@ impl State {
         if let Some(code) = self.injected(name, &args) {
             return code;
         }
-        let device = match self.current_device() {
+        let device = match self.usable_device() {
             Ok(d) => d,
             Err(code) => return self.ret(name, &args, code),
         };
@@ -580,7 +673,7 @@ impl State {
         if let Some(code) = self.injected(name, &args) {
             return code;
         }
-        let device = match self.current_device() {
+        let device = match self.usable_device() {
             Ok(d) => d,
             Err(code) => return self.ret(name, &args, code),
         };
@@ -626,6 +719,11 @@ mod tests {
         assert_eq!(parse_visible("4,5,9,7", 8), [4, 5]);
         assert!(parse_visible("2,5,3", 8).is_empty());
         assert!(parse_visible("4, 5", 8) == [4]);
+        assert_eq!(
+            parse_visible("4,5x", 8),
+            [4, 5],
+            "trailing characters are ignored"
+        );
         assert!(parse_visible("", 8).is_empty());
         assert_eq!(parse_addresses("host"), Some(AddressMode::Host));
     }

@@ -11,6 +11,11 @@ use crate::{
     ACL_SUCCESS,
 };
 
+extern "C" {
+    /// From the fake's load-time dependency, `libc_sec.so` (see `build.rs`).
+    fn fake_c_sec_version() -> c_int;
+}
+
 /// Runs an `acl*` call when ACL is initialized; logs UNINITIALIZE otherwise.
 fn acl<R: From<c_int>>(name: &str, args: &str, f: impl FnOnce(&mut State) -> R) -> R {
     with_state(|st| {
@@ -33,8 +38,14 @@ pub unsafe extern "C" fn aclInit(config_path: *const c_char) -> c_int {
         if let Some(code) = st.injected("aclInit", &args) {
             return code;
         }
+        // SAFETY: `int fake_c_sec_version(void)`, no arguments; the library is a load-time
+        // dependency, so it is loaded whenever this code runs.
+        if unsafe { fake_c_sec_version() } != 1 {
+            return st.ret("aclInit", &args, ACL_ERROR_INVALID_PARAM);
+        }
         st.acl_refs += 1;
         let code = if st.acl_refs == 1 {
+            st.lifecycle.acl_inits += 1;
             ACL_SUCCESS
         } else {
             ACL_ERROR_REPEAT_INITIALIZE
@@ -55,6 +66,7 @@ pub extern "C" fn aclFinalize() -> c_int {
             return st.ret("aclFinalize", "-", ACL_ERROR_REPEAT_FINALIZE);
         }
         let dropped = std::mem::take(&mut st.acl_refs);
+        st.lifecycle.finalizes += 1;
         st.ret("aclFinalize", &format!("dropped={dropped}"), ACL_SUCCESS)
     })
 }
@@ -73,6 +85,9 @@ pub unsafe extern "C" fn aclFinalizeReference(ref_count: *mut u64) -> c_int {
             return st.ret("aclFinalizeReference", "-", ACL_ERROR_REPEAT_FINALIZE);
         }
         st.acl_refs -= 1;
+        if st.acl_refs == 0 {
+            st.lifecycle.finalizes += 1;
+        }
         if !ref_count.is_null() {
             // SAFETY: non-null and, per the caller, valid for this write.
             unsafe { *ref_count = st.acl_refs };

@@ -184,6 +184,35 @@ pub extern "C" fn fake_cuda_live_events() -> u64 {
     exec::lock().events.len() as u64
 }
 
+/// Lifecycle events so far and their modeled cost: writes `[inits, context creations, context
+/// destructions]` into `out` (when not null) and returns the modeled nanoseconds.
+///
+/// # Safety
+/// `out` must be null or valid for writes of three `u64`.
+#[no_mangle]
+pub unsafe extern "C" fn fake_cuda_lifecycle(out: *mut u64) -> u64 {
+    with_state(|st| {
+        let l = st.lifecycle;
+        if !out.is_null() {
+            let v = [l.inits, l.ctx_creates, l.ctx_destroys];
+            // SAFETY: non-null and, per the caller, valid for three `u64` writes.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, 3) };
+        }
+        l.ns()
+    })
+}
+
+/// Sets the host page size registrations are counted in (a power of two); returns 0, or -1 for
+/// an invalid size.
+#[no_mangle]
+pub extern "C" fn fake_cuda_set_host_page(bytes: u64) -> c_int {
+    if !bytes.is_power_of_two() {
+        return -1;
+    }
+    with_state(|st| st.host_page = bytes);
+    0
+}
+
 /// The sticky error of `dev`'s primary context, or 0 when it is healthy (or `dev` is invalid).
 #[no_mangle]
 pub extern "C" fn fake_cuda_poisoned(dev: c_int) -> c_int {

@@ -61,6 +61,16 @@
 //!   release their object, so a driver's cleanup path leaves nothing behind. `cuCtxGetCurrent`,
 //!   `cuCtxSetCurrent` and `cuDevicePrimaryCtxRelease_v2` keep working; when the retain count
 //!   drops to 0 the poison is cleared (the next retain makes a fresh context).
+//!   An injected sticky code (700, 702, 710, 714-719) on a call made with an active current
+//!   context poisons that context too, as a fault the call reported would.
+//! * **Pinning granularity.** The driver page-locks whole host pages: a registration covers
+//!   every page its range touches (`FAKE_CUDA_HOST_PAGE`, default 4096), and one that shares a
+//!   page with another registration is refused (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), as
+//!   two mirrors within one 64 KiB page are on a 64 KiB-page host.
+//! * **Lifecycle costs.** Nothing sleeps, but the expensive lifecycle events are counted and
+//!   priced (`fake_cuda_lifecycle`): the first `cuInit`, a primary context's creation (its first
+//!   retain) and its destruction (the last release). The prices are assumed orders of magnitude;
+//!   what a benchmark compares is how many of each event a workload causes.
 //! * **NVRTC** ([`nvrtc`]). "Compiling" finds the `extern "C" __global__` entries of the source
 //!   and counts their parameters; `#error` fails the compile with its message in the log; the
 //!   output is a module image for `cuModuleLoadData`. A CUBIN exists only for a real `sm_NN`
@@ -186,6 +196,33 @@ const DEFAULT_DEVICES: c_int = 2;
 const DEFAULT_CC: (c_int, c_int) = (9, 0);
 /// Launch latency when `FAKE_CUDA_STREAM_LATENCY_US` is unset.
 const DEFAULT_LATENCY_US: u64 = 200;
+/// Host page size when `FAKE_CUDA_HOST_PAGE` is unset.
+const DEFAULT_HOST_PAGE: u64 = 4096;
+
+/// Modeled lifecycle costs in nanoseconds (assumed, see the module docs): the first `cuInit`,
+/// a primary context's creation and its destruction.
+const INIT_NS: u64 = 100_000_000;
+const CTX_CREATE_NS: u64 = 200_000_000;
+const CTX_DESTROY_NS: u64 = 50_000_000;
+
+/// Lifecycle events (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+struct Lifecycle {
+    inits: u64,
+    ctx_creates: u64,
+    ctx_destroys: u64,
+}
+
+impl Lifecycle {
+    fn ns(&self) -> u64 {
+        self.inits * INIT_NS + self.ctx_creates * CTX_CREATE_NS + self.ctx_destroys * CTX_DESTROY_NS
+    }
+}
+
+/// Whether `code` is a sticky device fault (the context is unusable after it).
+fn is_sticky(code: CUresult) -> bool {
+    matches!(code, 700 | 702 | 710 | 714..=719)
+}
 
 /// Bases of the opaque handles of each kind (never dereferenced, never reused).
 const STREAM_BASE: usize = 0x5700_0000_0000;
@@ -254,6 +291,9 @@ struct State {
     injections: Injections,
     log: CallLog,
     violations: u64,
+    /// The host page size registrations are counted in.
+    host_page: u64,
+    lifecycle: Lifecycle,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -278,6 +318,8 @@ impl State {
             injections: Injections::default(),
             log: CallLog::default(),
             violations: 0,
+            host_page: DEFAULT_HOST_PAGE,
+            lifecycle: Lifecycle::default(),
         };
         st.apply_env();
         st
@@ -317,6 +359,13 @@ impl State {
             }
         }
         exec::set_latency_us(latency);
+        self.host_page = DEFAULT_HOST_PAGE;
+        if let Ok(v) = std::env::var("FAKE_CUDA_HOST_PAGE") {
+            match v.trim().parse::<u64>() {
+                Ok(p) if p.is_power_of_two() => self.host_page = p,
+                _ => self.config_error(&format!("FAKE_CUDA_HOST_PAGE={v:?}")),
+            }
+        }
         if let Ok(v) = std::env::var("FAKE_CUDA_INJECT") {
             for item in self.injections.parse(&v) {
                 self.config_error(&format!("FAKE_CUDA_INJECT item {item:?}"));
@@ -339,6 +388,13 @@ impl State {
     /// cannot call the driver), else `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (logged).
     fn gate(&mut self, name: &str, args: &str) -> Option<CUresult> {
         if let Some(code) = self.injections.take_logged(&mut self.log, name, args) {
+            if is_sticky(code) {
+                if let Some(dev) = self.active_device(current_ctx()) {
+                    self.poison.entry(dev).or_insert(code);
+                    self.log
+                        .line(&format!("fake_cuda fault {code} poisons device {dev}"));
+                }
+            }
             return Some(code);
         }
         if name != "cuGetErrorName" && exec::on_executor() {

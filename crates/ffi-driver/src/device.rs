@@ -297,4 +297,8 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Frees every live allocation (removing its mappings first) and reports what it found.
     fn close(&self) -> CloseReport;
+
+    /// Whether the device was closed and refuses every call since (the vendor drivers after
+    /// [`Device::close`]; sim stays usable, its memory being the process's own).
+    fn closed(&self) -> bool;
 }

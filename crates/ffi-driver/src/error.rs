@@ -98,6 +98,10 @@ pub mod codes {
     pub const UNINIT: i64 = 9;
     pub const NOT_EXIST: i64 = 11;
     pub const BUSY: i64 = 13;
+    pub const NO_RESOURCES: i64 = 14;
+    pub const OVER_LIMIT: i64 = 37;
+    pub const MALLOC_FAIL: i64 = 40;
+    pub const OPER_NOT_PERMITTED: i64 = 46;
     pub const BAD_ADDRESS: i64 = 79;
     pub const NOT_SUPPORT: i64 = 0xfffe;
 

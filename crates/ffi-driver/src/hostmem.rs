@@ -8,7 +8,13 @@
 //! numpy (see [`HostMem::owned_addr`]) take the responsibility that a DMA engine would.
 //!
 //! A foreign block (a vendor mapping) can be revoked: after [`HostMem::revoke`] every access fails,
-//! so a mapping torn down by `unmap_host` is never dereferenced again.
+//! so a mapping torn down by `unmap_host` is never dereferenced again. A foreign block is also
+//! refused in a forked child of the process that mapped it (`crate::fork`): the child inherits
+//! the mapping, and a write through it would land in the parent's device memory.
+//!
+//! Owned blocks are 4 KiB-aligned; a block a driver page-locks (a CUDA mirror) is laid out in
+//! whole host pages ([`HostMem::with_page`]), so it never shares a page with another one; on a
+//! 64 KiB-page host the page is 64 KiB.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -31,13 +37,25 @@ pub enum HostMemError {
     Revoked,
     #[error("cannot allocate {0} bytes of host memory")]
     Alloc(usize),
+    /// A foreign block (a vendor mapping) accessed in a forked child of the process that mapped
+    /// it.
+    #[error("host mapping refused: {0}")]
+    Forked(String),
+}
+
+/// The host's page size (`sysconf(_SC_PAGESIZE)`), at least 4 KiB.
+pub fn host_page_size() -> usize {
+    // SAFETY: `sysconf` reads a system constant; no pointers.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).unwrap_or(ALIGN).max(ALIGN)
 }
 
 enum Origin {
     /// Allocated here with this layout; freed on drop.
     Owned(Layout),
-    /// Memory owned by a vendor driver (a mapping); never freed here.
-    Foreign,
+    /// Memory owned by a vendor driver (a mapping) in the process of this stamp; never freed
+    /// here.
+    Foreign(crate::fork::Stamp),
 }
 
 /// A shared, lockable block of host memory. See the module docs.
@@ -72,11 +90,27 @@ impl std::fmt::Debug for HostMem {
 }
 
 impl HostMem {
-    /// Allocates `len` bytes (at least 1), every byte set to `fill`.
+    /// Allocates `len` bytes (at least 1), every byte set to `fill`, 4 KiB-aligned.
     pub fn new(len: usize, fill: u8) -> Result<HostMem, HostMemError> {
-        let size = len.max(1);
-        let layout = Layout::from_size_align(size, ALIGN).map_err(|_| HostMemError::Alloc(len))?;
-        // SAFETY: `layout` has a non-zero size (at least 1 byte).
+        HostMem::layout(len, fill, ALIGN, len.max(1))
+    }
+
+    /// [`HostMem::new`] on whole pages of `page` bytes (rounded up to a power of two, at least
+    /// 4 KiB): the block starts on a page and [`HostMem::allocated`] (its length rounded up to
+    /// whole pages) is what it occupies, so no other block shares its pages (what a driver that
+    /// page-locks it needs).
+    pub fn with_page(len: usize, fill: u8, page: usize) -> Result<HostMem, HostMemError> {
+        let page = page.max(ALIGN).next_power_of_two();
+        let size = len
+            .max(1)
+            .checked_next_multiple_of(page)
+            .ok_or(HostMemError::Alloc(len))?;
+        HostMem::layout(len, fill, page, size)
+    }
+
+    fn layout(len: usize, fill: u8, align: usize, size: usize) -> Result<HostMem, HostMemError> {
+        let layout = Layout::from_size_align(size, align).map_err(|_| HostMemError::Alloc(len))?;
+        // SAFETY: `layout` has a non-zero size (both callers pass at least 1 byte).
         let raw = unsafe {
             if fill == 0 {
                 alloc::alloc_zeroed(layout)
@@ -106,7 +140,7 @@ impl HostMem {
         HostMem {
             ptr,
             len,
-            origin: Origin::Foreign,
+            origin: Origin::Foreign(crate::fork::Stamp::now()),
             valid: Mutex::new(true),
         }
     }
@@ -126,7 +160,24 @@ impl HostMem {
     pub fn owned_addr(&self) -> Option<usize> {
         match self.origin {
             Origin::Owned(_) => Some(self.ptr.as_ptr() as usize),
-            Origin::Foreign => None,
+            Origin::Foreign(_) => None,
+        }
+    }
+
+    /// The bytes an owned block occupies (its length rounded up to whole pages); a foreign
+    /// block's length.
+    pub fn allocated(&self) -> usize {
+        match self.origin {
+            Origin::Owned(layout) => layout.size(),
+            Origin::Foreign(_) => self.len,
+        }
+    }
+
+    /// Refuses an access to a foreign block from a forked child of the process that mapped it.
+    fn check_process(&self) -> Result<(), HostMemError> {
+        match self.origin {
+            Origin::Foreign(stamp) if stamp.forked() => Err(HostMemError::Forked(stamp.refusal())),
+            _ => Ok(()),
         }
     }
 
@@ -169,13 +220,14 @@ impl HostMem {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, HostMemError> {
         self.check(offset, len)?;
+        self.check_process()?;
         let guard = self.lock();
         if !*guard {
             return Err(HostMemError::Revoked);
         }
         // SAFETY: the range was checked to lie inside the block, the block is valid (owned, or a
-        // foreign mapping not yet revoked, and revocation needs the lock we hold), and no other
-        // Rust access can run while we hold the lock.
+        // foreign mapping of this process not yet revoked, and revocation needs the lock we
+        // hold), and no other Rust access can run while we hold the lock.
         let slice = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
         Ok(f(slice))
     }
@@ -188,6 +240,7 @@ impl HostMem {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, HostMemError> {
         self.check(offset, len)?;
+        self.check_process()?;
         let guard = self.lock();
         if !*guard {
             return Err(HostMemError::Revoked);
@@ -245,6 +298,32 @@ mod tests {
             Err(HostMemError::OutOfRange { .. })
         ));
         assert_eq!(m.owned_addr().unwrap() % ALIGN, 0);
+        assert_eq!(m.allocated(), 16);
+    }
+
+    #[test]
+    fn blocks_cover_whole_pages_of_the_page_size_given() {
+        let page = 64 << 10;
+        let (a, b) = (
+            HostMem::with_page(100, 0, page).unwrap(),
+            HostMem::with_page(page + 1, 0, page).unwrap(),
+        );
+        for (m, pages) in [(&a, 1), (&b, 2)] {
+            assert_eq!(m.owned_addr().unwrap() % page, 0);
+            assert_eq!(m.allocated(), pages * page);
+        }
+        // Two blocks never share a page.
+        let (x, y) = (a.owned_addr().unwrap(), b.owned_addr().unwrap());
+        assert!(x + a.allocated() <= y || y + b.allocated() <= x);
+        // A page size that is not a power of two is rounded up to one.
+        assert_eq!(
+            HostMem::with_page(1, 0, 3 << 12).unwrap().allocated(),
+            16 << 10
+        );
+        assert_eq!(
+            HostMem::with_page(usize::MAX, 0, page).unwrap_err(),
+            HostMemError::Alloc(usize::MAX)
+        );
     }
 
     #[test]

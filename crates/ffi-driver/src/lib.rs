@@ -14,6 +14,7 @@ pub mod capsule;
 pub mod cuda;
 mod device;
 mod error;
+pub mod fork;
 mod host;
 mod hostmem;
 mod ledger;
@@ -21,6 +22,7 @@ mod loader;
 pub mod model;
 pub mod nvrtc;
 mod open;
+mod sessions;
 pub mod sim;
 
 pub use device::{
@@ -28,11 +30,12 @@ pub use device::{
 };
 pub use error::{codes, DeviceError, Op, Status};
 pub use host::python_finalizing;
-pub use hostmem::{HostMem, HostMemError};
+pub use hostmem::{host_page_size, HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
 pub use model::CostModel;
 pub use open::{open_device, DeviceSpec, OpenError, PLATFORMS};
+pub use sessions::{release_sessions, release_sessions_of, session_counts, ReleaseReport};
 
 /// The byte that never-written memory holds: the sim fills fresh allocations with it, and the
 /// runtime fills staged outputs and scratch tensors with it at the start of every run (a host

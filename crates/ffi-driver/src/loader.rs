@@ -13,6 +13,14 @@
 //! first asks the loader for a library of that name that is already resident (`RTLD_NOLOAD`),
 //! which matches by the soname real vendor libraries carry.
 //!
+//! Vendor libraries built without an RPATH (CANN's) name their dependencies by soname only
+//! (`libc_sec.so`, `libmmpa.so`, ...), which the dynamic loader looks for on `LD_LIBRARY_PATH`,
+//! read once at process start. When opening a library fails on a missing dependency,
+//! [`open_first_with`] looks for that dependency in the folders the backend names (the
+//! library's own folder first, then the vendor's install folders), loads it by absolute path
+//! (a dependency already loaded satisfies the library's by soname) and tries again; when the
+//! dependency is nowhere to be found, the error names it and the fix.
+//!
 //! Function tables are declared with [`vendor_fns!`]: one list of symbol names generates the
 //! struct of function pointers, its loader and the table of call names used in errors, so the
 //! three cannot drift apart.
@@ -157,6 +165,17 @@ pub(crate) fn open_first(
     paths: &[PathBuf],
     hint: &str,
 ) -> Result<VendorLib, LoadError> {
+    open_first_with(name, paths, hint, &[])
+}
+
+/// [`open_first`], preloading a missing dependency of a candidate from the candidate's own
+/// folder or from `dep_dirs` (see the module docs).
+pub(crate) fn open_first_with(
+    name: &'static str,
+    paths: &[PathBuf],
+    hint: &str,
+    dep_dirs: &[PathBuf],
+) -> Result<VendorLib, LoadError> {
     let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
     let resident = PathBuf::from(format!("{name} (already loaded in this process)"));
     let mut tried = Vec::new();
@@ -188,7 +207,7 @@ pub(crate) fn open_first(
                 lib,
             });
         }
-        match open_one(path) {
+        match open_with_deps(path, dep_dirs, &mut opened) {
             Ok(lib) => {
                 let text: &'static str = Box::leak(path.display().to_string().into_boxed_str());
                 opened.push((path.clone(), lib, text));
@@ -209,6 +228,80 @@ pub(crate) fn open_first(
         tried,
         hint: hint.to_string(),
     })
+}
+
+/// The dependency a loader error says is missing (`"libx.so: cannot open shared object file:
+/// ..."`, a bare soname), if that is the error.
+fn missing_dependency(error: &str) -> Option<&str> {
+    let (head, _) = error.split_once(": cannot open shared object file")?;
+    let name = head.rsplit(' ').next()?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+/// How many dependencies one library may pull in by preloading (a chain, not a cycle, is
+/// what a vendor installation has).
+const MAX_PRELOADS: usize = 32;
+
+/// Opens `path`; while that fails on a missing dependency found in the library's folder or in
+/// `dep_dirs`, loads the dependency by absolute path (recorded in `opened`) and tries again.
+/// A dependency found nowhere is an error naming it, the folders searched and the fix.
+fn open_with_deps(
+    path: &Path,
+    dep_dirs: &[PathBuf],
+    opened: &mut Opened,
+) -> Result<&'static Library, String> {
+    open_preloading(path, dep_dirs, opened, &mut Vec::new())
+}
+
+/// [`open_with_deps`]; `chain` holds the dependencies being preloaded, across the recursion
+/// (a dependency of a dependency is preloaded the same way), so that a cycle or a dependency
+/// that still does not satisfy its name ends in an error, never in a loop.
+fn open_preloading(
+    path: &Path,
+    dep_dirs: &[PathBuf],
+    opened: &mut Opened,
+    chain: &mut Vec<String>,
+) -> Result<&'static Library, String> {
+    let mut dirs: Vec<PathBuf> = path.parent().map(Path::to_path_buf).into_iter().collect();
+    dirs.extend(dep_dirs.iter().cloned());
+    dirs.retain(|d| !d.as_os_str().is_empty());
+    let own_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    loop {
+        let error = match open_one(path) {
+            Ok(lib) => return Ok(lib),
+            Err(e) => e,
+        };
+        // A bare name that is itself missing is not a dependency.
+        let dep = match missing_dependency(&error) {
+            Some(dep) if Some(dep) != own_name.as_deref() => dep.to_string(),
+            _ => return Err(error),
+        };
+        let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let Some(file) = dirs.iter().map(|d| d.join(&dep)).find(|p| p.exists()) else {
+            return Err(format!(
+                "{error}; {dep} is not in {} either. The vendor's libraries carry no RPATH: \
+                 source the toolkit's set_env.sh before starting Python, or start it with \
+                 LD_LIBRARY_PATH={}:$LD_LIBRARY_PATH (the loader reads LD_LIBRARY_PATH once, at \
+                 process start)",
+                searched.join(", "),
+                searched.join(":")
+            ));
+        };
+        if chain.contains(&dep) || chain.len() >= MAX_PRELOADS {
+            return Err(format!(
+                "{error}; preloading {} did not satisfy it (its soname is not {dep}?), or the \
+                 dependencies form a cycle ({})",
+                file.display(),
+                chain.join(" -> ")
+            ));
+        }
+        chain.push(dep);
+        let lib = open_preloading(&file, dep_dirs, opened, chain)
+            .map_err(|e| format!("{error}; preloading {} failed: {e}", file.display()))?;
+        log::debug!("preloaded {} for {}", file.display(), path.display());
+        let text: &'static str = Box::leak(file.display().to_string().into_boxed_str());
+        opened.push((file, lib, text));
+    }
 }
 
 fn open_one(path: &Path) -> Result<&'static Library, String> {
@@ -398,6 +491,18 @@ mod tests {
         assert!(f.missing.is_none());
         assert_eq!(LibcFns::NAMES.getpid, "getpid");
         assert_eq!(LibcFns::SYMBOLS, ["getpid", "simpler_no_such_symbol"]);
+    }
+
+    #[test]
+    fn a_missing_dependency_is_read_from_the_loaders_error() {
+        let e = "/opt/x/libascendcl.so: libc_sec.so: cannot open shared object file: No such file";
+        assert_eq!(missing_dependency(e), Some("libc_sec.so"));
+        let e = "libmmpa.so: cannot open shared object file: No such file or directory";
+        assert_eq!(missing_dependency(e), Some("libmmpa.so"));
+        // The library itself missing (a path) is not a dependency.
+        let e = "/opt/x/libascendcl.so: cannot open shared object file: No such file";
+        assert_eq!(missing_dependency(e), None);
+        assert_eq!(missing_dependency("undefined symbol: foo"), None);
     }
 
     #[test]

@@ -133,12 +133,20 @@ fn open_vendor(platform: &str, spec: &DeviceSpec) -> Result<Arc<dyn Device>, Ope
         if let Some(p) = spec.malloc_policy.as_deref().and_then(MallocPolicy::parse) {
             cfg.malloc_policy = p;
         }
-        Ok(Arc::new(AscendDevice::open(cfg).map_err(unavailable)?))
+        let dev = AscendDevice::open(cfg).map_err(unavailable)?;
+        let key = dev.session_key();
+        let dev: Arc<dyn Device> = Arc::new(dev);
+        crate::sessions::track(key, &dev);
+        Ok(dev)
     } else {
         let cfg = CudaConfig {
             device_id,
             ..CudaConfig::default()
         };
-        Ok(Arc::new(CudaDevice::open(cfg).map_err(unavailable)?))
+        let dev = CudaDevice::open(cfg).map_err(unavailable)?;
+        let key = dev.session_key();
+        let dev: Arc<dyn Device> = Arc::new(dev);
+        crate::sessions::track(key, &dev);
+        Ok(dev)
     }
 }

@@ -282,7 +282,10 @@ fn every_unregister_precedes_the_matching_free() {
         (fake.count("live_allocations"), fake.count("live_mappings")),
         (0, 0)
     );
-    // Close gave back the device reference it took at open.
+    // Close left the process's session (the device reference) to the next worker; releasing
+    // the sessions gives it back, once.
+    assert!(fake.calls("aclrtResetDevice").is_empty());
+    simpler_driver::release_sessions_of(d.runtime_library());
     assert_eq!(
         fake.calls("aclrtResetDevice"),
         ["aclrtResetDevice 0 logical=0 refs=0 -> 0"]
@@ -479,6 +482,12 @@ fn the_rt_runtime_is_used_where_acl_is_absent() {
         assert_eq!(fake.calls("rtSetDevice").len(), 1);
         assert!(fake.calls("rtMalloc")[0].contains("HugeFirst"));
         assert_eq!(fake.calls("rtFree").len(), 1);
+        assert_eq!(
+            fake.calls("rtDeviceReset").len(),
+            0,
+            "the session outlives close"
+        );
+        simpler_driver::release_sessions_of(d.runtime_library());
         assert_eq!(fake.calls("rtDeviceReset").len(), 1);
         assert_eq!(
             (fake.count("violations"), fake.count("live_allocations")),
@@ -506,12 +515,20 @@ fn the_fake_hal_rejects_double_registration_unaligned_pointers_and_unknown_unreg
             3,
             "unaligned: INVALID_VALUE"
         );
-        // The devid of DEV_SVM_MAP_HOST is not checked (the driver ignores it).
-        assert_eq!(reg(p.0 as *mut c_void, 4096, 2, 77, &mut out), 0);
+        // A registration is keyed by its devid: unregistering under another id finds nothing
+        // and leaves it registered (leaked), as in the driver.
+        assert_eq!(reg(p.0 as *mut c_void, 4096, 2, 7, &mut out), 0);
         assert!(!out.is_null());
         assert_eq!(reg(p.0 as *mut c_void, 16, 2, 0, &mut out), 8, "PARA_ERROR");
-        assert_ne!(unreg((p.0 + 64) as *mut c_void, 0), 0);
-        assert_eq!(unreg(p.0 as *mut c_void, 5), 0);
+        assert_ne!(unreg((p.0 + 64) as *mut c_void, 7), 0);
+        assert_eq!(
+            unreg(p.0 as *mut c_void, 5),
+            11,
+            "NOT_EXIST under another devid"
+        );
+        assert_eq!(fake.count("live_mappings"), 1, "still registered");
+        assert_eq!(unreg(p.0 as *mut c_void, 7), 0);
+        assert_eq!(fake.count("live_mappings"), 0);
     }
     d.free(p).unwrap();
 }

@@ -1,5 +1,6 @@
 //! The Ascend driver's lifecycle as the CANN runtime counts it, against the fake vendor library:
-//! one ACL reference and one device reference per device, given back once; threads bound
+//! one ACL reference and one device reference per device and process (a session every worker on
+//! the device shares), given back once, by the release of the sessions; threads bound
 //! without counting; the caller's context restored; a later ACL user unharmed; HAL error
 //! classes; logical device ids; address reuse.
 
@@ -10,7 +11,12 @@ use std::sync::Arc;
 
 use common::{ascend_config, ascend_standard as standard, ascend_with_links, Fake};
 use simpler_driver::ascend::{AscendConfig, AscendDevice, RuntimeApi, VisibleDevices};
-use simpler_driver::{DevPtr, Device, LoadError, MapGrant, Op};
+use simpler_driver::{DevPtr, Device, LoadError, MapGrant, Op, ReleaseReport};
+
+/// Gives back the sessions of this test's private library (what the exit hook does for all).
+fn release(fake: &Fake) -> ReleaseReport {
+    simpler_driver::release_sessions_of(&fake_lib(fake))
+}
 
 fn open_id(fake: &Fake, device_id: u32) -> AscendDevice {
     AscendDevice::open(AscendConfig {
@@ -119,7 +125,19 @@ fn references_balance_with_workers_on_several_threads_and_devices() {
         0,
         "every call ran on its own device's context"
     );
+    // A second worker on device 0 joins its session: no new reference.
+    let again = open_id(&fake, 0);
+    assert_eq!(refs(&fake), (2, 1, 1));
+    drop(again);
     drop(devs);
+    assert_eq!(
+        refs(&fake),
+        (2, 1, 1),
+        "closing the workers keeps the sessions"
+    );
+    assert!(fake.calls("aclrtResetDevice").is_empty());
+    let r = release(&fake);
+    assert_eq!((r.sessions, r.errors.len()), (2, 0));
     assert_eq!(refs(&fake), (0, 0, 0), "everything given back once");
     assert_eq!(
         fake.count("reset_freed"),
@@ -163,6 +181,8 @@ fn a_thread_switched_to_another_device_still_allocates_on_ours_and_keeps_its_con
     assert_eq!(refs(&fake).2, 1, "their device reference is theirs");
     assert_eq!(other.reset_device(1), 0);
     assert_eq!(other.finalize_reference(), 0);
+    assert_eq!(refs(&fake), (1, 1, 0), "our session's");
+    release(&fake);
     assert_eq!(refs(&fake), (0, 0, 0));
 }
 
@@ -178,6 +198,7 @@ fn a_later_acl_user_survives_our_close() {
     );
     d.free(d.alloc(8).unwrap()).unwrap();
     drop(d);
+    release(&fake);
     assert_eq!(refs(&fake), (1, 0, 0));
     // ACL is still initialized for them.
     assert_eq!(other.set_device(0), 0);
@@ -203,7 +224,7 @@ fn a_failing_set_device_is_an_open_error_that_gives_the_acl_reference_back() {
 }
 
 #[test]
-fn close_gives_everything_back_once_and_the_device_refuses_use_afterwards() {
+fn close_frees_the_workers_memory_and_the_release_gives_the_references_back_once() {
     let fake = standard();
     let d = open_id(&fake, 0);
     let p = d.alloc(4096).unwrap();
@@ -211,10 +232,21 @@ fn close_gives_everything_back_once_and_the_device_refuses_use_afterwards() {
         d.map_host(p, 4096).unwrap(),
         MapGrant::Mapped { .. }
     ));
-    fake.inject("aclrtResetDevice", 1, 507_000);
     let r = d.close();
     assert_eq!((r.leaked_mappings, r.leaked_allocations), (1, 1));
-    // The reset's failure is reported under the device lifecycle, not as a free.
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(
+        refs(&fake),
+        (1, 1, 0),
+        "the session stays for the next worker"
+    );
+    let e = d.alloc(8).unwrap_err();
+    assert!(e.to_string().contains("the device is closed"), "{e}");
+    assert!(!e.called);
+    assert_eq!(d.close(), Default::default(), "close is idempotent");
+    // The reset's failure is reported under the device lifecycle.
+    fake.inject("aclrtResetDevice", 1, 507_000);
+    let r = simpler_driver::release_sessions_of(d.runtime_library());
     assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
     let e = &r.errors[0];
     assert_eq!(
@@ -227,11 +259,39 @@ fn close_gives_everything_back_once_and_the_device_refuses_use_afterwards() {
         "{e}"
     );
     assert_eq!(fake.count("init_count"), 0);
-    let e = d.alloc(8).unwrap_err();
-    assert!(e.to_string().contains("the device is closed"), "{e}");
-    assert!(!e.called);
-    assert_eq!(d.close(), Default::default(), "close is idempotent");
     assert_eq!(fake.calls("aclrtResetDevice").len(), 1);
+    let r = simpler_driver::release_sessions_of(d.runtime_library());
+    assert_eq!((r.sessions, r.errors.len()), (0, 0), "released once");
+    assert_eq!(fake.calls("aclrtResetDevice").len(), 1);
+}
+
+#[test]
+fn ten_workers_opened_and_closed_in_a_row_cost_one_device_open() {
+    let fake = standard();
+    for _ in 0..10 {
+        let d = open_id(&fake, 0);
+        d.free(d.alloc(64).unwrap()).unwrap();
+        d.close();
+    }
+    let mut events = [0u64; 4];
+    // SAFETY: `fake_ascend_lifecycle(uint64_t out[4])`; `events` holds four.
+    let ns = unsafe {
+        fake.sym::<unsafe extern "C" fn(*mut u64) -> u64>("fake_ascend_lifecycle")(
+            events.as_mut_ptr(),
+        )
+    };
+    // [ACL inits, device opens, device resets, finalizes]
+    assert_eq!(events, [1, 1, 0, 0], "{:#?}", fake.log());
+    assert_eq!(fake.calls("aclrtSetDevice").len(), 1);
+    release(&fake);
+    let after = unsafe {
+        // SAFETY: as above, with a null `out`.
+        fake.sym::<unsafe extern "C" fn(*mut u64) -> u64>("fake_ascend_lifecycle")(
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(after > ns, "the teardown is priced too");
+    assert_eq!(refs(&fake), (0, 0, 0));
 }
 
 #[test]
@@ -300,10 +360,12 @@ fn the_hal_gets_the_logical_id_the_runtime_translates() {
         fake.calls("halHostUnregister"),
         [format!("halHostUnregister {:#x} devid=5 -> 0", p.0)]
     );
+    let lib = d.runtime_library().to_string();
     drop(d);
 
     // Where the runtime does not translate, the ASCEND_RT_VISIBLE_DEVICES value is read by the
-    // runtime's rules (here: from the config, stopping at the bad entry).
+    // runtime's rules (here: from the config, stopping at the bad entry), by a new session.
+    simpler_driver::release_sessions_of(&lib);
     fake.inject("aclrtGetLogicDevIdByUserDevId", 1, 200_001);
     let d = AscendDevice::open(AscendConfig {
         device_id: 1,
@@ -328,6 +390,13 @@ fn the_hal_gets_the_logical_id_the_runtime_translates() {
             "ACL_ERROR_RT_INVALID_DEVICEID"
         )
     );
+    assert_eq!(
+        refs(&fake),
+        (1, 0, 0),
+        "user device 1's session (logical 5) stays"
+    );
+    assert_eq!(fake.query::<u32, u64>("device_refs", 5), 1);
+    release(&fake);
     assert_eq!(refs(&fake), (0, 0, 0));
 }
 
@@ -346,7 +415,13 @@ fn the_rt_runtime_is_bound_and_counted_the_same_way() {
         !fake.calls("rtCtxSetCurrent").is_empty(),
         "the other thread was bound by context"
     );
+    let lib = d.runtime_library().to_string();
     drop(d);
+    assert!(
+        fake.calls("rtDeviceReset").is_empty(),
+        "the session outlives the worker"
+    );
+    simpler_driver::release_sessions_of(&lib);
     assert_eq!(refs(&fake), (0, 0, 0));
     assert_eq!(fake.calls("rtDeviceReset").len(), 1);
     assert_eq!(fake.count("violations"), 0);
@@ -414,8 +489,11 @@ fn close_frees_before_it_resets_and_revokes_a_mapping_it_could_not_unregister() 
         .map(|c| (c.addr, c.bytes, c.code))
         .collect();
     assert_eq!(unmaps, [(kept.0, 4096, 7)]);
-    // The host side is gone before the device is; the runtime then freed what we could not.
+    // The host side is gone at close; the runtime frees what we could not when the session's
+    // device reference goes.
     assert!(mem.write(0, &[1]).is_err());
+    assert_eq!(fake.count("reset_freed"), 0);
+    simpler_driver::release_sessions_of(d.runtime_library());
     assert_eq!(
         fake.count("reset_freed"),
         1,
@@ -441,6 +519,7 @@ fn close_frees_before_it_resets_and_revokes_a_mapping_it_could_not_unregister() 
     ));
     d.alloc(64).unwrap();
     assert!(d.close().errors.is_empty());
+    release(&fake);
     assert_eq!(
         (fake.count("reset_freed"), fake.count("violations")),
         (0, 0)
@@ -464,24 +543,38 @@ fn a_failed_open_leaves_the_callers_context_current() {
     assert_eq!(other.finalize_reference(), 0);
 }
 
-#[test]
-fn a_thread_left_on_a_closed_devices_context_works_with_a_reopened_one() {
-    let fake = standard();
-    let d = Arc::new(open_id(&fake, 0));
+/// Runs `f` on a thread of its own that keeps running between calls (a worker thread of the
+/// user's), one call per message, and returns the sender; `None` ends it.
+fn bound_thread() -> (
+    std::sync::mpsc::Sender<Option<Arc<AscendDevice>>>,
+    std::sync::mpsc::Receiver<()>,
+    std::thread::JoinHandle<()>,
+) {
     let (go, wait) = std::sync::mpsc::channel::<Option<Arc<AscendDevice>>>();
     let (done, finished) = std::sync::mpsc::channel();
-    // A thread that never bound a context keeps the worker's after a call (the runtime has no
-    // "unbind"); after the device closes and opens again, that thread holds a dead context.
     let t = std::thread::spawn(move || {
         while let Ok(Some(d)) = wait.recv() {
             let p = d.alloc(64).unwrap();
             d.free(p).unwrap();
+            drop(d); // before the test goes on (a session is kept while a worker is open)
             done.send(()).unwrap();
         }
     });
+    (go, finished, t)
+}
+
+#[test]
+fn a_thread_left_on_a_given_back_context_works_with_a_reopened_device() {
+    let fake = standard();
+    let d = Arc::new(open_id(&fake, 0));
+    // A thread that never bound a context keeps the worker's after a call (the runtime has no
+    // "unbind"); after the session is given back, that thread holds a dead context, which the
+    // runtime brings back to life (the same object) when the device is set again.
+    let (go, finished, t) = bound_thread();
     go.send(Some(d.clone())).unwrap();
     finished.recv().unwrap();
     drop(d);
+    release(&fake);
     let d2 = Arc::new(open_id(&fake, 0));
     go.send(Some(d2.clone())).unwrap();
     finished.recv().unwrap();
@@ -489,7 +582,43 @@ fn a_thread_left_on_a_closed_devices_context_works_with_a_reopened_one() {
     t.join().unwrap();
     assert_eq!(fake.count("violations"), 0);
     drop(d2);
+    release(&fake);
     assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn a_context_given_back_is_never_restored() {
+    let fake = standard();
+    let d0 = Arc::new(open_id(&fake, 0));
+    let (go, finished, t) = bound_thread();
+    go.send(Some(d0.clone())).unwrap();
+    finished.recv().unwrap();
+    drop(d0);
+    // The thread is left on device 0's context; giving the session back resets that device.
+    release(&fake);
+    let dead = fake.log().len();
+    // Another device's worker, called from that thread: its context is bound, and the dead one
+    // is not made current again afterwards (restoring a reset device's context is forbidden).
+    let d1 = Arc::new(open_id(&fake, 1));
+    go.send(Some(d1.clone())).unwrap();
+    finished.recv().unwrap();
+    go.send(None).unwrap();
+    t.join().unwrap();
+    let sets: Vec<String> = fake.log()[dead..]
+        .iter()
+        .filter(|l| l.starts_with("aclrtSetCurrentContext"))
+        .cloned()
+        .collect();
+    assert_eq!(sets.len(), 1, "bound once, never restored: {sets:#?}");
+    assert!(sets[0].ends_with("-> 0"), "{sets:#?}");
+    drop(d1);
+    release(&fake);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+/// Where this test's runtime library was opened from (its sessions' key).
+fn fake_lib(fake: &Fake) -> String {
+    fake.dir.join("libascendcl.so").display().to_string()
 }
 
 #[test]
@@ -515,4 +644,64 @@ fn a_failed_context_bind_names_the_address_and_size() {
     let e = d.alloc(64).unwrap_err();
     assert_eq!((e.addr, e.bytes), (None, Some(64)), "{e}");
     d.free(p).unwrap();
+}
+
+#[test]
+fn a_device_fault_poisons_every_worker_on_the_device_until_the_last_one_closes() {
+    let fake = standard();
+    let (a, b) = (open_id(&fake, 0), open_id(&fake, 0));
+    let p = a.alloc(4096).unwrap();
+    let q = b.alloc(4096).unwrap();
+    // An AI Core exception reported by a copy: the fake poisons the device, as the runtime does.
+    fake.inject("aclrtMemcpy", 1, 507_015);
+    let e = a.copy_h2d(p, &[1; 64]).unwrap_err();
+    assert_eq!((e.code, e.called), (507_015, true), "{e}");
+    assert_eq!(fake.query::<u32, c_int>("poisoned", 0), 507_015);
+    // Every later call of every worker on the device is refused, naming the first fault.
+    let e = b.copy_h2d(q, &[1; 64]).unwrap_err();
+    assert!(!e.called && e.code == 507_015, "{e}");
+    assert!(e.to_string().contains("aclrtMemcpy reported"), "{e}");
+    let r = a.close();
+    assert_eq!(r.errors.len(), 1, "one summary: {:?}", r.errors);
+    assert!(
+        r.errors[0]
+            .to_string()
+            .contains("after the device fault aclrtMemcpy reported"),
+        "{}",
+        r.errors[0]
+    );
+    assert_eq!(refs(&fake), (1, 1, 0), "b still holds the session");
+    b.close();
+    // The last close gave the faulted session back: the device was reset, its fault cleared,
+    // and what the failed frees left was freed by the reset.
+    assert_eq!(refs(&fake), (0, 0, 0));
+    assert_eq!(fake.query::<u32, c_int>("poisoned", 0), 0);
+    assert_eq!(fake.count("reset_freed"), 2);
+    let c = open_id(&fake, 0);
+    c.free(c.alloc(64).unwrap()).unwrap();
+    drop(c);
+    release(&fake);
+    assert_eq!(refs(&fake), (0, 0, 0));
+}
+
+#[test]
+fn a_session_is_never_given_back_under_an_open_device() {
+    let fake = standard();
+    let d = open_id(&fake, 0);
+    let p = d.alloc(4096).unwrap();
+    // The device was opened directly (not through open_device): the release cannot close it,
+    // so it keeps the session and says why.
+    let r = release(&fake);
+    assert_eq!(r.sessions, 0);
+    assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+    assert!(
+        r.errors[0].to_string().contains("close them first"),
+        "{}",
+        r.errors[0]
+    );
+    assert_eq!(refs(&fake), (1, 1, 0));
+    d.copy_h2d(p, &[3; 64]).unwrap();
+    d.close();
+    assert_eq!(release(&fake).sessions, 1);
+    assert_eq!(refs(&fake), (0, 0, 0));
 }

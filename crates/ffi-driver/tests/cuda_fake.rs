@@ -34,9 +34,14 @@ fn open_id(fake: &Fake, device_id: u32) -> CudaDevice {
     CudaDevice::open(CudaConfig {
         device_id,
         lib_path: Some(fake.dir.join("libcuda.so.1")),
-        pin_mirrors: None,
+        ..CudaConfig::default()
     })
     .unwrap()
+}
+
+/// Gives back the sessions of this test's private library (what the exit hook does for all).
+fn release_sessions(fake: &Fake) -> simpler_driver::ReleaseReport {
+    simpler_driver::release_sessions_of(&fake.dir.join("libcuda.so.1").display().to_string())
 }
 
 fn retains(fake: &Fake, dev: c_int) -> i64 {
@@ -130,7 +135,17 @@ fn one_primary_context_reference_per_device_across_threads_and_devices() {
         "every call ran in its own device's context"
     );
     assert_eq!((retains(&fake, 0), retains(&fake, 1)), (1, 1));
+    // Another worker on device 0 joins the process's session: no second retain.
+    let again = open_id(&fake, 0);
+    assert_eq!((retains(&fake, 0), retains(&fake, 1)), (1, 1));
+    drop(again);
     drop(devs);
+    assert_eq!(
+        (retains(&fake, 0), retains(&fake, 1)),
+        (1, 1),
+        "the sessions outlive the workers"
+    );
+    release_sessions(&fake);
     assert_eq!((retains(&fake, 0), retains(&fake, 1)), (0, 0));
     assert_eq!(fake.calls("cuDevicePrimaryCtxRelease_v2").len(), 2);
 }
@@ -175,6 +190,7 @@ fn the_callers_context_is_restored_after_every_call() {
     assert_eq!(current(&fake), theirs);
     assert_eq!(fake.count("violations"), 0);
     drop(d);
+    release_sessions(&fake);
     assert_eq!(
         (retains(&fake, 0), retains(&fake, 1)),
         (0, 1),
@@ -251,18 +267,152 @@ fn a_mirror_close_cannot_unregister_is_leaked_never_freed() {
 }
 
 #[test]
-fn close_releases_once_and_the_device_refuses_use_afterwards() {
+fn close_frees_and_the_release_gives_the_context_back_once() {
     let fake = fake();
     let d = open_id(&fake, 0);
     let _p = d.alloc(64).unwrap();
     let r = d.close();
     assert_eq!((r.leaked_allocations, r.leaked_bytes), (1, 64));
-    assert_eq!(retains(&fake, 0), 0);
+    assert_eq!(
+        retains(&fake, 0),
+        1,
+        "the session stays for the next worker"
+    );
     let e = d.alloc(8).unwrap_err();
     assert!(e.to_string().contains("the device is closed"), "{e}");
     assert_eq!(d.close(), Default::default());
     drop(d);
+    assert!(fake.calls("cuDevicePrimaryCtxRelease_v2").is_empty());
+    assert_eq!(release_sessions(&fake).sessions, 1);
+    assert_eq!(release_sessions(&fake).sessions, 0, "released once");
+    assert_eq!(retains(&fake, 0), 0);
     assert_eq!(fake.calls("cuDevicePrimaryCtxRelease_v2").len(), 1);
+}
+
+#[test]
+fn ten_workers_in_a_row_create_one_context_and_a_sticky_fault_resets_it() {
+    let fake = fake();
+    let lifecycle = |fake: &Fake| {
+        let mut v = [0u64; 3];
+        // SAFETY: `fake_cuda_lifecycle(uint64_t out[3])`; `v` holds three.
+        let ns = unsafe {
+            fake.sym::<unsafe extern "C" fn(*mut u64) -> u64>("fake_cuda_lifecycle")(v.as_mut_ptr())
+        };
+        (v, ns)
+    };
+    for _ in 0..10 {
+        let d = open_id(&fake, 0);
+        d.free(d.alloc(64).unwrap()).unwrap();
+        d.close();
+    }
+    // [inits, context creations, context destructions]
+    assert_eq!(lifecycle(&fake).0, [1, 1, 0]);
+    // A sticky fault (here injected into the fake's cuMemAlloc_v2) poisons the context for
+    // every worker on the device; every later call names the first fault.
+    let (a, b) = (open_id(&fake, 0), open_id(&fake, 0));
+    fake.inject("cuMemAlloc_v2", 1, 700);
+    let e = a.alloc(64).unwrap_err();
+    assert_eq!((e.code, e.called), (700, true), "{e}");
+    assert_eq!(fake.query::<c_int, c_int>("poisoned", 0), 700);
+    let e = b.alloc(64).unwrap_err();
+    assert!(!e.called && e.code == 700, "{e}");
+    assert!(e.to_string().contains("cuMemAlloc_v2 reported"), "{e}");
+    // A new worker is not handed the poisoned context.
+    let e = CudaDevice::open(CudaConfig {
+        lib_path: Some(fake.dir.join("libcuda.so.1")),
+        ..CudaConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("sticky fault cuMemAlloc_v2 reported (code 700)"),
+        "{e}"
+    );
+    assert!(e.contains("close the 2 worker(s)"), "{e}");
+    a.close();
+    assert_eq!(retains(&fake, 0), 1, "b still holds the session");
+    b.close();
+    // The last worker's close gave the faulted session back: the context was reset.
+    assert_eq!(retains(&fake, 0), 0);
+    assert_eq!(fake.query::<c_int, c_int>("poisoned", 0), 0);
+    assert_eq!(lifecycle(&fake).0, [1, 1, 1]);
+    let c = open_id(&fake, 0);
+    c.free(c.alloc(64).unwrap()).unwrap();
+    assert_eq!(lifecycle(&fake).0, [1, 2, 1], "a fresh context");
+    drop(c);
+    release_sessions(&fake);
+}
+
+#[test]
+fn mirrors_cover_whole_host_pages_so_two_never_share_a_page_lock() {
+    // A 64 KiB-page host: the driver page-locks whole 64 KiB pages.
+    let fake = fake();
+    // SAFETY: `int fake_cuda_set_host_page(uint64_t)`.
+    let set = unsafe { fake.sym::<extern "C" fn(u64) -> c_int>("fake_cuda_set_host_page") };
+    assert_eq!(set(64 << 10), 0);
+    let open_paged = |page: usize| {
+        CudaDevice::open(CudaConfig {
+            lib_path: Some(fake.dir.join("libcuda.so.1")),
+            host_page: Some(page),
+            ..CudaConfig::default()
+        })
+        .unwrap()
+    };
+    // Two mirrors laid out in 4 KiB pages (the old assumption) may share a 64 KiB page: the
+    // driver refuses to page-lock the second one.
+    type Register = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> c_int;
+    type Unregister = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type Retain = unsafe extern "C" fn(*mut Ctx, c_int) -> c_int;
+    let block = simpler_driver::HostMem::with_page(128 << 10, 0, 64 << 10).unwrap();
+    let base = block.owned_addr().unwrap();
+    // SAFETY: the fake's exports with their `cuda.h` signatures; the registered ranges lie in
+    // `block`, which outlives them (the fake records ranges and never touches the memory);
+    // the primary context retained here is released below.
+    unsafe {
+        let mut ctx: Ctx = std::ptr::null_mut();
+        assert_eq!(fake.sym::<extern "C" fn(c_uint) -> c_int>("cuInit")(0), 0);
+        assert_eq!(
+            fake.sym::<Retain>("cuDevicePrimaryCtxRetain")(&mut ctx, 0),
+            0
+        );
+        assert_eq!(
+            fake.sym::<unsafe extern "C" fn(Ctx) -> c_int>("cuCtxSetCurrent")(ctx),
+            0
+        );
+        let register = fake.sym::<Register>("cuMemHostRegister_v2");
+        let unregister = fake.sym::<Unregister>("cuMemHostUnregister");
+        assert_eq!(register(base as *mut c_void, 100, 0), 0);
+        assert_eq!(
+            register((base + 4096) as *mut c_void, 100, 0),
+            712,
+            "ALREADY_REGISTERED: the same 64 KiB page"
+        );
+        assert_eq!(
+            register((base + (64 << 10)) as *mut c_void, 100, 0),
+            0,
+            "the next page"
+        );
+        assert_eq!(unregister(base as *mut c_void), 0);
+        assert_eq!(unregister((base + (64 << 10)) as *mut c_void), 0);
+        let set = fake.sym::<unsafe extern "C" fn(Ctx) -> c_int>("cuCtxSetCurrent");
+        assert_eq!(set(std::ptr::null_mut()), 0);
+        assert_eq!(
+            fake.sym::<extern "C" fn(c_int) -> c_int>("cuDevicePrimaryCtxRelease_v2")(0),
+            0
+        );
+    }
+    // Laid out in the host's pages, every mirror is registered, each on pages of its own.
+    let paged = open_paged(64 << 10);
+    let ms: Vec<_> = (0..4).map(|_| paged.alloc_mirror(100).unwrap()).collect();
+    let s = paged.stats();
+    assert_eq!((s.pins, s.pinned_bytes), (4, 4 * (64 << 10)));
+    for m in &ms {
+        assert_eq!(m.owned_addr().unwrap() % (64 << 10), 0);
+        paged.free_mirror(m).unwrap();
+    }
+    assert_eq!(paged.stats().pinned_bytes, 0);
+    paged.close();
+    release_sessions(&fake);
 }
 
 #[test]
@@ -1110,6 +1260,7 @@ fn order_stream_makes_another_stream_wait_for_the_workers_stream() {
         assert_eq!(release(0), 0);
     }
     assert_eq!(fake.count("live_streams"), streams0);
+    release_sessions(&fake);
     assert_eq!(retains(&fake, 0), 0);
 }
 

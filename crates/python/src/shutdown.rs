@@ -86,7 +86,9 @@ impl Drop for InPython {
 }
 
 /// The `atexit` hook: marks the exit, then waits (without the GIL, so they can finish) for the
-/// threads in a run's Python code to return to native code, where they park.
+/// threads in a run's Python code to return to native code, where they park; then gives back the
+/// process's vendor sessions (closing the devices still open first), before the interpreter
+/// tears down.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) {
     let _ = EXIT_THREAD.set(thread::current().id());
@@ -97,12 +99,46 @@ pub fn _at_exit(py: Python<'_>) {
         while IN_PYTHON.load(Ordering::Acquire) > 0 && start.elapsed() < EXIT_WAIT {
             thread::sleep(Duration::from_millis(1));
         }
+        for e in simpler_driver::release_sessions().errors {
+            log::warn!("at exit: {e}");
+        }
     });
+    crate::logging::flush(py);
+}
+
+/// Gives back this process's vendor sessions now: closes every ``ascend`` / ``cuda`` worker
+/// still open (its memory and mappings first), then releases each device's references (ACL and
+/// the device on ascend, the primary context on cuda). The exit hook does this on its own;
+/// call it to hand the devices back earlier. A later ``Worker`` opens a new session. Returns
+/// ``{"sessions": n, "closed_workers": k, "errors": [...]}``.
+#[pyfunction]
+pub fn release_sessions(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let r = without_gil(py, simpler_driver::release_sessions);
+    crate::logging::flush(py);
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("sessions", r.sessions)?;
+    d.set_item("closed_workers", r.closed_devices)?;
+    let errors: Vec<String> = r.errors.iter().map(|e| e.to_string()).collect();
+    d.set_item("errors", errors)?;
+    Ok(d)
+}
+
+/// ``{"opened": n, "held": m}``: vendor sessions this process opened so far (each one a device
+/// open on the vendor runtime) and holds now.
+#[pyfunction]
+pub fn session_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let (opened, held) = simpler_driver::session_counts();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("opened", opened)?;
+    d.set_item("held", held)?;
+    Ok(d)
 }
 
 /// Registers [`_at_exit`] with the interpreter's `atexit`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let hook = wrap_pyfunction!(_at_exit, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
+    m.add_function(wrap_pyfunction!(release_sessions, m)?)?;
+    m.add_function(wrap_pyfunction!(session_stats, m)?)?;
     Ok(())
 }

@@ -723,7 +723,11 @@ impl Worker {
         }
         // Nothing enqueued may still use memory this close frees (a run aborted from another
         // thread mid-execute, say).
-        if let Err(e) = self.mem.dev.synchronize() {
+        let drained = match self.mem.dev.closed() {
+            true => Ok(()),
+            false => self.mem.dev.synchronize(),
+        };
+        if let Err(e) = drained {
             log::warn!("close: waiting for the device: {e}");
         }
         self.abort_run();
@@ -736,8 +740,9 @@ impl Worker {
         let sets = self.resident.ids_newest_first();
         s.resident_sets = sets.len() as u64;
         // After a sticky fault no call can free anything: the driver's close gives it all up
-        // with the context, in one report.
-        let faulted = self.mem.dev.fault().is_some();
+        // with the context, in one report. A device closed already (the process's sessions
+        // were released at exit, which closes every device first) has nothing left to free.
+        let faulted = self.mem.dev.fault().is_some() || self.mem.dev.closed();
         for set in sets {
             if faulted {
                 self.resident.forget(set);

@@ -28,6 +28,9 @@
   (``device_launches``, ``device_tasks``, ``host_path_tasks``). On sim the kernel's numpy
   reference runs; on cuda its CUDA code (through the fake libcuda's host implementation when
   that is the driver). Every element is checked afterwards.
+* ``lifecycle`` — ten workers opened and closed in a row on ``--platform`` (ascend or cuda):
+  one shared vendor session against a session given back after every worker, with the fake
+  vendor libraries' modeled lifecycle cost (``simpler.tools.bench_lifecycle``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import numpy as np
 
 from ..testing import fake_cuda
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
+from .bench_lifecycle import bench_lifecycle
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -648,13 +652,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("which", nargs="*", help=f"{', '.join(BENCHES)} (default: all)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
     p.add_argument(
-        "--platform", default="sim", help="platform of the mirrors and launches benchmarks (default sim)"
+        "--platform",
+        default="sim",
+        help="platform of the mirrors, launches and lifecycle benchmarks (default sim)",
     )
     return p
 
 
 #: The benchmarks, by name.
-BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches")
+BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches", "lifecycle")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -671,6 +677,7 @@ def main(argv: list[str] | None = None) -> None:
         "mirrors": lambda quick: bench_mirrors(quick, a.platform),
         "orchestration": bench_orchestration,
         "launches": lambda quick: bench_launches(quick, a.platform),
+        "lifecycle": lambda quick: bench_lifecycle(quick, a.platform),
     }
     for name in a.which or BENCHES:
         benches[name](a.quick)

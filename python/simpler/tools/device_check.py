@@ -51,6 +51,7 @@ platforms (``ascend``, ``sim``) the CUDA-only checks are skipped.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import importlib.util
 import json
@@ -234,6 +235,54 @@ def check_open_close_threads(ctx: Context) -> Figures:
         "open_copy_close_ms_max": round(max(per_cycle) * 1e3, 3),
         "shared_worker_runs": threads * runs,
     }
+
+
+def check_sessions(ctx: Context) -> Figures:
+    """The process's vendor session: 10 workers opened and closed in a row open the device once
+    (timed, against the same 10 with the session given back after each, as every close did
+    before sessions were shared), and the current context of this thread after the session was
+    given back and the device opened again (the same primary context object, or not)."""
+    from ..worker import release_sessions, session_stats
+
+    release_sessions()
+    arms: dict[str, list[float]] = {"shared": [], "per_worker": []}
+    opened: dict[str, int] = {}
+    for _ in range(1 if ctx.quick else 3):
+        for arm in arms:
+            before = session_stats()["opened"]
+            t0 = time.perf_counter()
+            for _ in range(10):
+                with ctx.worker() as w:
+                    w.free(w.malloc(64))
+                if arm == "per_worker":
+                    release_sessions()
+            release_sessions()
+            arms[arm].append(time.perf_counter() - t0)
+            opened[arm] = session_stats()["opened"] - before
+    if opened["shared"] != 1:
+        raise AssertionError(f"10 workers opened {opened['shared']} sessions, not 1")
+    figures: Figures = {
+        "ten_workers_shared_ms": round(median(arms["shared"]) * 1e3, 3),
+        "ten_workers_per_worker_ms": round(median(arms["per_worker"]) * 1e3, 3),
+        "sessions_opened": opened,
+    }
+    if ctx.cuda:
+        lib = ctypes.CDLL(os.environ.get("SIMPLER_CUDA_LIB") or "libcuda.so.1")
+        get = lib.cuCtxGetCurrent
+        get.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        cur = ctypes.c_void_p()
+        seen = []
+        for _ in range(2):
+            with ctx.worker() as w:
+                w.free(w.malloc(64))
+            get(ctypes.byref(cur))
+            seen.append(cur.value or 0)
+            release_sessions()
+        get(ctypes.byref(cur))
+        figures["context_after_close_and_reopen"] = [hex(c) for c in seen]
+        figures["same_context_object"] = seen[0] == seen[1]
+        figures["context_after_release"] = hex(cur.value or 0)
+    return figures
 
 
 def check_copies(ctx: Context) -> Figures:
@@ -717,6 +766,7 @@ def _checks(quick: bool) -> list[tuple[str, Check]]:
         ("driver.mirror_refresh_pinned_vs_pageable", check_mirror_pinning),
         ("driver.poison_memset", check_poison),
         ("driver.errors", check_errors),
+        ("driver.sessions", check_sessions),
         ("driver.resident_round_trip", check_resident_round_trip),
     ]
     for base in ("Small1", "Small2"):

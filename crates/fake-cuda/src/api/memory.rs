@@ -146,7 +146,8 @@ pub extern "C" fn cuMemsetD8_v2(dst_device: CUdeviceptr, uc: u8, n: usize) -> CU
 }
 
 /// `CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)` (the `_v2` entry
-/// point). Records the range; the memory itself is never touched.
+/// point). Records the range; the memory itself is never touched. A range that shares a host
+/// page with another registration is refused (`FAKE_CUDA_HOST_PAGE`).
 #[no_mangle]
 pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c_uint) -> CUresult {
     export(|st| {
@@ -158,12 +159,18 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, flags: c
         let Some(end) = start.checked_add(len).filter(|_| start != 0 && len != 0) else {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         };
-        let overlaps = st
+        // Whole pages: [first page, last page + 1) of either range.
+        let page = st.host_page;
+        let pages = |s: u64, l: u64| (s / page, (s + l).div_ceil(page));
+        let (first, past) = (start / page, end.div_ceil(page));
+        let shared = st
             .registrations
-            .range(..end)
+            .range(..past.saturating_mul(page))
             .next_back()
-            .is_some_and(|(&s, &l)| s + l > start);
-        if overlaps {
+            .filter(|(&s, &l)| pages(s, l).1 > first)
+            .map(|(&s, _)| s);
+        if let Some(other) = shared {
+            let args = format!("{args} shares-a-page-with={other:#x}");
             return Err(st.ret(name, &args, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED));
         }
         st.registrations.insert(start, len);

@@ -38,6 +38,9 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
         if flags != 0 {
             return st.ret("cuInit", &args, CUDA_ERROR_INVALID_VALUE);
         }
+        if !st.initialized {
+            st.lifecycle.inits += 1;
+        }
         st.initialized = true;
         st.ret("cuInit", &args, CUDA_SUCCESS)
     })
@@ -114,6 +117,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let count = st.retains.entry(dev).or_insert(0);
         *count += 1;
         let count = *count;
+        if count == 1 {
+            st.lifecycle.ctx_creates += 1;
+        }
         let ctx = ctx_of(dev);
         // SAFETY: `pctx` is non-null and, per the caller, valid for this write.
         unsafe { pctx.write(ctx as CUcontext) };
@@ -142,6 +148,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
         if count == 0 {
             // The primary context is destroyed: the next retain makes a fresh, healthy one.
             st.retains.remove(&dev);
+            st.lifecycle.ctx_destroys += 1;
             if let Some(code) = st.poison.remove(&dev) {
                 args.push_str(&format!(" (sticky error {code} cleared)"));
             }

@@ -34,6 +34,10 @@ const SEARCH_HINT: &str = "set SIMPLER_ASCEND_LIB_DIR to the directory holding t
      ASCEND_HOME_PATH to the CANN toolkit root (sourcing the toolkit's set_env.sh does that); \
      bare names are searched on LD_LIBRARY_PATH";
 
+/// The driver's folder of common libraries (the HAL's dependencies), which `set_env.sh` puts on
+/// `LD_LIBRARY_PATH` with the toolkit's and the HAL's folders.
+const DRIVER_COMMON_DIR: &str = "/usr/local/Ascend/driver/lib64/common";
+
 vendor_fns! {
     /// The `acl*` runtime (`libascendcl.so`, `acl/acl_rt.h`).
     pub(crate) struct AclFns, names AclNames {
@@ -412,12 +416,26 @@ pub(crate) fn search_dirs_from(
     }
 }
 
-fn open(file: &'static str, dirs: &[PathBuf], bare: bool) -> Result<VendorLib, LoadError> {
-    loader::open_first(file, &loader::candidates(file, dirs, bare), SEARCH_HINT)
+/// Opens `file` from `dirs`; a missing dependency is preloaded from the folders `set_env.sh`
+/// would have put on `LD_LIBRARY_PATH` (`deps`).
+fn open(
+    file: &'static str,
+    dirs: &[PathBuf],
+    bare: bool,
+    deps: &[PathBuf],
+) -> Result<VendorLib, LoadError> {
+    let paths = loader::candidates(file, dirs, bare);
+    loader::open_first_with(file, &paths, SEARCH_HINT, deps)
 }
 
 /// Loads the HAL, then the runtime (`acl*`, else `rt*`).
 pub(crate) fn load(dirs: &SearchDirs) -> Result<(Hal, Runtime), LoadError> {
+    let mut deps: Vec<PathBuf> = dirs.runtime.iter().chain(&dirs.hal).cloned().collect();
+    // Pinned folders (the config's or SIMPLER_ASCEND_LIB_DIR) are the only ones searched.
+    if dirs.bare {
+        deps.push(PathBuf::from(DRIVER_COMMON_DIR));
+    }
+    let open = |file, dirs: &[PathBuf], bare| open(file, dirs, bare, &deps);
     let lib = open("libascend_hal.so", &dirs.hal, dirs.bare)?;
     // SAFETY: the table's types are the exact `ascend_hal.h` signatures.
     let f = unsafe { HalFns::load(&lib) }?;
@@ -458,8 +476,10 @@ pub enum VisibleDevices {
 pub const ENV_VISIBLE_DEVICES: &str = "ASCEND_RT_VISIBLE_DEVICES";
 
 /// The logical device id of user device `user` under `ASCEND_RT_VISIBLE_DEVICES = visible`
-/// (`None`: unset), read the way the runtime reads it: comma-separated entries, each all digits
-/// (no spaces), taken up to the first entry that is not; an entry smaller than the one before or
+/// (`None`: unset), read the way the runtime reads it: comma-separated entries, each the number
+/// its leading digits spell (what follows them is ignored: "5x" is 5), taken up to the first
+/// entry that does not start with a digit (a space included); an entry smaller than the one
+/// before or
 /// repeating an earlier one makes the whole variable invalid; a variable with no valid entry
 /// (set but empty) makes no device visible. The user id indexes the entries taken. (The runtime
 /// also stops at an entry past its device count, which only it knows; `aclrtSetDevice` then
@@ -470,10 +490,8 @@ pub fn logical_device_id(user: u32, visible: Option<&str>) -> Result<u32, String
     };
     let mut ids: Vec<u32> = Vec::new();
     for item in list.split(',') {
-        if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
-            break;
-        }
-        let Ok(id) = item.parse::<u32>() else {
+        let digits = item.bytes().take_while(u8::is_ascii_digit).count();
+        let Ok(id) = item[..digits].parse::<u32>() else {
             break;
         };
         if ids.contains(&id) {
@@ -526,8 +544,11 @@ mod tests {
         assert_eq!(logical_device_id(3, None), Ok(3));
         assert_eq!(logical_device_id(0, Some("4,5,6")), Ok(4));
         assert_eq!(logical_device_id(2, Some("4,5,6")), Ok(6));
-        // Reading stops at the first entry that is not all digits, keeping the ones before it.
+        // Reading stops at the first entry that does not start with a digit, keeping the ones
+        // before it; what follows an entry's digits is ignored.
         assert_eq!(logical_device_id(1, Some("4,5,x,7")), Ok(5));
+        assert_eq!(logical_device_id(1, Some("4,5x")), Ok(5));
+        assert_eq!(logical_device_id(2, Some("4,5x,6")), Ok(6));
         let e = logical_device_id(2, Some("4,5,x,7")).unwrap_err();
         assert!(e.contains("makes 2 device(s) visible ([4, 5])"), "{e}");
         assert_eq!(

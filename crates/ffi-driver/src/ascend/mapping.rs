@@ -11,7 +11,27 @@ use super::{AscendDevice, MapEntry, State};
 use crate::error::codes;
 use crate::{DevPtr, DeviceError, HostMem, MapGrant, Op};
 
+/// Whether a `halHostRegister` code says the host ran out of mapping resources (a refusal the
+/// caller serves with a mirror), not that the call was wrong.
+fn is_resource_refusal(code: i64) -> bool {
+    [
+        codes::OUT_OF_MEMORY,
+        codes::NO_RESOURCES,
+        codes::OVER_LIMIT,
+        codes::MALLOC_FAIL,
+    ]
+    .contains(&code)
+}
+
 impl AscendDevice {
+    /// Refuses a HAL call on a closed device, or in a forked child.
+    pub(super) fn check_open(&self, st: &State, op: Op) -> Result<(), DeviceError> {
+        if st.closed {
+            return Err(self.refused(op, codes::UNINIT, "the device is closed"));
+        }
+        self.session.check_process(op, self.call(op))
+    }
+
     pub(super) fn do_map(
         &self,
         st: &mut State,
@@ -19,11 +39,7 @@ impl AscendDevice {
         bytes: u64,
     ) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        if !st.session.is_open() {
-            return Err(self
-                .refused(op, codes::UNINIT, "the device is closed")
-                .at(ptr.0));
-        }
+        self.check_open(st, op).map_err(|e| e.at(ptr.0))?;
         if bytes == 0 {
             return Err(self
                 .refused(op, codes::INVALID_VALUE, "zero-byte mapping")
@@ -49,6 +65,10 @@ impl AscendDevice {
                 .at(ptr.0)
                 .sized(bytes)
         })?;
+        let _held = self
+            .session
+            .hold(op, self.call(op))
+            .map_err(|e| e.at(ptr.0).sized(bytes))?;
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: `halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
         // void **dstPtr)`: `ptr` is a device address inside a live allocation (checked above),
@@ -65,6 +85,20 @@ impl AscendDevice {
         });
         match status.result() {
             Ok(()) => {}
+            Err(s) if is_resource_refusal(s.code) => {
+                st.ledger.on_map(false);
+                let reason = format!(
+                    "halHostRegister answered {} (code {}) for the allocation at {ptr} of {bytes} \
+                     bytes on logical device {}: the host's mapping resources are exhausted; this \
+                     allocation is mirrored instead",
+                    s.name, s.code, self.logical
+                );
+                log::warn!("{reason}");
+                return Ok(MapGrant::Refused {
+                    code: s.code,
+                    reason,
+                });
+            }
             Err(s) if s.code == codes::NOT_SUPPORT => {
                 st.ledger.on_map(false);
                 return Ok(MapGrant::Refused {
@@ -98,7 +132,9 @@ impl AscendDevice {
         };
         // SAFETY: the HAL keeps the mapping valid for `len` bytes until `halHostUnregister`,
         // and this driver revokes the `HostMem` when that call succeeds (blocking accesses
-        // while it runs), or at `close` before the device is reset, whichever comes first.
+        // while it runs), or at `close`, whichever comes first; the session (whose release
+        // resets the device) is never released while this device is open
+        // (`crate::sessions`).
         let mem = Arc::new(unsafe { HostMem::foreign(host, len) });
         st.mappings.insert(
             ptr.0,
@@ -114,11 +150,7 @@ impl AscendDevice {
     /// Unregisters the mapping at `start` and revokes its host side; on success forgets it.
     pub(super) fn do_unmap(&self, st: &mut State, start: u64) -> Result<(), DeviceError> {
         let op = Op::Unmap;
-        if !st.session.is_open() {
-            return Err(self
-                .refused(op, codes::UNINIT, "the device is closed")
-                .at(start));
-        }
+        self.check_open(st, op).map_err(|e| e.at(start))?;
         let Some(entry) = st.mappings.get(&start) else {
             return Err(self
                 .refused(
@@ -129,6 +161,10 @@ impl AscendDevice {
                 .at(start));
         };
         let bytes = entry.bytes;
+        let _held = self
+            .session
+            .hold(op, self.call(op))
+            .map_err(|e| e.at(start).sized(bytes))?;
         // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
         // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
         // usable, and its allocation stays live until a retry unregisters it.

@@ -18,9 +18,16 @@
 //!   code (an unaligned pointer, a bad range, a bad device) is a bug and a [`DeviceError`].
 //! * **The HAL gets the logical device id** (the runtime's translation of the user id, see
 //!   [`loading::logical_device_id`]).
-//! * **One device reference, one ACL reference**, taken at open and given back once at close;
-//!   every runtime call runs with this device's context current on the calling thread, and the
-//!   caller's own context is restored afterwards ([`session`]).
+//! * **Resource answers are refusals too.** `halHostRegister` answering OUT_OF_MEMORY,
+//!   NO_RESOURCES, OVER_LIMIT or MALLOC_FAIL (the host's mapping resources, the BAR window, are
+//!   exhausted) is a `MapGrant::Refused` as well, with one warning naming the allocation, its size
+//!   and the code: the caller mirrors that allocation instead of failing the run.
+//! * **One device reference, one ACL reference per process**, in the session every worker on
+//!   the device shares ([`session`], `crate::sessions`), given back at exit; `close` frees this
+//!   device's own memory and mappings only. Every runtime call runs with the device's context
+//!   current on the calling thread, and the caller's own context is restored afterwards.
+//! * **Inert in a forked child.** Every call is refused before any vendor call, and `close`
+//!   revokes the host mappings without unregistering anything (`crate::fork`).
 //! * Every call is validated against the ledger first (zero-byte allocations, copies past their
 //!   allocation, unknown addresses are refused before any vendor call), counted and logged like
 //!   sim, and an injected fault fails the call before the vendor function runs.
@@ -75,7 +82,10 @@ struct State {
     ledger: Ledger,
     /// Live host mappings by device start address.
     mappings: BTreeMap<u64, MapEntry>,
-    session: Session,
+    /// `close` ran: every call is refused.
+    closed: bool,
+    /// Close is releasing what a faulted device held: calls are made despite the fault.
+    releasing: bool,
 }
 
 impl Ledgered for State {
@@ -91,6 +101,7 @@ pub struct AscendDevice {
     logical: u32,
     runtime: Runtime,
     hal: Hal,
+    session: Arc<Session>,
     state: Mutex<State>,
 }
 
@@ -108,50 +119,49 @@ impl fmt::Debug for AscendDevice {
 
 impl AscendDevice {
     /// Opens user device `config.device_id`: loads the libraries (HAL first; a copy the process
-    /// already loaded is reused), takes one ACL reference and one device reference, and finds
-    /// the logical id the HAL wants.
+    /// already loaded is reused), and joins the process's session on the device (one ACL
+    /// reference and one device reference, taken by the first open, given back at exit by
+    /// `crate::release_sessions`), which finds the logical id the HAL wants.
     pub fn open(config: AscendConfig) -> Result<AscendDevice, LoadError> {
         let user = i32::try_from(config.device_id).map_err(|_| LoadError::Config {
             what: "device_id".to_string(),
             detail: format!("{} does not fit int32_t", config.device_id),
         })?;
         let (hal, runtime) = loading::load(&loading::search_dirs(config.lib_dir.as_ref()))?;
-        let mut session = Session::init(runtime, user)?;
-        let lib = runtime.lib();
-        let logical = match runtime.logic_id(user) {
-            Some(Ok(id)) => u32::try_from(id).map_err(|_| LoadError::Config {
-                what: "logical device id".to_string(),
-                detail: format!(
-                    "{} returned success but a negative id ({id}) for device {user}",
-                    runtime.calls().logic_id
-                ),
-            })?,
-            Some(Err(s)) => {
-                return Err(s.init_error(
-                    lib.name,
-                    runtime.calls().logic_id,
-                    format!("translating user device {user}"),
-                ))
-            }
-            None => logical_device_id(config.device_id, config.visible_devices.value().as_deref())
-                .map_err(|detail| LoadError::Config {
-                    what: "device id".to_string(),
-                    detail,
-                })?,
-        };
-        session.set_device(lib.name, logical)?;
+        let key = Self::key(runtime, user);
+        let session = crate::sessions::join(key, || Session::open(runtime, user, &config))?;
         Ok(AscendDevice {
             config,
             user,
-            logical,
+            logical: session.logical(),
             runtime,
             hal,
+            session,
             state: Mutex::new(State {
                 ledger: Ledger::new(),
                 mappings: BTreeMap::new(),
-                session,
+                closed: false,
+                releasing: false,
             }),
         })
+    }
+
+    /// The process this device was opened in.
+    pub fn process_id(&self) -> u32 {
+        self.session.process().pid
+    }
+
+    fn key(runtime: Runtime, user: i32) -> crate::sessions::Key {
+        crate::sessions::Key {
+            platform: "ascend",
+            library: runtime.lib().path,
+            device: i64::from(user),
+        }
+    }
+
+    /// The key of the process's session this device belongs to.
+    pub(crate) fn session_key(&self) -> crate::sessions::Key {
+        Self::key(self.runtime, self.user)
     }
 
     /// The options this device was opened with.
@@ -186,6 +196,13 @@ impl AscendDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, for one call of `op`; refused in a forked child before the lock is taken (a
+    /// parent thread may have held it when it forked).
+    fn lock_for(&self, op: Op) -> Result<MutexGuard<'_, State>, DeviceError> {
+        self.session.check_process(op, self.call(op))?;
+        Ok(self.lock())
     }
 
     /// The vendor function behind `op`.
@@ -240,8 +257,61 @@ impl AscendDevice {
             .require(addr, bytes, |why| self.refused(op, code, why))
     }
 
+    /// Binds the device's context for one call (see [`Session::enter`]); refused once closed,
+    /// and after a device fault (naming the first one), except while close releases.
+    fn enter(&self, st: &State, op: Op) -> Result<session::Bound<'_>, DeviceError> {
+        if st.closed {
+            return Err(self.refused(op, codes::UNINIT, "the device is closed"));
+        }
+        if let Some((code, first)) =
+            crate::sessions::VendorSession::fault(&*self.session).filter(|_| !st.releasing)
+        {
+            return Err(Self::own_status(op, code)
+                .error(
+                    op,
+                    self.call(op),
+                    format!(
+                        "the device is unusable after a device fault {first} reported; close \
+                         every worker on this device: it works again once the last one has \
+                         closed and the device was reset"
+                    ),
+                )
+                .before_call());
+        }
+        self.session.enter(op)
+    }
+
+    /// One driver call (see `traced`); a device fault the vendor call reports poisons the
+    /// process's session on the device.
+    fn traced<T: crate::ledger::Outcome>(
+        &self,
+        st: &mut State,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        traced(st, op, addr, bytes, self.injected(op), |st| {
+            let r = body(st);
+            if let Err(e) = &r {
+                if e.called && sys::is_device_fault(e.code) && self.session.note_fault(e) {
+                    log::error!(
+                        "ascend device {} is unusable after {} ({}) from {}: close every worker \
+                         on it",
+                        self.user,
+                        e.code,
+                        e.code_name,
+                        e.call
+                    );
+                }
+            }
+            r
+        })
+    }
+
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
+        self.check_open(st, op).map_err(|e| e.sized(bytes))?;
         if bytes == 0 {
             let e = self.refused(
                 op,
@@ -255,7 +325,7 @@ impl AscendDevice {
                 .refused(op, ACL_ERROR_INVALID_PARAM, "size exceeds size_t")
                 .sized(bytes));
         }
-        let _bound = st.session.enter(op).map_err(|e| e.sized(bytes))?;
+        let _bound = self.enter(st, op).map_err(|e| e.sized(bytes))?;
         let (status, p) = self.runtime.malloc(bytes, self.config.malloc_policy);
         let policy = self.config.malloc_policy;
         status.result().map_err(|s| {
@@ -273,6 +343,7 @@ impl AscendDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
+        self.check_open(st, op).map_err(|e| e.at(ptr.0))?;
         let size = st
             .ledger
             .require_live(ptr, |why| self.refused(op, ACL_ERROR_INVALID_PARAM, why))?;
@@ -290,7 +361,7 @@ impl AscendDevice {
                 .before_call();
             return Err(e.at(ptr.0).sized(size));
         }
-        let _bound = st.session.enter(op).map_err(|e| e.at(ptr.0).sized(size))?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(ptr.0).sized(size))?;
         self.runtime.free(ptr.0).result().map_err(|s| {
             s.error(op, self.call(op), "allocation left live")
                 .at(ptr.0)
@@ -309,11 +380,13 @@ impl AscendDevice {
         bytes: u64,
         call: impl FnOnce(u64) -> sys::AclStatus,
     ) -> Result<(), DeviceError> {
+        self.check_open(st, op)
+            .map_err(|e| e.at(addr).sized(bytes))?;
         let (base, size) = self.containing(st, op, addr, bytes)?;
         if bytes == 0 {
             return Ok(());
         }
-        let _bound = st.session.enter(op).map_err(|e| e.at(addr).sized(bytes))?;
+        let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
         let what = op.transfer_what();
         call(base + size - addr)
             .result()
@@ -328,113 +401,83 @@ impl Device for AscendDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        traced(&mut *self.lock(), op, 0, bytes, self.injected(op), |st| {
+        self.traced(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
-        traced(&mut *st, op, ptr.0, size, self.injected(op), |st| {
-            self.do_free(st, ptr)
-        })
+        let mut st = self.lock_for(op)?;
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
+        self.traced(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |dest_max| {
-                    // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
-                    // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
-                    unsafe {
-                        self.runtime.memcpy(
-                            dst.0 as *mut c_void,
-                            dest_max,
-                            src.as_ptr().cast(),
-                            bytes,
-                            sys::MEMCPY_HOST_TO_DEVICE,
-                        )
-                    }
-                })
-            },
-        )
+        self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |dest_max| {
+                // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
+                // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
+                unsafe {
+                    self.runtime.memcpy(
+                        dst.0 as *mut c_void,
+                        dest_max,
+                        src.as_ptr().cast(),
+                        bytes,
+                        sys::MEMCPY_HOST_TO_DEVICE,
+                    )
+                }
+            })
+        })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let out = dst.as_mut_ptr();
-        traced(
-            &mut *self.lock(),
-            op,
-            src.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, src.0, bytes, |_| {
-                    // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
-                    // bytes)` lies inside a live allocation (checked by `transfer`).
-                    unsafe {
-                        self.runtime.memcpy(
-                            out.cast(),
-                            bytes,
-                            src.0 as *const c_void,
-                            bytes,
-                            sys::MEMCPY_DEVICE_TO_HOST,
-                        )
-                    }
-                })
-            },
-        )
+        self.traced(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
+            self.transfer(st, op, src.0, bytes, |_| {
+                // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
+                // bytes)` lies inside a live allocation (checked by `transfer`).
+                unsafe {
+                    self.runtime.memcpy(
+                        out.cast(),
+                        bytes,
+                        src.0 as *const c_void,
+                        bytes,
+                        sys::MEMCPY_DEVICE_TO_HOST,
+                    )
+                }
+            })
+        })
     }
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        traced(
-            &mut *self.lock(),
-            op,
-            dst.0,
-            bytes,
-            self.injected(op),
-            |st| {
-                self.transfer(st, op, dst.0, bytes, |dest_max| {
-                    // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
-                    // bytes from `dst` (checked by `transfer`).
-                    unsafe {
-                        self.runtime
-                            .memset(dst.0 as *mut c_void, dest_max, value, bytes)
-                    }
-                })
-            },
-        )
+        self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
+            self.transfer(st, op, dst.0, bytes, |dest_max| {
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
+                // bytes from `dst` (checked by `transfer`).
+                unsafe {
+                    self.runtime
+                        .memset(dst.0 as *mut c_void, dest_max, value, bytes)
+                }
+            })
+        })
     }
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        traced(
-            &mut *self.lock(),
-            op,
-            ptr.0,
-            bytes,
-            self.injected(op),
-            |st| self.do_map(st, ptr, bytes),
-        )
+        self.traced(&mut *self.lock_for(op)?, op, ptr.0, bytes, |st| {
+            self.do_map(st, ptr, bytes)
+        })
     }
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
         let op = Op::Unmap;
-        traced(&mut *st, op, ptr.0, bytes, self.injected(op), |st| {
-            self.do_unmap(st, ptr.0)
-        })
+        let mut st = self.lock_for(op)?;
+        let bytes = st.mappings.get(&ptr.0).map_or(0, |m| m.bytes);
+        self.traced(&mut st, op, ptr.0, bytes, |st| self.do_unmap(st, ptr.0))
     }
 
     fn stats(&self) -> Stats {
@@ -461,22 +504,33 @@ impl Device for AscendDevice {
         self.lock().ledger.clear_faults();
     }
 
-    /// Unmaps every mapping, frees every allocation, then gives back the device and ACL
-    /// references. The device is unusable afterwards (calls fail: "the device is closed").
+    /// Unmaps every mapping and frees every allocation of this device; the process's session
+    /// (the device and ACL references) stays for the next worker, until exit. The device is
+    /// unusable afterwards (calls fail: "the device is closed"). In a forked child nothing is
+    /// done, not even a lock taken (a parent thread may have held it when it forked): every
+    /// call there is refused, and the inherited mappings refuse every access.
     fn close(&self) -> CloseReport {
-        let mut st = self.lock();
-        st.ledger.clear_faults();
         let mut report = CloseReport::default();
-        if !st.session.is_open() {
+        if self.session.process().forked() {
             return report;
         }
+        let mut st = self.lock();
+        st.ledger.clear_faults();
+        if st.closed {
+            return report;
+        }
+        // After a device fault the releasing calls are still made (they fail with it; the
+        // device's teardown frees what they could not), and one summary says so.
+        let fault = crate::sessions::VendorSession::fault(&*self.session);
+        st.releasing = fault.is_some();
+        let mut errors = Vec::new();
         // 1. Every mapping goes first: unregister before free, always.
         let mappings: Vec<(u64, u64)> = st.mappings.iter().map(|(&a, m)| (a, m.bytes)).collect();
         for (start, bytes) in mappings {
             report.leaked_mappings += 1;
             let r = self.do_unmap(&mut st, start);
             if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
         // 2. Then every allocation whose mappings are gone.
@@ -485,16 +539,44 @@ impl Device for AscendDevice {
             report.leaked_bytes += size;
             let r = self.do_free(&mut st, ptr);
             if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
-                report.errors.push(e);
+                errors.push(e);
             }
         }
+        match fault {
+            Some((code, first)) if !errors.is_empty() => {
+                for e in &errors {
+                    log::debug!(
+                        "ascend device {} close after a device fault: {e}",
+                        self.user
+                    );
+                }
+                let left = st.ledger.live_allocations();
+                for (ptr, _) in &left {
+                    st.ledger.on_free(*ptr);
+                }
+                report.errors.push(acl_status(code).error(
+                    Op::Device,
+                    first.as_str(),
+                    format!(
+                        "closed device {} after the device fault {first} reported: {} releasing \
+                         call(s) failed with it; {} allocation(s) go with the device's teardown",
+                        self.user,
+                        errors.len(),
+                        left.len()
+                    ),
+                ));
+            }
+            _ => report.errors.extend(errors),
+        }
+        st.releasing = false;
         // 3. A mapping whose unregister failed above is still registered with the HAL, and its
-        // allocation stays live; the host side is revoked before the device goes away.
+        // allocation stays live; the host side is revoked before the device is given up.
         for entry in st.mappings.values() {
             entry.mem.revoke();
         }
-        // 4. Give back what open took, once.
-        report.errors.extend(st.session.close());
+        st.closed = true;
+        drop(st);
+        report.errors.extend(crate::sessions::leave(&*self.session));
         if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
             log::warn!(
                 "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \
@@ -508,11 +590,15 @@ impl Device for AscendDevice {
         }
         report
     }
+
+    fn closed(&self) -> bool {
+        self.lock().closed
+    }
 }
 
 impl Drop for AscendDevice {
-    /// Releases whatever is still live (mappings before allocations) and gives back the
-    /// runtime references. Never panics: errors are logged.
+    /// Releases whatever is still live (mappings before allocations); the session's references
+    /// stay with the process. Never panics: errors are logged.
     fn drop(&mut self) {
         let report = self.close();
         for e in &report.errors {

@@ -72,6 +72,17 @@ pub const ACL_ERROR_RT_CONTEXT_NULL: i64 = 107_002;
 pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: i64 = 207_000;
 pub const ACL_ERROR_RT_INTERNAL_ERROR: i64 = 507_000;
 
+/// Whether a runtime code is a device fault after which the device is unusable until it is
+/// reset (`acl/error_codes/rt_error_codes.h`: lost heartbeat, DMA, AI Core and AI CPU timeouts
+/// and exceptions, device memory and ECC errors, the driver's internal error; not the generic
+/// 507000 internal error).
+pub fn is_device_fault(code: i64) -> bool {
+    matches!(
+        code,
+        507_010 | 507_013..=507_018 | 507_053 | 507_054 | 507_899
+    )
+}
+
 /// Status codes of the `acl*` and `rt*` runtime (`acl/acl_base_rt.h` and
 /// `acl/error_codes/rt_error_codes.h`; the `rt*` functions return the same `ACL_ERROR_RT_*`
 /// numbers).
@@ -114,6 +125,11 @@ const ACL_CODES: &[(i64, &str)] = &[
     (507_007, "ACL_ERROR_RT_CONTEXT_RELEASE_ERROR"),
     (507_010, "ACL_ERROR_RT_LOST_HEARTBEAT"),
     (507_013, "ACL_ERROR_RT_SYS_DMA"),
+    (507_014, "ACL_ERROR_RT_AICORE_TIMEOUT"),
+    (507_015, "ACL_ERROR_RT_AICORE_EXCEPTION"),
+    (507_016, "ACL_ERROR_RT_AICORE_TRAP_EXCEPTION"),
+    (507_017, "ACL_ERROR_RT_AICPU_TIMEOUT"),
+    (507_018, "ACL_ERROR_RT_AICPU_EXCEPTION"),
     (507_033, "ACL_ERROR_RT_DEV_SETUP_ERROR"),
     (507_052, "ACL_ERROR_RT_COPY_DATA"),
     (507_053, "ACL_ERROR_RT_DEVICE_MEM_ERROR"),

@@ -111,7 +111,7 @@ impl CudaDevice {
             let mut v: c_int = 0;
             // SAFETY: `&mut v` is valid for the int the call writes; `self.dev` came from
             // `cuDeviceGet`.
-            CuResult(unsafe { (self.f.device_get_attribute)(&mut v, which, self.dev) })
+            CuResult(unsafe { (self.f.device_get_attribute)(&mut v, which, self.session.dev) })
                 .result()
                 .map_err(|s| s.error(op, CudaFns::NAMES.device_get_attribute, what))?;
             u32::try_from(v).map_err(|_| {

@@ -3,8 +3,10 @@
 //! codes), [`loading`] (finding the library, the function table), `exec` (the worker's stream,
 //! modules, launches); this file is the safe driver.
 //!
-//! * **One primary-context reference**, retained at open and released once at close; the device
-//!   is unusable after close.
+//! * **One primary-context reference per process**, in the session every worker on the device
+//!   shares ([`session`], `crate::sessions`), released at exit; `close` frees this device's own
+//!   memory, mirrors, stream and modules, and the device is unusable after it.
+//! * **Inert in a forked child**: every call is refused before any vendor call (`crate::fork`).
 //! * **The caller's context survives.** Every driver call runs with the primary context current
 //!   on the calling thread ([`CudaDevice::enter`]): when the thread had another context current
 //!   (user code, a framework), it is made current again after the call.
@@ -24,6 +26,7 @@
 mod exec;
 pub mod loading;
 mod pinning;
+mod session;
 pub mod sys;
 
 use std::collections::BTreeMap;
@@ -42,7 +45,8 @@ use crate::ledger::Outcome;
 use crate::loader::{LoadError, VendorLib};
 use crate::{traced, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
 use loading::CudaFns;
-use sys::{status, CuContext, CuDevice, CuDevicePtr, CuResult, CUDA_ERROR_INVALID_VALUE};
+use session::Session;
+use sys::{status, CuContext, CuDevicePtr, CuResult, CUDA_ERROR_INVALID_VALUE};
 
 /// Mirrors that a closed device could not unregister: kept alive (never freed) for the life of
 /// the process, because the driver may still treat their pages as page-locked.
@@ -58,6 +62,9 @@ pub struct CudaConfig {
     /// Page-lock mirrors; `None` reads `SIMPLER_CUDA_PIN_MIRRORS` (`0`, `false`, `no` or `off`,
     /// in any case, turn it off; default on). Off only to measure what pinning buys.
     pub pin_mirrors: Option<bool>,
+    /// The host page size mirrors are laid out in (each mirror covers whole pages of it, so
+    /// two registered mirrors never share a page); `None`: the host's (`sysconf`).
+    pub host_page: Option<usize>,
 }
 
 /// Environment switch for [`CudaConfig::pin_mirrors`].
@@ -73,31 +80,33 @@ fn is_false_word(v: &str) -> bool {
 #[derive(Debug)]
 struct State {
     ledger: Ledger,
-    /// The retained primary context; `None` once released (closed).
-    ctx: Option<CuContext>,
+    /// `close` ran: every call is refused.
+    closed: bool,
     /// Registered (page-locked) mirrors by host address, kept alive until unregistered.
     pinned: BTreeMap<usize, Arc<HostMem>>,
     /// The worker's stream, modules and functions.
     exec: exec::Exec,
-    /// The sticky fault a vendor call reported (a kernel's illegal address, say): the context
-    /// is unusable from then on, so every later call is refused with it, and close abandons
-    /// what the context held instead of freeing it one call at a time.
-    fault: Option<i64>,
     /// Close is releasing what a faulted context held: calls are made despite the fault.
     releasing: bool,
+    /// The session the device belongs to (the primary context and its sticky fault).
+    session: Arc<Session>,
 }
 
 impl State {
-    /// Records `e` as the context's fault when the vendor answered a sticky code.
+    /// Records `e` as the context's fault when the vendor answered a sticky code: the context
+    /// is unusable from then on, for every worker of the process on this device, so every
+    /// later call is refused with it, and close abandons what the context held instead of
+    /// freeing it one call at a time.
     fn note_fault(&mut self, e: &DeviceError) {
-        if e.called && self.fault.is_none() && sys::is_sticky(e.code) {
+        if e.called && sys::is_sticky(e.code) && self.session.note_fault(e.code, &e.call) {
             log::error!(
-                "the CUDA context is unusable after {} ({}) from {}: close this worker",
+                "the CUDA context is unusable after {} ({}) from {}: close every worker on \
+                 device {}",
                 e.code,
                 e.code_name,
-                e.call
+                e.call,
+                self.session.ordinal
             );
-            self.fault = Some(e.code);
         }
     }
 }
@@ -148,9 +157,11 @@ impl Ledgered for State {
 pub struct CudaDevice {
     config: CudaConfig,
     pin_mirrors: bool,
+    /// Mirrors cover whole pages of this size.
+    host_page: usize,
     lib: VendorLib,
-    dev: CuDevice,
     f: CudaFns,
+    session: Arc<Session>,
     state: Mutex<State>,
     /// The worker's stream handle (0 before open creates it and after close), its one home:
     /// readable without the state lock, which a thread waiting for the device holds.
@@ -175,10 +186,11 @@ impl fmt::Debug for CudaDevice {
 }
 
 /// The primary context bound to the calling thread for one call; the caller's own context is
-/// current again when this drops.
+/// current again when this drops, and the session cannot be released meanwhile.
 struct Bound<'a> {
     f: &'a CudaFns,
     restore: Option<CuContext>,
+    _ctx: std::sync::RwLockReadGuard<'a, Option<CuContext>>,
 }
 
 impl Drop for Bound<'_> {
@@ -200,65 +212,39 @@ impl Drop for Bound<'_> {
 
 impl CudaDevice {
     /// Opens device `config.device_id`: loads the driver library (config path, else
-    /// `SIMPLER_CUDA_LIB`, else `libcuda.so.1` / `libcuda.so` on the loader's search path),
-    /// `cuInit(0)`, and retains the device's primary context once.
+    /// `SIMPLER_CUDA_LIB`, else `libcuda.so.1` / `libcuda.so` on the loader's search path) and
+    /// joins the process's session on the device (`cuInit(0)` and one primary-context retain,
+    /// taken by the first open, released at exit by `crate::release_sessions`).
     pub fn open(config: CudaConfig) -> Result<CudaDevice, LoadError> {
         let ordinal = c_int::try_from(config.device_id).map_err(|_| LoadError::Config {
             what: "device_id".to_string(),
             detail: format!("{} does not fit int", config.device_id),
         })?;
         let (lib, f) = loading::load(config.lib_path.as_ref())?;
-        let names = CudaFns::NAMES;
-        // SAFETY: `CUresult cuInit(unsigned int Flags)`, Flags must be 0.
-        CuResult(unsafe { (f.init)(0) })
-            .result()
-            .map_err(|s| s.init_error(lib.name, names.init, format!("opened from {}", lib.path)))?;
-        let mut dev: CuDevice = 0;
-        // SAFETY: `&mut dev` is valid for the int the call writes.
-        CuResult(unsafe { (f.device_get)(&mut dev, ordinal) })
-            .result()
-            .map_err(|s| s.init_error(lib.name, names.device_get, format!("ordinal {ordinal}")))?;
-        let mut ctx: CuContext = std::ptr::null_mut();
-        // SAFETY: `&mut ctx` is valid for the pointer the call writes; `dev` came from
-        // cuDeviceGet.
-        CuResult(unsafe { (f.primary_ctx_retain)(&mut ctx, dev) })
-            .result()
-            .map_err(|s| {
-                s.init_error(
-                    lib.name,
-                    names.primary_ctx_retain,
-                    format!("device {ordinal}"),
-                )
-            })?;
-        if ctx.is_null() {
-            // SAFETY: balances the retain that just succeeded.
-            let _ = unsafe { (f.primary_ctx_release)(dev) };
-            return Err(status(0).init_error(
-                lib.name,
-                names.primary_ctx_retain,
-                format!("device {ordinal}: returned success but a null context"),
-            ));
-        }
+        let key = Self::key(lib, ordinal);
+        let session = crate::sessions::join(key, || Session::open(lib, f, ordinal))?;
         let pin_mirrors = config
             .pin_mirrors
             .unwrap_or_else(|| std::env::var(ENV_PIN_MIRRORS).map_or(true, |v| !is_false_word(&v)));
+        let host_page = config.host_page.unwrap_or_else(crate::host_page_size);
         let device = CudaDevice {
             config,
             pin_mirrors,
+            host_page,
             lib,
-            dev,
             f,
+            session: Arc::clone(&session),
             state: Mutex::new(State {
                 ledger: Ledger::new(),
-                ctx: Some(ctx),
+                closed: false,
                 pinned: BTreeMap::new(),
                 exec: exec::Exec::default(),
-                fault: None,
                 releasing: false,
+                session,
             }),
             stream: std::sync::atomic::AtomicU64::new(0),
         };
-        // On failure `device` drops, which releases the primary context.
+        // On failure `device` drops, which closes it (leaving the session).
         let created = device.create_stream(&mut device.lock());
         created.map_err(|e| LoadError::Init {
             library: device.lib.name.to_string(),
@@ -268,6 +254,24 @@ impl CudaDevice {
             detail: e.detail.clone(),
         })?;
         Ok(device)
+    }
+
+    /// The process this device was opened in.
+    pub fn process_id(&self) -> u32 {
+        self.session.process().pid
+    }
+
+    fn key(lib: VendorLib, ordinal: c_int) -> crate::sessions::Key {
+        crate::sessions::Key {
+            platform: "cuda",
+            library: lib.path,
+            device: i64::from(ordinal),
+        }
+    }
+
+    /// The key of the process's session this device belongs to.
+    pub(crate) fn session_key(&self) -> crate::sessions::Key {
+        Self::key(self.lib, self.session.ordinal)
     }
 
     /// The options this device was opened with.
@@ -282,6 +286,13 @@ impl CudaDevice {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state, for one call of `op`; refused in a forked child before the lock is taken (a
+    /// parent thread may have held it when it forked).
+    fn lock_for(&self, op: Op) -> Result<MutexGuard<'_, State>, DeviceError> {
+        self.session.check_process(op, Self::call_name(op))?;
+        Ok(self.lock())
     }
 
     fn call_name(op: Op) -> &'static str {
@@ -326,22 +337,37 @@ impl CudaDevice {
     /// `enter`, for a call that is not `op`'s usual one (its refusals name `call`).
     fn enter_as(&self, st: &State, op: Op, call: &'static str) -> Result<Bound<'_>, DeviceError> {
         let names = CudaFns::NAMES;
-        let Some(ctx) = st.ctx else {
+        if st.closed {
             return Err(Self::refused_at(
                 op,
                 call,
                 sys::CUDA_ERROR_INVALID_CONTEXT,
-                "the device is closed (its primary context was released)",
+                "the device is closed",
+            ));
+        }
+        self.session.check_process(op, call)?;
+        let held = self.session.context();
+        let Some(ctx) = *held else {
+            return Err(Self::refused_at(
+                op,
+                call,
+                sys::CUDA_ERROR_INVALID_CONTEXT,
+                "the process's session on this device was released (at exit, or by \
+                 release_sessions): its primary context is gone",
             ));
         };
-        if let Some(code) = st.fault.filter(|_| !st.releasing) {
+        if let Some((code, first)) =
+            crate::sessions::VendorSession::fault(&*self.session).filter(|_| !st.releasing)
+        {
             return Err(Self::refused_at(
                 op,
                 call,
                 code,
-                "the device's context is unusable after a fault an earlier call reported (a \
-                 kernel's, usually); close this worker: the device works again once every holder \
-                 of its primary context has released it",
+                format!(
+                    "the device's context is unusable after a fault {first} reported (a \
+                     kernel's, usually); close every worker on this device: it works again once \
+                     the last one has closed and the context was reset"
+                ),
             ));
         }
         let mut cur: CuContext = std::ptr::null_mut();
@@ -353,10 +379,11 @@ impl CudaDevice {
             return Ok(Bound {
                 f: &self.f,
                 restore: None,
+                _ctx: held,
             });
         }
-        // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the primary context retained in
-        // `open` and not yet released (`st.ctx` is `Some`).
+        // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the session's retained primary
+        // context, not released while `held` is read-locked.
         CuResult(unsafe { (self.f.ctx_set_current)(ctx) })
             .result()
             .map_err(|s| {
@@ -369,7 +396,20 @@ impl CudaDevice {
         Ok(Bound {
             f: &self.f,
             restore: Some(cur),
+            _ctx: held,
         })
+    }
+
+    /// Refuses any call on a closed device, or in a forked child, before the ledger's checks.
+    fn check_open(&self, st: &State, op: Op) -> Result<(), DeviceError> {
+        if st.closed {
+            return Err(Self::refused(
+                op,
+                sys::CUDA_ERROR_INVALID_CONTEXT,
+                "the device is closed",
+            ));
+        }
+        self.session.check_process(op, Self::call_name(op))
     }
 
     fn containing(st: &State, op: Op, addr: u64, bytes: u64) -> Result<(u64, u64), DeviceError> {
@@ -380,6 +420,7 @@ impl CudaDevice {
 
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
+        self.check_open(st, op).map_err(|e| e.sized(bytes))?;
         if bytes == 0 {
             return Err(
                 Self::refused(op, CUDA_ERROR_INVALID_VALUE, "zero-byte allocation").sized(0),
@@ -408,6 +449,7 @@ impl CudaDevice {
 
     fn do_free(&self, st: &mut State, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Free;
+        self.check_open(st, op).map_err(|e| e.at(ptr.0))?;
         let size = st
             .ledger
             .require_live(ptr, |why| Self::refused(op, CUDA_ERROR_INVALID_VALUE, why))?;
@@ -434,6 +476,8 @@ impl CudaDevice {
         bytes: u64,
         call: impl FnOnce(sys::CuStream) -> CuResult,
     ) -> Result<(), DeviceError> {
+        self.check_open(st, op)
+            .map_err(|e| e.at(addr).sized(bytes))?;
         Self::containing(st, op, addr, bytes)?;
         if bytes == 0 {
             return Ok(());
@@ -460,21 +504,21 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
-        call(&mut self.lock(), op, 0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_alloc(st, bytes)
         })
     }
 
     fn free(&self, ptr: DevPtr) -> Result<(), DeviceError> {
-        let mut st = self.lock();
-        let size = st.ledger.live_size(ptr).unwrap_or(0);
         let op = Op::Free;
+        let mut st = self.lock_for(op)?;
+        let size = st.ledger.live_size(ptr).unwrap_or(0);
         call(&mut st, op, ptr.0, size, |st| self.do_free(st, ptr))
     }
 
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
-        call(&mut self.lock(), op, dst.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
                 // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
@@ -489,7 +533,7 @@ impl Device for CudaDevice {
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let (out, len) = (dst.as_mut_ptr(), dst.len());
-        call(&mut self.lock(), op, src.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
             self.transfer(st, op, src.0, bytes, |stream| {
                 // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
                 // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
@@ -501,7 +545,7 @@ impl Device for CudaDevice {
 
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
-        call(&mut self.lock(), op, dst.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, dst.0, bytes, |stream| {
                 // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
                 // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
@@ -514,7 +558,7 @@ impl Device for CudaDevice {
 
     fn map_host(&self, ptr: DevPtr, bytes: u64) -> Result<MapGrant, DeviceError> {
         let op = Op::Map;
-        call(&mut self.lock(), op, ptr.0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, ptr.0, bytes, |st| {
             Self::containing(st, op, ptr.0, bytes.max(1))?;
             st.ledger.on_map(false);
             Ok(MapGrant::Refused {
@@ -528,7 +572,7 @@ impl Device for CudaDevice {
 
     fn unmap_host(&self, ptr: DevPtr) -> Result<(), DeviceError> {
         let op = Op::Unmap;
-        call(&mut self.lock(), op, ptr.0, 0, |_| {
+        call(&mut *self.lock_for(op)?, op, ptr.0, 0, |_| {
             Err(Self::refused(
                 op,
                 CUDA_ERROR_INVALID_VALUE,
@@ -539,13 +583,16 @@ impl Device for CudaDevice {
     }
 
     fn alloc_mirror(&self, len: usize) -> Result<Arc<HostMem>, HostMemError> {
-        let mem = Arc::new(HostMem::new(len, 0)?);
+        let mem = Arc::new(HostMem::with_page(len, 0, self.host_page)?);
         if !self.pin_mirrors {
             return Ok(mem);
         }
-        let mut st = self.lock();
         let op = Op::Pin;
-        let r = call(&mut st, op, 0, len as u64, |st| self.do_pin(st, &mem));
+        let Ok(mut st) = self.lock_for(op) else {
+            return Ok(mem);
+        };
+        let bytes = mem.allocated() as u64;
+        let r = call(&mut st, op, 0, bytes, |st| self.do_pin(st, &mem));
         if let Err(e) = r {
             let addr = mem.owned_addr().unwrap_or_default();
             log::debug!("mirror at host {addr:#x} ({len} bytes) stays pageable: {e}");
@@ -557,14 +604,12 @@ impl Device for CudaDevice {
         let Some(addr) = mem.owned_addr() else {
             return Ok(());
         };
-        let mut st = self.lock();
+        let mut st = self.lock_for(Op::Unpin)?;
         if !st.pinned.contains_key(&addr) {
             return Ok(());
         }
-        let op = Op::Unpin;
-        call(&mut st, op, 0, mem.len() as u64, |st| {
-            self.do_unpin(st, addr, mem.len() as u64)
-        })
+        let (op, bytes) = (Op::Unpin, mem.allocated() as u64);
+        call(&mut st, op, 0, bytes, |st| self.do_unpin(st, addr, bytes))
     }
 
     fn runs_device_code(&self) -> bool {
@@ -578,7 +623,7 @@ impl Device for CudaDevice {
     fn load_module(&self, image: &[u8]) -> Result<ModuleId, DeviceError> {
         let op = Op::Module;
         let bytes = image.len() as u64;
-        call(&mut self.lock(), op, 0, bytes, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, bytes, |st| {
             self.do_load_module(st, image)
         })
     }
@@ -586,27 +631,29 @@ impl Device for CudaDevice {
     fn function(&self, module: ModuleId, entry: &str) -> Result<FuncId, DeviceError> {
         let op = Op::Module;
         let name = CudaFns::NAMES.module_get_function;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_function(st, module, entry)
         })
     }
 
     fn launch(&self, func: FuncId, dims: LaunchDims, params: &[u64]) -> Result<(), DeviceError> {
         let op = Op::Launch;
-        call(&mut self.lock(), op, 0, 0, |st| {
+        call(&mut *self.lock_for(op)?, op, 0, 0, |st| {
             self.do_launch(st, func, dims, params)
         })
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
-        call(&mut self.lock(), op, 0, 0, |st| self.do_synchronize(st))
+        call(&mut *self.lock_for(op)?, op, 0, 0, |st| {
+            self.do_synchronize(st)
+        })
     }
 
     fn synchronize_device(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let name = CudaFns::NAMES.ctx_synchronize;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_synchronize_device(st)
         })
     }
@@ -619,7 +666,7 @@ impl Device for CudaDevice {
     }
 
     fn fault(&self) -> Option<i64> {
-        self.lock().fault
+        crate::sessions::VendorSession::fault(&*self.session).map(|(code, _)| code)
     }
 
     fn driver_version(&self) -> Option<(u32, u32)> {
@@ -635,7 +682,7 @@ impl Device for CudaDevice {
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let name = CudaFns::NAMES.stream_wait_event;
-        call_named(&mut self.lock(), op, name, 0, 0, |st| {
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
             self.do_order_stream(st, consumer)
         })
     }
@@ -662,19 +709,25 @@ impl Device for CudaDevice {
         self.lock().ledger.clear_faults();
     }
 
-    /// Unregisters every mirror, frees every allocation and releases the primary context (once).
-    /// The device is unusable afterwards.
+    /// Drains the stream, unregisters every mirror and frees every allocation of this device;
+    /// the process's session (the primary-context retain) stays for the next worker, until exit
+    /// (or, after a sticky fault, until the last worker on the device closes). The device is
+    /// unusable afterwards. In a forked child nothing is done, not even a lock taken (a parent
+    /// thread may have held it when it forked).
     fn close(&self) -> CloseReport {
+        let mut report = CloseReport::default();
+        if self.session.process().forked() {
+            return report;
+        }
         let mut st = self.lock();
         st.ledger.clear_faults();
-        let mut report = CloseReport::default();
-        if st.ctx.is_none() {
+        if st.closed {
             return report;
         }
         // After a sticky fault every call fails, but the releasing calls are still made (they
         // release what they can: a driver frees with the context); their errors are expected,
         // so one summary says what happened.
-        let fault = st.fault;
+        let fault = crate::sessions::VendorSession::fault(&*self.session);
         st.releasing = fault.is_some();
         let mut errors = Vec::new();
         match self.enter(&st, Op::Device) {
@@ -684,7 +737,7 @@ impl Device for CudaDevice {
         let pinned: Vec<(usize, u64)> = st
             .pinned
             .iter()
-            .map(|(&a, m)| (a, m.len() as u64))
+            .map(|(&a, m)| (a, m.allocated() as u64))
             .collect();
         for (addr, len) in pinned {
             let r = self.do_unpin(&mut st, addr, len);
@@ -701,33 +754,21 @@ impl Device for CudaDevice {
             }
         }
         match fault {
-            Some(code) => self.abandon(&mut st, code, errors.len(), &mut report),
+            Some((code, _)) => self.abandon(&mut st, code, errors.len(), &mut report),
             None => report.errors.extend(errors),
         }
         st.releasing = false;
-        st.ctx = None;
-        // Mirrors whose unregister failed are still registered with the driver (another holder
-        // of the primary context keeps the registration alive): their memory must never be
-        // freed or reused, so it is kept for the life of the process, and `pinned_bytes` keeps
-        // counting it.
+        st.closed = true;
+        // Mirrors whose unregister failed are still registered with the driver (the primary
+        // context keeps the registration alive): their memory must never be freed or reused, so
+        // it is kept for the life of the process, and `pinned_bytes` keeps counting it.
         let kept = std::mem::take(&mut st.pinned);
         if !kept.is_empty() {
             let mut q = STILL_REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
             q.extend(kept.into_values());
         }
-        // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
-        // in `open`; the context is not used afterwards (`st.ctx` is `None`).
-        let r = CuResult(unsafe { (self.f.primary_ctx_release)(self.dev) }).result();
-        if let Err(s) = r {
-            report.errors.push(s.error(
-                Op::Device,
-                CudaFns::NAMES.primary_ctx_release,
-                format!(
-                    "releasing device {}'s primary context on close",
-                    self.config.device_id
-                ),
-            ));
-        }
+        drop(st);
+        report.errors.extend(crate::sessions::leave(&*self.session));
         if report.leaked_allocations > 0 {
             log::warn!(
                 "cuda device {} closed with {} live allocation(s) ({} bytes); freed them",
@@ -737,6 +778,10 @@ impl Device for CudaDevice {
             );
         }
         report
+    }
+
+    fn closed(&self) -> bool {
+        self.lock().closed
     }
 }
 
@@ -762,7 +807,8 @@ impl CudaDevice {
 }
 
 impl Drop for CudaDevice {
-    /// Frees what is still live and releases the primary context. Never panics.
+    /// Frees what is still live; the session's primary-context reference stays with the process.
+    /// Never panics.
     fn drop(&mut self) {
         let report = self.close();
         for e in &report.errors {
@@ -780,7 +826,7 @@ mod tests {
         let e = CudaDevice::open(CudaConfig {
             device_id: 0,
             lib_path: Some(PathBuf::from("/nonexistent/libcuda.so.1")),
-            pin_mirrors: None,
+            ..CudaConfig::default()
         })
         .unwrap_err();
         let msg = e.to_string();

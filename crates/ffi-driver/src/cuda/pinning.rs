@@ -12,15 +12,18 @@ use crate::ledger::Pinned;
 use crate::{DeviceError, HostMem, Op};
 
 impl CudaDevice {
-    /// Registers `mem` with the driver (page-locks it); a refusal is an answer.
+    /// Registers `mem` with the driver (page-locks it): every page it occupies
+    /// ([`HostMem::allocated`], whole pages of the host's size, so no other block shares
+    /// them); a refusal is an answer, logged as a warning (the mirror's refreshes then run at
+    /// pageable bandwidth).
     pub(super) fn do_pin(&self, st: &mut State, mem: &Arc<HostMem>) -> Result<Pinned, DeviceError> {
         let Some(addr) = mem.owned_addr() else {
             return Ok(Pinned::No { code: 0 });
         };
-        let len = mem.len();
+        let len = mem.allocated();
         let bound = self.enter(st, Op::Pin).map_err(|e| e.sized(len as u64))?;
         // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
-        // `len` bytes `mem` owns; the driver keeps an `Arc` to it (below) until it is
+        // `len` bytes (whole pages) `mem` owns; the driver keeps an `Arc` to it (below) until it is
         // unregistered, so the memory outlives the registration.
         let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, len, 0) });
         drop(bound);
@@ -31,9 +34,9 @@ impl CudaDevice {
                 Ok(Pinned::Yes)
             }
             Err(s) => {
-                log::debug!(
+                log::warn!(
                     "cuMemHostRegister_v2 refused the mirror at host {addr:#x} ({len} bytes) \
-                     (code {} {}); it stays pageable",
+                     (code {} {}); it stays pageable, and its refreshes run at pageable bandwidth",
                     s.code,
                     s.name
                 );

@@ -579,6 +579,10 @@ impl Device for SimDevice {
         }
         report
     }
+
+    fn closed(&self) -> bool {
+        false
+    }
 }
 
 mod svm;

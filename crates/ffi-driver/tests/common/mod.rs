@@ -68,6 +68,34 @@ pub fn fake_library(krate: &str) -> PathBuf {
     so
 }
 
+/// The fake runtime's load-time dependency (`libc_sec.so`, built by `crates/fake-ascend/build.rs`
+/// beside the fake, under `<profile>/build/fake-ascend-*/out/`): the newest one.
+pub fn fake_dependency(fake_so: &Path) -> PathBuf {
+    let build = fake_so.parent().unwrap().join("build");
+    std::fs::read_dir(&build)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fake-ascend-"))
+        .map(|e| e.path().join("out").join("libc_sec.so"))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| modified(p))
+        .unwrap_or_else(|| panic!("no libc_sec.so under {}", build.display()))
+}
+
+/// Gives the copy at `so` a soname of its own (the fake's is the runtime's, `libascendcl.so`):
+/// a library already loaded is found by soname, and each test must get its own copy.
+fn own_soname(so: &Path, n: usize) {
+    let mut bytes = std::fs::read(so).unwrap();
+    let from = b"\0libascendcl.so\0";
+    let to = format!("\0libasc{:05}.so\0", n % 100_000);
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the fake's soname");
+    bytes[at..at + from.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(so, bytes).unwrap();
+}
+
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
 /// One test's private copy of a fake library, with vendor-named symlinks to it.
@@ -86,7 +114,18 @@ impl Fake {
         std::fs::create_dir_all(&dir).unwrap();
         let file = format!("lib{}.so", krate.replace('-', "_"));
         let copy = dir.join(&file);
-        std::fs::copy(fake_library(krate), &copy).unwrap();
+        let so = fake_library(krate);
+        std::fs::copy(&so, &copy).unwrap();
+        if krate == "fake-ascend" {
+            own_soname(&copy, n);
+            // The runtime's dependency lies beside it, and this process loads it first (the
+            // control handle below needs it), so no test here goes through the loader's
+            // preload; tests/test_vendor_platforms.py does, in fresh processes.
+            std::fs::copy(fake_dependency(&so), dir.join("libc_sec.so")).unwrap();
+            // SAFETY: a C library of one function, without initializers.
+            let dep = unsafe { libloading::Library::new(dir.join("libc_sec.so")) }.unwrap();
+            std::mem::forget(dep);
+        }
         for name in names {
             std::os::unix::fs::symlink(&file, dir.join(name)).unwrap();
         }

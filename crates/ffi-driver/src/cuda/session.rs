@@ -1,0 +1,153 @@
+//! The process's session on one CUDA device, shared by every worker that opens it
+//! (`crate::sessions`): `cuInit`, and one retain of the device's primary context, released once
+//! at exit (`crate::release_sessions`), never from a destructor (releasing the last reference
+//! resets the context).
+//!
+//! A sticky fault (a kernel's 700 ILLEGAL_ADDRESS, say) poisons the primary context for every
+//! worker of the process on that device, so the session keeps it: every later call of every
+//! worker is refused with the first fault, and when the last worker on the device closes, the
+//! session is given back at once (the context is reset, unless another library in the process
+//! retains it too), so that the next worker opens a working device.
+
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
+
+use super::loading::CudaFns;
+use super::sys::{status, CuContext, CuDevice, CuResult};
+use crate::fork::Stamp;
+use crate::loader::{LoadError, VendorLib};
+use crate::sessions::VendorSession;
+use crate::{DeviceError, Op};
+
+/// One process's reference to one device's primary context.
+pub(crate) struct Session {
+    pub lib: VendorLib,
+    pub f: CudaFns,
+    pub dev: CuDevice,
+    pub ordinal: i32,
+    stamp: Stamp,
+    /// The retained primary context; `None` once released. Read-locked by every call for its
+    /// duration, write-locked by the release.
+    ctx: RwLock<Option<CuContext>>,
+    /// The first sticky fault a call reported: (code, call).
+    fault: Mutex<Option<(i64, String)>>,
+}
+
+// SAFETY: `CuContext` is an opaque driver handle that CUDA lets any thread make current; the
+// session never dereferences it, and it is read and written under the `RwLock`.
+unsafe impl Send for Session {}
+// SAFETY: as above.
+unsafe impl Sync for Session {}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("ordinal", &self.ordinal)
+            .field("library", &self.lib.path)
+            .field("fault", &VendorSession::fault(self))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// `cuInit(0)`, then one retain of device `ordinal`'s primary context.
+    pub fn open(lib: VendorLib, f: CudaFns, ordinal: i32) -> Result<Session, LoadError> {
+        let names = CudaFns::NAMES;
+        // SAFETY: `CUresult cuInit(unsigned int Flags)`, Flags must be 0.
+        CuResult(unsafe { (f.init)(0) })
+            .result()
+            .map_err(|s| s.init_error(lib.name, names.init, format!("opened from {}", lib.path)))?;
+        let mut dev: CuDevice = 0;
+        // SAFETY: `&mut dev` is valid for the int the call writes.
+        CuResult(unsafe { (f.device_get)(&mut dev, ordinal) })
+            .result()
+            .map_err(|s| s.init_error(lib.name, names.device_get, format!("ordinal {ordinal}")))?;
+        let mut ctx: CuContext = std::ptr::null_mut();
+        // SAFETY: `&mut ctx` is valid for the pointer the call writes; `dev` came from
+        // cuDeviceGet.
+        CuResult(unsafe { (f.primary_ctx_retain)(&mut ctx, dev) })
+            .result()
+            .map_err(|s| {
+                s.init_error(
+                    lib.name,
+                    names.primary_ctx_retain,
+                    format!("device {ordinal}"),
+                )
+            })?;
+        if ctx.is_null() {
+            // SAFETY: balances the retain that just succeeded.
+            let _ = unsafe { (f.primary_ctx_release)(dev) };
+            return Err(status(0).init_error(
+                lib.name,
+                names.primary_ctx_retain,
+                format!("device {ordinal}: returned success but a null context"),
+            ));
+        }
+        Ok(Session {
+            lib,
+            f,
+            dev,
+            ordinal,
+            stamp: Stamp::now(),
+            ctx: RwLock::new(Some(ctx)),
+            fault: Mutex::new(None),
+        })
+    }
+
+    /// The retained context, read-locked for one call (`None`: released).
+    pub fn context(&self) -> RwLockReadGuard<'_, Option<CuContext>> {
+        self.ctx.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The process the session was opened in.
+    pub fn process(&self) -> Stamp {
+        self.stamp
+    }
+
+    /// The refusal of any use in a forked child (no vendor call is made), if this is one.
+    pub fn check_process(&self, op: Op, call: &str) -> Result<(), DeviceError> {
+        if !self.stamp.forked() {
+            return Ok(());
+        }
+        Err(status(super::sys::CUDA_ERROR_NOT_PERMITTED)
+            .error(op, call, self.stamp.refusal())
+            .before_call())
+    }
+
+    /// Records a sticky fault `call` reported (the first one is kept); whether it is new.
+    pub fn note_fault(&self, code: i64, call: &str) -> bool {
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            return false;
+        }
+        *f = Some((code, call.to_string()));
+        true
+    }
+}
+
+impl VendorSession for Session {
+    /// Releases the primary context once (`cuDevicePrimaryCtxRelease_v2`).
+    fn release(&self) -> Vec<DeviceError> {
+        if self.stamp.forked() {
+            return Vec::new();
+        }
+        let mut ctx = self.ctx.write().unwrap_or_else(|e| e.into_inner());
+        if ctx.take().is_none() {
+            return Vec::new();
+        }
+        // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
+        // in `open`; the context is not used afterwards (`ctx` is `None`).
+        let r = CuResult(unsafe { (self.f.primary_ctx_release)(self.dev) }).result();
+        match r {
+            Ok(()) => Vec::new(),
+            Err(s) => vec![s.error(
+                Op::Device,
+                CudaFns::NAMES.primary_ctx_release,
+                format!("releasing device {}'s primary context", self.ordinal),
+            )],
+        }
+    }
+
+    fn fault(&self) -> Option<(i64, String)> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

@@ -1,0 +1,103 @@
+//! Which process a handle was opened in, and whether this is a forked child of it.
+//!
+//! A child made by `fork` inherits the parent's device handles, but not the right to use them:
+//! CUDA documents `fork` after initialization as undefined behaviour, and on Ascend the child
+//! also inherits the shared host mapping of device memory, so a child's write through it would
+//! land in the parent's device memory. Every vendor device records a [`Stamp`] when it opens;
+//! in a child, every use of it is refused before any vendor call and its foreign host mappings
+//! refuse every access ([`crate::HostMem`]), so the child can neither call the driver nor write
+//! through the parent's mappings, and its destructors give nothing back on the parent's behalf.
+//!
+//! A fork is detected with a `pthread_atfork` child handler (registered once, on the first
+//! stamp) that counts forks: checking a stamp is one atomic load, no system call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+/// How many times this process image went through `fork` on the child's side: 0 in the process
+/// that started, incremented in each child.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+static REGISTER: Once = Once::new();
+
+extern "C" fn on_fork_child() {
+    // Async-signal-safe: one atomic add, nothing else.
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The process a handle belongs to (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The process id at open.
+    pub pid: u32,
+    generation: u64,
+}
+
+impl Stamp {
+    /// The calling process, now. Registers the fork handler on first use.
+    pub fn now() -> Stamp {
+        REGISTER.call_once(|| {
+            // SAFETY: `pthread_atfork(prepare, parent, child)` with null prepare and parent
+            // handlers and a child handler that only touches an atomic; the function pointer
+            // stays valid for the life of the process (it is a plain function of this crate,
+            // which is never unloaded while the process runs: the extension stays loaded).
+            let rc = unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
+            if rc != 0 {
+                log::warn!("pthread_atfork failed ({rc}): a forked child cannot be detected");
+            }
+        });
+        Stamp {
+            pid: std::process::id(),
+            generation: FORKS.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether the calling process is a forked child of the one this stamp was taken in.
+    pub fn forked(&self) -> bool {
+        FORKS.load(Ordering::Acquire) != self.generation
+    }
+
+    /// The refusal every use of a handle meets in a forked child.
+    pub fn refusal(&self) -> String {
+        format!(
+            "worker opened in process {} used in a forked child (process {}): its device handles \
+             are inert here (no vendor call is made, host mappings are revoked); a process that \
+             initialized a device cannot hand it to a forked child: start worker processes with \
+             the 'spawn' or 'forkserver' method (multiprocessing.get_context(\"spawn\"))",
+            self.pid,
+            std::process::id()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_is_current_here_and_forked_in_a_child() {
+        let s = Stamp::now();
+        assert!(!s.forked());
+        assert_eq!(s.pid, std::process::id());
+        // SAFETY: the child only makes async-signal-safe calls (atomic loads, `getpid`,
+        // `_exit`) before it exits; the parent waits for it.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let ok = s.forked() && !Stamp::now().forked();
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status: libc::c_int = 0;
+        // SAFETY: `child` is our child; `&mut status` is valid for the write.
+        let waited = unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(waited, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child saw {status}"
+        );
+        assert!(!s.forked(), "the parent is not a child");
+        assert!(s
+            .refusal()
+            .contains(&format!("worker opened in process {}", s.pid)));
+    }
+}
