@@ -20,6 +20,7 @@ import pytest
 
 import simpler as sp
 from simpler.tools import cli, report
+from simpler.tools.bench import BenchOptions, bench_records
 
 ARMS = ("Residency_staged", "Residency_bulk", "Residency_all")
 RECORD_KEYS = {
@@ -337,10 +338,27 @@ def test_bench_prices_one_run_under_several_models_beside_the_measured_phases(tm
         assert all(k["declared"] for k in r["kernels"])
     rows = report.model_comparison(recs)
     assert {(x["arm"], x["row"]) for x in rows} == {(a, p) for a in ARMS for p in report.MODEL_ROWS}
+    # Every arm's round has a ratio under both models (the ratio's arithmetic is checked on
+    # exact records below).
     for x in rows:
-        for m in ("ascend-a3", "h200"):
-            if x["modeled_ns"][m]:
-                assert x["ratio"][m] == x["measured_ns"] / x["modeled_ns"][m]
+        if x["row"] == "round":
+            assert all(x["ratio"][m] > 0 for m in ("ascend-a3", "h200"))
+
+
+def test_the_device_check_compares_the_device_with_its_platforms_model_only(tmp_path):
+    """The device check prices the case under the model of the device's platform (h200 on cuda,
+    ascend-a3 on ascend) in 2 rounds; a cuda measurement is never compared with ascend-a3."""
+    from simpler.tools import device_check as dc
+
+    opts = BenchOptions(workload="paged_attention", rounds=2, cases=["Small1"], skip_golden=True)
+    measured, failures = bench_records(opts, progress=False)
+    assert not failures
+    assert dc.MODEL_ROUNDS == 2
+    with contextlib.redirect_stdout(io.StringIO()):
+        for platform, model in (("cuda", "h200"), ("ascend", "ascend-a3")):
+            figures = dc._model_error(dc.Context(platform, True, False, tmp_path), "Small1", measured)
+            assert figures and {k.rsplit(".", 1)[1] for k in figures} == {model}
+        assert dc._model_error(dc.Context("sim", True, False, tmp_path), "Small1", measured) == {}
 
 
 def test_the_model_error_compares_one_run_measured_with_another_priced():

@@ -5,6 +5,10 @@ model's own tests, ``crates/ffi-driver/src/model/tests.rs``, check every figure 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -17,12 +21,14 @@ def _modeled(w):
     return w.stats()["modeled_ns"]
 
 
-def test_a_small_d2h_costs_9_5_us_on_ascend_a3():
+def test_a_small_d2h_is_within_5_percent_of_the_measured_median_on_ascend_a3():
+    """hw-native-sys/simpler docs/investigations/2026-09-hbg-per-run-host-view-rebuild.md: a
+    64 B aclrtMemcpy D2H on a2a3, median 9.530 us over 2000 iterations."""
     with sp.Worker("sim", model="ascend-a3") as w:
         buf = w.malloc(64)
         before = _modeled(w)
         w.copy_from(np.empty(16, np.float32), buf)
-        assert abs(_modeled(w) - before - 9_500) <= 10  # the call, and 64 B at 12 GB/s
+        assert abs(_modeled(w) - before - 9_530) <= 0.05 * 9_530
 
 
 # hw-native-sys/simpler docs/investigations/2026-09-hbg-per-run-host-view-rebuild.md: a2a3,
@@ -51,7 +57,7 @@ def test_a_register_unregister_pair_is_within_15_percent_of_every_measured_row(n
         register = _modeled(w) - before - 1_700  # the run's one mapped read: 1.7 us
         before = _modeled(w)
         w.free(buf)  # unmaps, then frees
-        free = 5_000 + nbytes * 150e6 / 32e9 / 2  # 5 us + half the 4.7 ms/GB allocation pair
+        free = 5_000 + nbytes * 150e6 / 32e9 / 2  # 5 us + half the 4.6875 ms/GB allocation pair
         unregister = _modeled(w) - before - round(free)
         assert r.counters["views_mapped"] == 1 and w.stats()["maps"] == 1
         modeled = (register + unregister) / 1e3
@@ -59,6 +65,8 @@ def test_a_register_unregister_pair_is_within_15_percent_of_every_measured_row(n
 
 
 def test_a_256_mib_h2d_runs_at_pageable_and_a_refresh_at_pinned_bandwidth_on_h200():
+    """Both under the ~64 GB/s of the H200's PCIe Gen5 x16 link (NVIDIA's specification), the
+    refresh of a page-locked mirror faster than a copy from pageable memory."""
     n = 256 << 20
     data = np.zeros(n, np.uint8)
     with sp.Worker("sim", model="h200", svm="never") as w:
@@ -66,7 +74,6 @@ def test_a_256_mib_h2d_runs_at_pageable_and_a_refresh_at_pinned_bandwidth_on_h20
         before = _modeled(w)
         w.copy_to(buf, data)  # from pageable numpy memory
         pageable = _modeled(w) - before
-        assert 10.0 <= n / (pageable - 6_500) <= 17.0
         # A mirror is page-locked on this platform: its refresh (one D2H) runs at pinned speed.
         r = w.run(sp.Callable(lambda o, t: o.get_tensor_data(t, 0), [IN]), [buf.tensor((n,), "uint8")])
         assert r.counters["views_mirrored"] == 1 and w.stats()["pins"] == 1
@@ -75,7 +82,7 @@ def test_a_256_mib_h2d_runs_at_pageable_and_a_refresh_at_pinned_bandwidth_on_h20
         r = w.run(sp.Callable(lambda o, t: o.get_tensor_data(t, 0), [IN]), [buf.tensor((n,), "uint8")])
         assert r.counters["mirror_refreshes"] == 1
         pinned = r.modeled["orchestrate"]
-        assert 53.0 <= n / (pinned - 6_500) <= 55.0
+        assert n / 64.0 < pinned < pageable
         assert _modeled(w) - before == pinned
 
 
@@ -122,12 +129,22 @@ def test_reports_carry_modeled_time_beside_measured_time():
         assert r.modeled["bind"] >= 9_500 + (4 << 20) // 41
         assert r.modeled["copy_back"] >= 9_500 + (4 << 20) // 41
         assert r.modeled_dispatch_ns == sum(v for k_, v in r.modeled.items() if k_ != "execute")
-        # The kernel, priced: 4 MiB read and 4 MiB written (its views) at 1.6 TB/s, one task
-        # dispatched by the scheduler (0.8 us over 24 cores).
-        assert r.modeled["execute"] == round(800 / 24 + (8 << 20) / 1_600)
+        # The kernel, priced: one task, one pickup by a core (0.8 us), then 4 MiB read and
+        # 4 MiB written (its views), 8,388,608 B at 1.8 TB/s: 4,660.3 ns.
+        assert r.modeled["execute"] == 800 + 4_660
         assert r.modeled_round_ns == r.modeled_dispatch_ns + r.modeled["execute"]
     with sp.Worker("sim") as w:
         assert w.run(call, [x, np.zeros_like(x)]).modeled is None
+
+
+def test_a_list_of_models_type_checks(tmp_path):
+    """The stubs take ``model="ascend-a3,h200"`` as the docs write it."""
+    pytest.importorskip("mypy")
+    src = tmp_path / "models.py"
+    src.write_text('import simpler as sp\n\nw = sp.Worker("sim", model="ascend-a3,h200")\n')
+    argv = [sys.executable, "-m", "mypy", "--cache-dir", os.devnull, "--no-error-summary", str(src)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_unknown_models_and_models_off_sim_are_refused():
@@ -160,7 +177,6 @@ def test_device_allocation_is_priced_by_size():
         w.free(w.malloc(n))
         pair_ms = (_modeled(w) - before) / 1e6
         assert abs(pair_ms - 150.0 * n / 32e9) <= 0.15 * 150.0 * n / 32e9
-        assert _modeled(w) - before == 15_000 + round(n * 150e6 / 32e9 / 2) * 2
 
 
 def test_fresh_staging_pays_an_allocation_by_size_every_run_the_arena_does_not():
@@ -177,9 +193,14 @@ def test_fresh_staging_pays_an_allocation_by_size_every_run_the_arena_does_not()
             warm[staging] = reports[1]
     assert warm["arena"].counters["device_mallocs"] == 0
     assert warm["fresh"].counters["device_mallocs"] == 2
-    pair = 15_000 + round(x.nbytes * 150e6 / 32e9 / 2) * 2  # ~329.6 us per 64 MiB tensor
+    with sp.Worker("sim", model="ascend-a3", poison=False) as w:  # the same pair, on its own
+        before = _modeled(w)
+        w.free(w.malloc(x.nbytes))
+        pair = _modeled(w) - before
     diff = warm["fresh"].modeled_dispatch_ns - warm["arena"].modeled_dispatch_ns
     assert diff == 2 * pair
+    # pull request 812's ~150 ms per 32 GB of allocation pairs, for 2 x 64 MiB: within 15%.
+    assert abs(diff - 2 * x.nbytes * 150e6 / 32e9) <= 0.15 * 2 * x.nbytes * 150e6 / 32e9
     assert warm["fresh"].modeled["execute"] == warm["arena"].modeled["execute"]
 
 
@@ -217,23 +238,25 @@ def test_kernels_are_priced_from_declared_flops_and_derived_bytes_per_launch_on_
         "flops": {"bf16": 1_000_000, "fp32": 500_000},
     }
     assert kc["work"]["bytes_read"] == n * row * 4
-    memory = 2 * n * row * 4 / 4_300  # 2 MiB: 487.7 ns
-    compute = n * (1_000_000 / 790e3 + 500_000 / 67e3)  # 64 x (1.27 + 7.46 ns) = 558.7 ns
+    # Worked by hand: 2 MiB at 4.3 TB/s = 487.7 ns; 64 x (1 MFLOP at 790 TFLOP/s = 1.266 ns
+    # + 0.5 MFLOP at 67 TFLOP/s = 7.463 ns) = 558.6 ns; one launch, 1.3 us.
     m = kc["modeled"]["h200"]
-    assert (m["overhead_ns"], m["memory_ns"], m["compute_ns"]) == (1_300, round(memory), round(compute))
-    assert m["ns"] == round(1_300 + max(memory, compute)) == r.modeled["execute"]
+    assert (m["overhead_ns"], m["memory_ns"], m["compute_ns"]) == (1_300, 488, 559)
+    assert m["ns"] == 1_859 == r.modeled["execute"]
 
 
 def test_dependent_tasks_of_a_batch_are_priced_as_one_launch_per_level():
     """A batch whose tasks update one accumulator runs as a chain: as many launches as levels
-    (docs/device-kernels.md); on Ascend every task pays the scheduler's dispatch instead."""
+    (docs/device-kernels.md); on Ascend each level waits for the one before, so every task of
+    the chain pays a whole pickup by a core."""
     acc = sp.Kernel(lambda a: np.add(a, 1, out=a), [INOUT], name="acc")
     n = 10
 
     def orch(o, t):
         o.submit_many(acc, t.views([4], np.zeros((n, 1), np.int64)))
 
-    for model, overhead in (("h200", n * 1_300), ("ascend-a3", round(n * 800 / 24))):
+    # 10 launches of 1.3 us; 10 pickups of 0.8 us, one after the other.
+    for model, overhead in (("h200", 13_000), ("ascend-a3", 8_000)):
         with sp.Worker("sim", model=model) as w:
             r = w.run(sp.Callable(orch, [INOUT]), [np.zeros(4, np.float32)])
         (kc,) = r.kernels
@@ -276,3 +299,62 @@ def test_kernel_work_is_checked_where_it_is_declared():
         sp.KernelWork(flops=[("bf16", 1)])
     with pytest.raises(sp.ArgumentTypeError, match="work must be a KernelWork"):
         sp.Kernel(lambda a: None, [IN], work={"flops": {}})
+
+
+def test_independent_tasks_are_picked_up_in_waves_of_24_on_ascend_a3():
+    """24 cores pick up at once: 48 independent tasks take two pickups of 0.8 us, 49 three."""
+    k = sp.Kernel(lambda a: np.add(a, 1, out=a), [INOUT], name="inc")
+    for n, overhead in ((1, 800), (24, 800), (48, 1_600), (49, 2_400)):
+
+        def orch(o, t, n=n):
+            o.submit_many(k, t.views([4], np.arange(n).reshape(n, 1) * 4))
+
+        with sp.Worker("sim", model="ascend-a3") as w:
+            r = w.run(sp.Callable(orch, [INOUT]), [np.zeros(4 * n, np.float32)])
+        (kc,) = r.kernels
+        assert kc["launches"] == 1 and kc["modeled"]["ascend-a3"]["overhead_ns"] == overhead
+
+
+def test_two_kernels_sharing_a_name_are_two_rows():
+    """``report.kernels`` has a row per kernel, not per name."""
+    copy = sp.Kernel(lambda a, b: np.copyto(b, a), [IN, OUT], name="k")
+    double = sp.Kernel(lambda a, b: np.multiply(a, 2, out=b), [IN, OUT], name="k")
+
+    def orch(o, a, b, c):
+        o.submit(copy, a, b)
+        o.submit(double, a, c)
+        o.submit(copy, a, b)
+
+    x = np.ones(256, np.float32)
+    with sp.Worker("sim", model="h200") as w:
+        r = w.run(sp.Callable(orch, [IN, OUT, OUT]), [x, np.zeros_like(x), np.zeros_like(x)])
+    assert [(k["kernel"], k["batches"], k["tasks"]) for k in r.kernels] == [("k", 2, 2), ("k", 1, 1)]
+
+
+def test_derived_bytes_are_the_bytes_a_strided_view_holds():
+    """A column of a (64, 4096) float32 array: 64 elements of 4 B (256 B) read, not the
+    ~1 MiB its rows span."""
+    k = sp.Kernel(lambda a, b: np.copyto(b, a), [IN, OUT], name="column")
+    call = sp.Callable(lambda o, a, b: o.submit(k, a.view([64, 1], [0, 0]), b), [IN, OUT])
+    with sp.Worker("sim", model="h200") as w:
+        r = w.run(call, [np.ones((64, 4096), np.float32), np.zeros((64, 1), np.float32)])
+    (kc,) = r.kernels
+    assert kc["per_task"] == {"bytes_read": 256, "bytes_written": 256, "flops": {}}
+
+
+def test_fp8_work_is_refused_on_ascend_a3_and_priced_on_h200():
+    """910B-class cube units have no FP8: a kernel declaring fp8 operations is refused where it
+    is submitted, under any worker whose models include ascend-a3."""
+    k = sp.Kernel(
+        lambda a, b: np.copyto(b, a), [IN, OUT], name="fp8_mm", work=sp.KernelWork(flops={"fp8": 1 << 20})
+    )
+    call = sp.Callable(lambda o, a, b: o.submit(k, a, b), [IN, OUT])
+    x = np.ones(64, np.float32)
+    with sp.Worker("sim", model="h200") as w:
+        assert w.run(call, [x, np.zeros_like(x)]).kernels[0]["per_task"]["flops"] == {"fp8": 1 << 20}
+    for models in ("ascend-a3", "h200,ascend-a3"):
+        with sp.Worker("sim", model=models) as w:
+            with pytest.raises(
+                sp.ArgumentError, match="kernel fp8_mm declares fp8 operations, which model ascend-a3 cannot"
+            ):
+                w.run(call, [x, np.zeros_like(x)])

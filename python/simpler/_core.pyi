@@ -72,6 +72,7 @@ _StagingMode = Literal["arena", "fresh"]
 _ViewPolicy = Literal["auto", "mapping", "cached", "mirror"]
 _HostView = Literal["lazy", "eager", "auto", "mapping", "cached", "mirror"]
 _ViewKind = Literal["mapping", "cached", "mirror"]
+# One model, or several comma-separated (``"ascend-a3,h200"``), the first being the primary one.
 _Model = Literal["ascend-a3", "h200"]
 _DriverOp = Literal["alloc", "free", "h2d", "d2h", "map", "unmap", "memset", "pin", "unpin"]
 _Phase = Literal["bind", "orchestrate", "execute", "copy_back", "cleanup"]
@@ -514,7 +515,7 @@ class Worker:
         device_id: int | None = None,
         malloc_policy: Literal["huge_first", "huge_only", "normal_only"] | None = None,
         reuse_addresses: bool | None = None,
-        model: _Model | None = None,
+        model: _Model | str | None = None,
         view_policy: _ViewPolicy | None = None,
     ) -> Self: ...
     @property

@@ -55,11 +55,12 @@ fn function_parts(
 /// The work one task of a kernel does, for the sim cost models (``docs/cost-model.md``).
 ///
 /// ``bytes_read`` / ``bytes_written``: bytes the task moves through device memory (``None``:
-/// derived from the task's views, each view's extent read if the kernel reads it and written
-/// if it writes it). ``flops``: operations by precision, ``{"bf16": n, "fp32": m}`` (a
-/// multiply-add counts two; ``bf16``, ``fp16``, ``fp8`` and ``int8`` run on the matrix units,
-/// ``fp32`` on the vector units). A kernel without declared operations is priced by its bytes
-/// alone.
+/// derived from the task's views: the bytes each view holds, its elements times their size,
+/// read if the kernel reads it and written if it writes it). ``flops``: operations by
+/// precision, ``{"bf16": n, "fp32": m}`` (a multiply-add counts two; ``bf16``, ``fp16``,
+/// ``fp8`` and ``int8`` run on the matrix units, ``fp32`` on the vector units; ``ascend-a3``
+/// has no fp8 units, and a worker with that model refuses to submit a kernel declaring fp8
+/// operations). A kernel without declared operations is priced by its bytes alone.
 #[pyclass(module = "simpler._core", name = "KernelWork", frozen)]
 pub struct KernelWork {
     pub work: DeclaredWork,

@@ -113,7 +113,7 @@ impl Signature {
 
 /// The work one task of a kernel does, as the kernel declares it (`sp.Kernel(work=...)`): what
 /// a cost model prices its execution from. Bytes left undeclared are derived from the task's
-/// views (the extent each view touches, read if the kernel reads it, written if it writes it);
+/// views (the bytes each view holds, read if the kernel reads it, written if it writes it);
 /// operations are only known when declared.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DeclaredWork {

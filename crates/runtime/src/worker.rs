@@ -565,8 +565,30 @@ impl Worker {
         scalars: &[Value],
     ) -> Result<u64> {
         let kernel = self.on_device(kernel);
+        self.check_priceable(&kernel, "submit")?;
         let (r, _) = self.active(run)?;
         r.submit(kernel, tensors, scalars)
+    }
+
+    /// Refuses a kernel whose declared work has operations at a precision one of the worker's
+    /// cost models has no units for (fp8 on `ascend-a3`): its price there would mean nothing.
+    fn check_priceable(&self, kernel: &KernelRef<'_>, who: &str) -> Result<()> {
+        let Some(work) = &kernel.work else {
+            return Ok(());
+        };
+        for m in self.mem.dev.cost_models() {
+            if let Some(p) = m.lacks(&work.flops) {
+                return Err(Error::Value(format!(
+                    "{who} {name}: kernel {name} declares {p} operations, which model {model} \
+                     cannot price: its device has no {p} units (declare them at a precision it \
+                     runs, or leave {model} out of the worker's models)",
+                    name = kernel.name,
+                    p = p.name(),
+                    model = m.name,
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// `kernel` as this worker runs it: its device launch dropped unless its code is loaded
@@ -617,6 +639,7 @@ impl Worker {
         new_call: bool,
     ) -> Result<u64> {
         let kernel = self.on_device(kernel);
+        self.check_priceable(&kernel, "submit_many")?;
         let (r, _) = self.active(run)?;
         r.submit_batch(kernel, slots, scalars, count, new_call)
     }

@@ -29,9 +29,10 @@ The checks (``--platform cuda``, the default):
 * ``bench.paged_attention[B64_8K]`` and ``[B256_8K]`` (``--quick``: Small1, Small2) — the bench's
   three arms interleaved (:func:`simpler.tools.bench.bench_records`, golden checked): per-phase
   warm medians per arm, the dispatch ratios bulk/staged and all/bulk, execute ms per round; then
-  the model's error: the same case priced on sim under every cost model, printed beside the
-  measured phases (every phase, the dispatch path and the round) with the ratio measured /
-  modeled, figures ``model.<arm>.<row>.<model>`` (``docs/cost-model.md`` keeps them per platform).
+  the model's error: the same case priced on sim (2 rounds) under the cost model of the device's
+  platform (``h200`` on cuda, ``ascend-a3`` on ascend), printed beside the measured phases (every
+  phase, the dispatch path and the round) with the ratio measured / modeled, figures
+  ``model.<arm>.<row>.<model>`` (``docs/cost-model.md`` keeps them per platform).
 * ``export.torch_side_stream`` — a torch side stream reads a :class:`~simpler.DeviceTensor`
   right after ``Buffer.copy_to`` wrote new data, many times, through ``torch.from_dlpack`` (the
   capsule made for the side stream, and torch asking itself) and through
@@ -70,7 +71,6 @@ from typing import IO, Any
 import numpy as np
 
 from .. import __version__
-from .._core import MODELS
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, DeviceError, PlatformUnavailableError
 from ..testing import fake_cuda
@@ -631,23 +631,36 @@ def _bench_check(case: str) -> Check:
             figures["dispatch_ratio_all_over_bulk"] = round(
                 dispatch["Residency_all"] / dispatch["Residency_bulk"], 4
             )
-        figures.update(_model_error(ctx, case, rounds, records))
+        figures.update(_model_error(ctx, case, records))
         return figures
 
     return check
 
 
-def _model_error(ctx: Context, case: str, rounds: int, measured: list[dict[str, Any]]) -> Figures:
-    """The model's error: the same case priced on sim under every cost model (golden skipped:
-    the device run checked it), printed beside the device's measured phases with the ratio
-    measured / modeled; the ratios become figures ``model.<arm>.<row>.<model>``."""
+# The cost model that stands for each platform's device (the driver's `CostModel::for_platform`):
+# the device's measured phases are compared with this model only.
+PLATFORM_MODEL = {"cuda": "h200", "ascend": "ascend-a3"}
+
+# Rounds of the priced sim run: its modeled phases do not vary from one warm round to the next,
+# so one cold and one warm round say all (they run while the device is held).
+MODEL_ROUNDS = 2
+
+
+def _model_error(ctx: Context, case: str, measured: list[dict[str, Any]]) -> Figures:
+    """The model's error: the same case priced on sim (golden skipped: the device run checked
+    it) under the model of the device's platform (:data:`PLATFORM_MODEL`), printed beside the
+    device's measured phases with the ratio measured / modeled; the ratios become figures
+    ``model.<arm>.<row>.<model>``. Nothing on a platform without a model (sim)."""
+    model = PLATFORM_MODEL.get(ctx.platform)
+    if model is None:
+        return {}
     opts = BenchOptions(
         workload="paged_attention",
-        rounds=rounds,
+        rounds=MODEL_ROUNDS,
         platform="sim",
         cases=[case],
         skip_golden=True,
-        worker_options={"model": ",".join(MODELS)},
+        worker_options={"model": model},
     )
     modeled, failures = bench_records(opts, progress=False)
     if failures:

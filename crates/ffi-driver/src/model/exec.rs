@@ -1,7 +1,8 @@
 //! Pricing device execution: the work of a batch of tasks (bytes moved through device memory,
 //! operations by precision) turned into time with a device's rates, plus the cost of getting
-//! the tasks onto the device (a launch per batch on CUDA, a scheduler dispatch per task on
-//! Ascend). `docs/cost-model.md` names the source of every rate.
+//! the tasks onto the device (a launch per dependence level on CUDA, a scheduler's pickup per
+//! task on Ascend, in waves of as many tasks as there are cores, level after level).
+//! `docs/cost-model.md` names the source of every rate.
 
 use std::fmt;
 
@@ -117,7 +118,9 @@ pub enum Dispatch {
     /// submit; `docs/device-kernels.md`), each costing `ns`.
     PerLaunch { ns: f64 },
     /// A scheduler hands every task to a core: `ns` per task on a core, `cores` cores picking
-    /// tasks up at once (Ascend's AICPU scheduler and its AICores).
+    /// tasks up at once (Ascend's AICPU scheduler and its AICores). A dependence level of `n`
+    /// tasks takes `ceil(n / cores)` pickups in a row, and a level starts after the one it
+    /// depends on: a chain of dependent tasks pays a whole pickup per task.
     PerTask { ns: f64, cores: u32 },
 }
 
@@ -127,7 +130,8 @@ pub enum Dispatch {
 pub struct DeviceRates {
     /// Device memory bandwidth (what a device-to-device copy reaches).
     pub memory_gbps: f64,
-    /// Throughput by precision, in [`Precision::ALL`] order.
+    /// Throughput by precision, in [`Precision::ALL`] order; 0 for a precision the device
+    /// has no units for (see [`DeviceRates::runs`]).
     pub tflops: [f64; 5],
     pub dispatch: Dispatch,
 }
@@ -163,11 +167,26 @@ impl fmt::Display for ExecCost {
 }
 
 impl DeviceRates {
-    /// What `tasks` tasks doing `work` in total cost, run as `launches` launches.
-    pub fn price(&self, tasks: u64, launches: u64, work: &Work) -> ExecCost {
+    /// Whether the device has units for operations at `p` (work at a precision it lacks is
+    /// refused where it is submitted, not priced).
+    pub fn runs(&self, p: Precision) -> bool {
+        self.tflops[p.index()] > 0.0
+    }
+
+    /// What a batch of tasks doing `work` in total costs: `levels` holds the task count of
+    /// each dependence level (one entry for independent tasks), and a launching device makes
+    /// `launches` launches of it. Operations at a precision the device does not
+    /// [`run`](DeviceRates::runs) price as infinite time: callers refuse them first.
+    pub fn price(&self, levels: &[u64], launches: u64, work: &Work) -> ExecCost {
         let overhead_ns = match self.dispatch {
             Dispatch::PerLaunch { ns } => launches as f64 * ns,
-            Dispatch::PerTask { ns, cores } => tasks as f64 * ns / f64::from(cores.max(1)),
+            Dispatch::PerTask { ns, cores } => {
+                let waves: u64 = levels
+                    .iter()
+                    .map(|n| n.div_ceil(u64::from(cores.max(1))))
+                    .sum();
+                waves as f64 * ns
+            }
         };
         let bytes = work.bytes_read as f64 + work.bytes_written as f64;
         let compute_ns = work
@@ -203,7 +222,7 @@ mod tests {
             bytes_written: 1_000_000, // 5 us at 1000 GB/s
             flops,
         };
-        let c = RATES.price(100, 3, &work);
+        let c = RATES.price(&[100], 3, &work);
         assert_eq!(
             (c.overhead_ns, c.memory_ns, c.compute_ns),
             (6_000.0, 5_000.0, 15_000.0)
@@ -216,7 +235,26 @@ mod tests {
             },
             ..RATES
         };
-        assert_eq!(per_task.price(240, 1, &Work::default()).ns(), 8_000);
+        let none = Work::default();
+        // 240 independent tasks on 24 cores: 10 pickups in a row, 8 us.
+        assert_eq!(per_task.price(&[240], 1, &none).ns(), 8_000);
+        // One task pays a whole pickup; 25 need a second wave.
+        assert_eq!(per_task.price(&[1], 1, &none).ns(), 800);
+        assert_eq!(per_task.price(&[25], 1, &none).ns(), 1_600);
+        // A chain of 10 dependent tasks: 10 levels of one task, 10 pickups.
+        assert_eq!(per_task.price(&[1; 10], 10, &none).ns(), 8_000);
+        // Levels of 24, 1 and 30 tasks: 1 + 1 + 2 waves.
+        assert_eq!(per_task.price(&[24, 1, 30], 3, &none).ns(), 3_200);
+    }
+
+    #[test]
+    fn a_precision_without_units_is_not_run() {
+        let no_fp8 = DeviceRates {
+            tflops: [100.0, 100.0, 0.0, 200.0, 10.0],
+            ..RATES
+        };
+        assert!(!no_fp8.runs(Precision::Fp8));
+        assert!(no_fp8.runs(Precision::Int8) && RATES.runs(Precision::Fp8));
     }
 
     #[test]

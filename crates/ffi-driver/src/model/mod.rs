@@ -148,9 +148,13 @@ impl CostModel {
                 mapped_bulk_read_gbps: 0.3,
                 pins_mirrors: false,
                 exec: DeviceRates {
-                    memory_gbps: 1_600.0,
-                    // bf16, fp16, fp8, int8 on the cube units; fp32 on the vector units.
-                    tflops: [320.0, 320.0, 640.0, 640.0, 26.0],
+                    // The least bandwidth consistent with upstream's measured warm paged
+                    // attention round (docs/cost-model.md).
+                    memory_gbps: 1_800.0,
+                    // bf16, fp16 and int8 on the cube units (910B-class cube units have no
+                    // fp8: refused); fp32 on the vector units, scaled from the H200's
+                    // vector-to-matrix ratio (67 x 320 / 790 = 27.14).
+                    tflops: [320.0, 320.0, 0.0, 640.0, 67.0 * 320.0 / 790.0],
                     dispatch: Dispatch::PerTask {
                         ns: 800.0,
                         cores: 24,
@@ -216,6 +220,15 @@ impl CostModel {
             "ascend-a3"
         };
         CostModel::named(name).expect("a known model")
+    }
+
+    /// The first precision `flops` counts operations at that this model's device has no units
+    /// for (fp8 on `ascend-a3`), or `None` when it runs them all.
+    pub fn lacks(&self, flops: &Flops) -> Option<Precision> {
+        flops
+            .entries()
+            .map(|(p, _)| p)
+            .find(|&p| !self.exec.runs(p))
     }
 
     /// What one successful driver operation of `bytes` costs; `pinned`: its host side is

@@ -1,5 +1,7 @@
-//! One test per calibrated figure: the model reproduces the public measurement it comes from
-//! (the sources are named in `docs/cost-model.md` and in each test).
+//! One test per calibrated figure: the model reproduces the public measurement it comes from,
+//! written here as its source gives it, within the tolerance each test states (the sources are
+//! named in `docs/cost-model.md` and in each test). An assumed figure is checked against the
+//! public ceiling it must stay under (a vendor's specification), never against itself.
 
 use super::*;
 
@@ -68,9 +70,17 @@ fn the_unregister_dominated_slope_matches_256_ms_for_38_gib() {
 }
 
 #[test]
-fn a_small_d2h_costs_9_5_us_on_a2a3() {
-    // Same investigation: aclrtMemcpy D2H of 4-64 B, median ~9.5 us (9.53-9.89).
-    assert!((us(a3().op_ns(Op::D2h, 64, false, 0)) - 9.5).abs() < 0.01);
+fn a_small_d2h_is_within_5_percent_of_every_measured_median_on_a2a3() {
+    // Same investigation: aclrtMemcpy D2H, 2000 iterations, medians in us by size in bytes.
+    let rows: [(u64, f64); 3] = [(4, 9.740), (8, 9.890), (64, 9.530)];
+    for (bytes, measured) in rows {
+        let modeled = us(a3().op_ns(Op::D2h, bytes, false, 0));
+        let err = (modeled - measured).abs() / measured;
+        assert!(
+            err <= 0.05,
+            "{bytes} B: modeled {modeled} us, measured {measured} us"
+        );
+    }
 }
 
 #[test]
@@ -92,7 +102,7 @@ fn a2a3_host_link_runs_at_55_gbps_pinned_and_within_22_55_gbps_pageable() {
 #[test]
 fn device_allocation_is_priced_by_size() {
     // hw-native-sys/simpler pull request 812: ~32 GB of aclrtMalloc + aclrtFree per run
-    // cost ~150 ms (~4.7 ms/GB).
+    // cost ~150 ms (~4.7 ms/GB); within 15%.
     let m = a3();
     let pair_ms =
         |b: u64| (m.op_ns(Op::Alloc, b, false, b) + m.op_ns(Op::Free, b, false, b)) as f64 / 1e6;
@@ -101,44 +111,44 @@ fn device_allocation_is_priced_by_size() {
         (pair_ms(32 << 30) - 150.0).abs() / 150.0 <= 0.15,
         "32 GiB read as GiB too"
     );
-    // A small allocation still pays the call.
-    assert_eq!(m.op_ns(Op::Alloc, 4096, false, 4096), 10_010);
+    // A small allocation still pays the call: 4 KiB costs about what an empty one does.
+    let alloc = |b: u64| m.op_ns(Op::Alloc, b, false, b);
+    assert!(alloc(0) > 0 && alloc(4096) - alloc(0) < alloc(0) / 100);
 }
 
 #[test]
-fn h200_reference_figures() {
+fn h200_host_figures_against_nvidias_published_ones() {
     let m = h200();
-    // 256 MiB H2D at 53-55 GB/s pinned, 10-17 GB/s pageable.
+    // The host link: PCIe Gen5 x16, ~64 GB/s per direction (NVIDIA's H200 specification);
+    // pageable copies slower than pinned ones.
     let gbps = |ns: u64| (256u64 << 20) as f64 / ns as f64;
     let pinned = gbps(m.op_ns(Op::H2d, 256 << 20, true, 0));
     let pageable = gbps(m.op_ns(Op::H2d, 256 << 20, false, 0));
-    assert!((53.0..=55.0).contains(&pinned), "{pinned}");
-    assert!((10.0..=17.0).contains(&pageable), "{pageable}");
+    assert!(pinned < 64.0 && pageable < pinned, "{pinned}, {pageable}");
     // cudaMemcpy fixed overhead 6-7 us (GDRCopy README).
     assert!((6.0..=7.0).contains(&us(m.op_ns(Op::D2h, 4, true, 0))));
     // A mapped 4-byte read 1.7 us, write 0.09 us (GDRCopy).
-    assert_eq!(m.mapped_access_ns(1, 0), 1_700);
-    assert_eq!(m.mapped_access_ns(0, 1), 90);
-    // cudaHostRegister ~0.1 s/GB.
-    assert_eq!(m.op_ns(Op::Pin, 1_000_000_000, false, 0), 100_000_000);
-    // GDRCopy pinning, low end: 10 us a pair whatever the size.
-    assert_eq!(pair_us(&m, 4096), 10.0);
-    assert_eq!(pair_us(&m, 1 << 30), 10.0);
+    assert_eq!(us(m.mapped_access_ns(1, 0)), 1.7);
+    assert_eq!(us(m.mapped_access_ns(0, 1)), 0.09);
+    // GDRCopy pinning: "10 us - 1 ms depending on size".
+    for bytes in [4096, 1 << 20, 1 << 30] {
+        let pair = pair_us(&m, bytes);
+        assert!((10.0..=1_000.0).contains(&pair), "{bytes} B: {pair} us");
+    }
 }
 
 #[test]
-fn h200_device_rates_reproduce_a_device_copy_and_a_large_matrix_product() {
+fn h200_device_rates_stay_within_nvidias_specification() {
     let m = h200();
-    // A 1 GiB device-to-device copy (read + write) at ~4.3 TB/s.
+    // A 1 GiB device-to-device copy (read + write): under the 4.8 TB/s HBM3e peak.
     let copy = Work {
         bytes_read: 1 << 30,
         bytes_written: 1 << 30,
         flops: Flops::default(),
     };
-    let c = m.exec.price(1, 1, &copy);
-    let tbps = 2.0 * (1u64 << 30) as f64 / c.memory_ns / 1e3;
-    assert!((tbps - 4.3).abs() < 0.01, "{tbps}");
-    // An 8192^3 bf16 matrix product at ~790 TFLOP/s.
+    let tbps = 2.0 * (1u64 << 30) as f64 / m.exec.price(&[1], 1, &copy).memory_ns / 1e3;
+    assert!(tbps <= 4.8, "{tbps}");
+    // An 8192^3 bf16 matrix product: under the 989 TFLOP/s dense BF16 peak.
     let n = 8192u64;
     let mut flops = Flops::default();
     flops.set(Precision::Bf16, 2 * n * n * n);
@@ -147,9 +157,44 @@ fn h200_device_rates_reproduce_a_device_copy_and_a_large_matrix_product() {
         bytes_written: n * n * 2,
         flops,
     };
-    let c = m.exec.price(1, 1, &mm);
-    let tflops = (2 * n * n * n) as f64 / (c.ns() as f64 - 1_300.0) / 1e3;
-    assert!((tflops - 790.0).abs() / 790.0 < 0.01, "{tflops}");
+    let tflops = (2 * n * n * n) as f64 / m.exec.price(&[1], 1, &mm).compute_ns / 1e3;
+    assert!(tflops <= 989.0, "{tflops}");
+    // FP32 (non-tensor): at most the 67 TFLOP/s of the specification.
+    let mut v = Flops::default();
+    v.set(Precision::Fp32, 67_000_000);
+    let vec_work = Work {
+        flops: v,
+        ..Work::default()
+    };
+    let vector = 67e6 / m.exec.price(&[1], 1, &vec_work).compute_ns / 1e3;
+    assert!(vector <= 67.0, "{vector}");
+}
+
+#[test]
+fn a2a3_streams_the_b256_8k_kv_cache_within_upstreams_measured_round() {
+    // hw-native-sys/simpler docs/investigations/2026-09-hbg-per-run-host-view-rebuild.md: a
+    // warm paged-attention chip.run of ~0.6 ms on a2a3 at 256 sequences of 8,192 tokens, one
+    // KV head of 128 bf16 values: its K and V caches, 2 x 256 x 8192 x 128 x 2 B, are read
+    // at least once within the round.
+    let kv = 2 * 256 * 8192 * 128 * 2u64;
+    let read = Work {
+        bytes_read: kv,
+        ..Work::default()
+    };
+    let ms = a3().exec.price(&[1], 1, &read).memory_ns / 1e6;
+    assert!(ms <= 0.6, "{ms} ms");
+}
+
+#[test]
+fn a2a3_has_no_fp8_units() {
+    let mut f = Flops::default();
+    f.set(Precision::Fp8, 1);
+    assert_eq!(a3().lacks(&f), Some(Precision::Fp8));
+    assert_eq!(h200().lacks(&f), None);
+    f = Flops::default();
+    f.set(Precision::Int8, 1);
+    f.set(Precision::Bf16, 1);
+    assert_eq!(a3().lacks(&f), None);
 }
 
 #[test]

@@ -345,23 +345,27 @@ impl RunState {
             .collect()
     }
 
-    /// How many launches batch `i` takes as device code: one per dependence level (one in
-    /// all for independent tasks), each split at the grid's z limit. The count planning
-    /// makes, for any batch, so a cost model prices launches as a device would make them.
-    pub(crate) fn batch_launches(&self, i: usize) -> u64 {
+    /// Batch `i`'s dependence levels and the launches it takes as device code: the task count
+    /// of each level, in level order (one entry for independent tasks), and one launch per
+    /// level, each split at the grid's z limit. The levels and launches planning makes, for
+    /// any batch, so a cost model prices the batch as a device would run it.
+    pub(crate) fn batch_shape(&self, i: usize) -> (Vec<u64>, u64) {
         let b = self.tasks.batch(i);
         let gz = b.device.map_or(1, |(db, _)| db.dims.grid[2]);
         let per = tasks_per_launch(gz);
-        match batch_levels(&self.batch_spans(i), b.count) {
-            None => u64::from(b.count).div_ceil(per),
+        let sizes = match batch_levels(&self.batch_spans(i), b.count) {
+            None => vec![u64::from(b.count)],
             Some(level) => {
-                let mut per_level: HashMap<u32, u64> = HashMap::new();
+                let top = level.iter().copied().max().unwrap_or(0) as usize;
+                let mut sizes = vec![0u64; top + 1];
                 for l in level {
-                    *per_level.entry(l).or_default() += 1;
+                    sizes[l as usize] += 1;
                 }
-                per_level.values().map(|n| n.div_ceil(per)).sum()
+                sizes
             }
-        }
+        };
+        let launches = sizes.iter().map(|n| n.div_ceil(per)).sum();
+        (sizes, launches)
     }
 
     /// Slot `s`'s bytes as planning reads them.

@@ -1,9 +1,10 @@
 //! Pricing a run's kernels with the device's cost models (sim with `model=`): every batch of
-//! tasks costs what [`simpler_driver::model::DeviceRates::price`] says for its work, its task
-//! count and the launches a device would make of it (`launch.rs` counts them the way it plans
-//! them: one per dependence level). A task's work is what its kernel declares; bytes it leaves
-//! undeclared are the extents of its views. The total is charged to the `execute` phase, and
-//! the report keeps the work and cost of each kernel.
+//! tasks costs what [`simpler_driver::model::DeviceRates::price`] says for its work, its
+//! dependence levels and the launches a device would make of it (`launch.rs` finds them the
+//! way it plans them: one level per dependence, one launch per level). A task's work is what
+//! its kernel declares; bytes it leaves undeclared are what its views hold (elements times
+//! element size). The total is charged to the `execute` phase, and the report keeps the work
+//! and cost of each kernel (one row per kernel, whatever its name).
 
 use simpler_driver::model::{ExecCost, Work, MODELS};
 
@@ -13,8 +14,10 @@ use crate::run::report::{KernelCost, KernelModeled};
 use crate::run::state::RunState;
 
 impl RunState {
-    /// The bytes one task of batch `i` reads and writes through its views: each view's extent,
-    /// read when the kernel reads it, written when it writes it.
+    /// The bytes one task of batch `i` reads and writes through its views: the bytes each view
+    /// holds (its elements times their size; a strided view's gaps are not moved), read when
+    /// the kernel reads it, written when it writes it. A view whose elements share bytes (a
+    /// zero stride) counts no more than the bytes it spans.
     fn derived_bytes(&self, i: usize) -> (u64, u64) {
         let b = self.tasks.batch(i);
         let (mut read, mut written) = (0u64, 0u64);
@@ -23,12 +26,12 @@ impl RunState {
             if self.args[slot.arg as usize].alloc.is_none() {
                 continue;
             }
-            let extent = slot.geometry.extent();
+            let bytes = slot.geometry.nbytes().min(slot.geometry.extent());
             if slot.dir.reads() {
-                read = read.saturating_add(extent);
+                read = read.saturating_add(bytes);
             }
             if slot.dir.writes() {
-                written = written.saturating_add(extent);
+                written = written.saturating_add(bytes);
             }
         }
         (read, written)
@@ -42,6 +45,9 @@ impl RunState {
             return;
         }
         let mut rows: Vec<KernelCost> = Vec::new();
+        // The kernel of each row: rows are keyed by the kernel, not its name (two kernels may
+        // share one).
+        let mut ids: Vec<u32> = Vec::new();
         let mut total = [0u64; MODELS.len()];
         for i in 0..self.tasks.batch_count() {
             let b = self.tasks.batch(i);
@@ -54,13 +60,13 @@ impl RunState {
                 flops: declared.flops,
             };
             let work = per_task.times(count);
-            let launches = self.batch_launches(i);
-            let name = self.tasks.name_of(b.kernel);
-            let at = match rows.iter().position(|r| r.name == name) {
+            let (levels, launches) = self.batch_shape(i);
+            let at = match ids.iter().position(|&k| k == b.kernel) {
                 Some(at) => at,
                 None => {
+                    ids.push(b.kernel);
                     rows.push(KernelCost {
-                        name: name.to_owned(),
+                        name: self.tasks.name_of(b.kernel).to_owned(),
                         declared: b.work.is_some(),
                         per_task,
                         modeled: models
@@ -81,7 +87,7 @@ impl RunState {
             row.launches += launches;
             row.work.add(&work);
             for ((m, k), t) in models.iter().zip(&mut row.modeled).zip(&mut total) {
-                let cost: ExecCost = m.exec.price(count, launches, &work);
+                let cost: ExecCost = m.exec.price(&levels, launches, &work);
                 k.overhead_ns += cost.overhead_ns;
                 k.memory_ns += cost.memory_ns;
                 k.compute_ns += cost.compute_ns;
