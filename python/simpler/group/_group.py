@@ -156,8 +156,7 @@ class DeviceGroup:
         exception: raised (rebuilt), the first one in device order."""
         b = self._backend
         n = len(self.devices)
-        for i in range(n):
-            b.start(i, method, per_device[i])
+        b.start_all(method, list(per_device))
         answers: list[Any] = [None] * n
         pending = list(range(n))
         try:
@@ -190,6 +189,9 @@ class DeviceGroup:
         """Arrays in shared memory (each placed once), handles kept; the current block."""
         if self._arena is None:
             return list(per_device), None
+        if not any(per_device):
+            self.shared_bytes = 0
+            return list(per_device), self._arena.block_name()
         arrays: dict[int, np.ndarray] = {}
 
         def collect(x: Any) -> Any:
@@ -235,8 +237,11 @@ class DeviceGroup:
         self._check_open()
         rows = self._per_device(per_device, args, "round")
         packed, block = self._pack(rows)
+        first = packed[0]
+        same = all(r is first for r in packed)
+        calls = [(fn, first, block)] * len(packed) if same else [(fn, r, block) for r in packed]
         try:
-            return self._all("call", [(fn, row, block) for row in packed], "round")
+            return self._all("call", calls, "round")
         finally:
             if self._arena is not None and not self._closed:
                 self._arena.write_back()

@@ -18,6 +18,13 @@ from typing import Any
 from ._host import DeviceHost
 
 
+def _pickle(obj: Any) -> bytes:
+    """What ``Connection.send`` would write."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return bytes(ForkingPickler.dumps(obj))
+
+
 def _serve(conn: Connection, platform: str, device: int, index: int, options: dict[str, Any]) -> None:
     """The child's loop: calls in order until ``close`` (or the parent goes away)."""
     # Ctrl+C in a terminal reaches the whole process group: the parent decides what the children
@@ -58,6 +65,10 @@ class Child:
     def send(self, method: str, args: tuple[Any, ...]) -> None:
         """Starts a call (the answer is read by :meth:`recv`)."""
         self.conn.send((method, args))
+
+    def send_bytes(self, message: bytes) -> None:
+        """Starts a call already pickled (one pickling for every device of a round)."""
+        self.conn.send_bytes(message)
 
     def recv(self) -> tuple[str, Any]:
         """The answer of the call in progress; ``("dead", exitcode)`` if the child died."""
@@ -105,11 +116,26 @@ class Backend:
     def start(self, index: int, method: str, args: tuple[Any, ...]) -> None:
         self.children[index].send(method, args)
 
+    def start_all(self, method: str, per_device: list[tuple[Any, ...]]) -> None:
+        """Starts ``method`` on every child; a message the same for all is pickled once."""
+        first = per_device[0]
+        if all(a is first for a in per_device):
+            message = _pickle((method, first))
+            for c in self.children:
+                c.send_bytes(message)
+            return
+        for c, a in zip(self.children, per_device):
+            c.send(method, a)
+
     def finish(self, index: int) -> tuple[str, Any]:
         return self.children[index].recv()
 
     def wait_any(self, indices: list[int], timeout: float | None) -> list[int]:
-        """The children among ``indices`` whose answer (or death) is ready."""
+        """The children among ``indices`` whose answer (or death) is ready. With every child
+        working, the first one is simply waited for (a blocking read costs less than a
+        selector); the caller comes back for the rest."""
+        if timeout is None:
+            return indices[:1]
         conns = {id(self.children[i].ready()): i for i in indices}
         ready = wait([self.children[i].ready() for i in indices], timeout)
         return [conns[id(c)] for c in ready]
