@@ -156,7 +156,11 @@ class DeviceGroup:
         exception: raised (rebuilt), the first one in device order."""
         b = self._backend
         n = len(self.devices)
-        b.start_all(method, list(per_device))
+        if hasattr(b, "start_all"):  # a backend that sends one message to every device at once
+            b.start_all(method, list(per_device))
+        else:
+            for i in range(n):
+                b.start(i, method, per_device[i])
         answers: list[Any] = [None] * n
         pending = list(range(n))
         try:
