@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from collections.abc import Callable as Fn
 from collections.abc import Sequence
 from typing import Any
@@ -126,6 +127,17 @@ class DeviceGroup:
 
     def __len__(self) -> int:
         return len(self.devices)
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn(
+            f"unclosed {self!r}: close it (or use it as a context manager)", ResourceWarning, stacklevel=2
+        )
+        try:
+            self.close()
+        except Exception:
+            log.exception("closing an unclosed device group")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
