@@ -41,6 +41,7 @@ from .errors import (
     SimplerError,
     StateError,
 )
+from .group import DeviceGroup, DeviceGroupError, GroupResidentSet
 from .testing import CaseRun, SceneTestCase, main, run_case, scene_test
 from .worker import (
     ArgDirection,
@@ -81,8 +82,11 @@ __all__ = [
     "CudaCode",
     "DeviceArray",
     "DeviceError",
+    "DeviceGroup",
+    "DeviceGroupError",
     "DeviceTensor",
     "GeometryError",
+    "GroupResidentSet",
     "HazardError",
     "Kernel",
     "KernelWork",

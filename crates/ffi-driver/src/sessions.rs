@@ -45,6 +45,28 @@ pub(crate) trait VendorSession: Send + Sync {
     fn fault(&self) -> Option<(i64, String)>;
 }
 
+/// The first sticky fault a call reported on a session's device (its code and the call); the
+/// later ones are its consequences.
+#[derive(Debug, Default)]
+pub(crate) struct FirstFault(Mutex<Option<(i64, String)>>);
+
+impl FirstFault {
+    /// Records a fault `call` reported, unless one is recorded; whether it is the first.
+    pub fn note(&self, code: i64, call: &str) -> bool {
+        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_some() {
+            return false;
+        }
+        *f = Some((code, call.to_string()));
+        true
+    }
+
+    /// The first fault, if any.
+    pub fn get(&self) -> Option<(i64, String)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Which session: platform, the library that serves it, and the device id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Key {

@@ -63,7 +63,7 @@ pub(crate) struct Session {
     /// Read-locked by every call for its duration, write-locked by the release.
     held: RwLock<Held>,
     /// The first device fault a call reported: (code, call).
-    fault: Mutex<Option<(i64, String)>>,
+    fault: crate::sessions::FirstFault,
 }
 
 // SAFETY: `Context` is an opaque runtime handle that the runtime lets any thread make current;
@@ -96,7 +96,7 @@ impl Session {
                 ctx: None,
                 acl: false,
             }),
-            fault: Mutex::new(None),
+            fault: crate::sessions::FirstFault::default(),
         };
         let lib = runtime.lib();
         if let Runtime::Acl(_, f) = runtime {
@@ -258,12 +258,7 @@ impl Session {
 
     /// Records the device fault `e` reported (the first one is kept); whether it is new.
     pub fn note_fault(&self, e: &DeviceError) -> bool {
-        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
-        if f.is_some() {
-            return false;
-        }
-        *f = Some((e.code, e.call.clone()));
-        true
+        self.fault.note(e.code, &e.call)
     }
 
     /// Whether the device reference is still held.
@@ -397,7 +392,7 @@ impl VendorSession for Session {
     }
 
     fn fault(&self) -> Option<(i64, String)> {
-        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.fault.get()
     }
 }
 

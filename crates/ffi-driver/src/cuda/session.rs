@@ -9,7 +9,7 @@
 //! session is given back at once (the context is reset, unless another library in the process
 //! retains it too), so that the next worker opens a working device.
 
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use super::loading::CudaFns;
 use super::sys::{status, CuContext, CuDevice, CuResult};
@@ -29,7 +29,7 @@ pub(crate) struct Session {
     /// duration, write-locked by the release.
     ctx: RwLock<Option<CuContext>>,
     /// The first sticky fault a call reported: (code, call).
-    fault: Mutex<Option<(i64, String)>>,
+    fault: crate::sessions::FirstFault,
 }
 
 // SAFETY: `CuContext` is an opaque driver handle that CUDA lets any thread make current; the
@@ -89,7 +89,7 @@ impl Session {
             ordinal,
             stamp: Stamp::now(),
             ctx: RwLock::new(Some(ctx)),
-            fault: Mutex::new(None),
+            fault: crate::sessions::FirstFault::default(),
         })
     }
 
@@ -115,12 +115,7 @@ impl Session {
 
     /// Records a sticky fault `call` reported (the first one is kept); whether it is new.
     pub fn note_fault(&self, code: i64, call: &str) -> bool {
-        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
-        if f.is_some() {
-            return false;
-        }
-        *f = Some((code, call.to_string()));
-        true
+        self.fault.note(code, call)
     }
 }
 
@@ -148,6 +143,6 @@ impl VendorSession for Session {
     }
 
     fn fault(&self) -> Option<(i64, String)> {
-        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.fault.get()
     }
 }

@@ -1,0 +1,467 @@
+"""The parent's side of a device group: :class:`DeviceGroup` and :class:`GroupResidentSet`."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import warnings
+from collections.abc import Callable as Fn
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import errors
+from .._core import PLATFORMS
+from ._host import DeviceContext
+from ._transport import GroupTensor, SharedArrays, walk
+
+log = logging.getLogger("simpler.group")
+
+#: The backends a group runs on.
+BACKENDS = ("multiprocessing", "ray")
+
+#: How long a closing child may take to release its device before it is killed.
+_CLOSE_TIMEOUT_S = 60.0
+
+
+class DeviceGroupError(errors.SimplerError, RuntimeError):
+    """A device of a group failed as a process: it died (killed, crashed, out of memory) or
+    could not be reached. ``device`` and ``phase`` say which and when; the group is closed."""
+
+    def __init__(self, message: str, device: int | None = None, phase: str = ""):
+        super().__init__(message)
+        self.device = device
+        self.phase = phase
+
+
+#: Exceptions a child raised, rebuilt by type name (anything else: DeviceGroupError).
+_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
+_ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError})
+
+
+def _remote(device: int, phase: str, kind: str, message: str, trace: str) -> BaseException:
+    cls = _ERRORS.get(kind)
+    text = f"device {device} ({phase}): {message}"
+    e = cls(text) if cls is not None else DeviceGroupError(f"{text} [{kind}]", device, phase)
+    e.__notes__ = [f"raised in the process of device {device}:\n{trace}"]  # type: ignore[attr-defined]
+    return e
+
+
+def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> dict[str, Any]:
+    """A round's function for :meth:`DeviceGroup.run`."""
+    return ctx.run(make, args)
+
+
+class DeviceGroup:
+    """Several devices, one worker process per device, with residency in each of them.
+
+    ``DeviceGroup(platform="sim", devices=None, *, backend="multiprocessing", address=None,
+    **worker_options)``
+
+    Args:
+        platform: ``"sim"``, ``"ascend"`` or ``"cuda"``; on ``sim`` each child simulates one
+            device.
+        devices: the device ids, one child each (default ``[0]``; on sim any distinct ids).
+        backend: ``"multiprocessing"`` (the standard library, ``spawn`` start method, arrays
+            through shared memory; one machine) or ``"ray"`` (one Ray actor per device, arrays
+            through Ray's object store; a group can span machines).
+        address: ray only: the cluster to join (``"auto"``, ``"ray://host:10001"``); ``None``
+            joins or starts a local Ray.
+        worker_options: passed to each child's :class:`~simpler.Worker` (``staging``,
+            ``model``, ``view_policy``, ...).
+
+    ``round(fn, per_device)`` runs ``fn(ctx, *args)`` on every device at once (``ctx`` a
+    :class:`DeviceContext`: ``ctx.worker``, ``ctx.device``; ``fn`` must be importable by the
+    children: a module-level function) and returns the results in device order. ``run(make,
+    per_device)`` runs the :class:`~simpler.Callable` that the module-level ``make()`` builds on
+    every device with that device's arguments, and returns the reports (``RunReport.to_dict()``).
+    Arguments may hold numpy arrays (placed once in shared memory, whatever the number of
+    devices; a staged output is copied back into the caller's array after the round) and the
+    resident tensors of a :meth:`resident_set` (only on their own device).
+
+    A child that dies in the middle of a call raises :class:`DeviceGroupError` naming the
+    device, the phase and the exit code, after the other devices have finished the call; the
+    group is then closed, every device's memory released. Ctrl+C during a call stops every
+    child. ``close()`` releases every resident set (newest first, each in LIFO order on every
+    device), then every worker. A context manager.
+    """
+
+    def __init__(
+        self,
+        platform: str = "sim",
+        devices: Sequence[int] | None = None,
+        *,
+        backend: str = "multiprocessing",
+        address: str | None = None,
+        **worker_options: Any,
+    ):
+        if platform not in PLATFORMS:
+            raise errors.ArgumentError(f"platform must be one of {', '.join(PLATFORMS)}, not {platform!r}")
+        ids = [0] if devices is None else list(devices)
+        if not ids or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in ids):
+            raise errors.ArgumentError(f"devices must be a non-empty list of device ids, not {devices!r}")
+        if len(set(ids)) != len(ids):
+            raise errors.ArgumentError(f"devices lists a device twice: {ids}")
+        if backend not in BACKENDS:
+            raise errors.ArgumentError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        self.platform = platform
+        self.devices = ids
+        self.backend_name = backend
+        self._closed = False
+        self._sets: list[GroupResidentSet] = []
+        self._set_ids = itertools.count(1)
+        if backend == "multiprocessing":
+            from ._mp import Backend
+        else:
+            from ._ray import Backend  # type: ignore[no-redef]
+        self._backend = Backend(platform, ids, worker_options, address)
+        self._arena = SharedArrays() if self._backend.shared_arrays() else None
+        #: Bytes the last round placed in shared memory (each array once, whatever reads it).
+        self.shared_bytes = 0
+        try:
+            self.pids: list[int] = self._all("open", [()] * len(ids), "open")
+        except BaseException:
+            self._stop_all(kill=True)
+            raise
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        warnings.warn(
+            f"unclosed {self!r}: close it (or use it as a context manager)", ResourceWarning, stacklevel=2
+        )
+        try:
+            self.close()
+        except Exception:
+            log.exception("closing an unclosed device group")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"DeviceGroup({self.platform!r}, devices={self.devices}, backend={self.backend_name!r}, {state})"
+        )
+
+    def __enter__(self) -> DeviceGroup:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the group was closed (by ``close``, or by a device's failure)."""
+        return self._closed
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.StateError(f"{self!r} is closed")
+
+    def _all(self, method: str, per_device: Sequence[tuple[Any, ...]], phase: str) -> list[Any]:
+        """``method`` on every device at once, with each device's arguments; the answers in device
+        order. A dead child: the others finish, the group closes, DeviceGroupError. A child's
+        exception: raised (rebuilt), the first one in device order."""
+        b = self._backend
+        n = len(self.devices)
+        if hasattr(b, "start_all"):  # a backend that sends one message to every device at once
+            b.start_all(method, list(per_device))
+        else:
+            for i in range(n):
+                b.start(i, method, per_device[i])
+        answers: list[Any] = [None] * n
+        pending = list(range(n))
+        try:
+            while pending:
+                for i in b.wait_any(pending, None):
+                    answers[i] = b.finish(i)
+                    pending.remove(i)
+        except KeyboardInterrupt:
+            log.warning("interrupted during %s: stopping every device of %r", phase, self)
+            self._stop_all(kill=True)
+            raise
+        dead = [(i, a[1]) for i, a in enumerate(answers) if a[0] == "dead"]
+        if dead:
+            i, code = dead[0]
+            d = self.devices[i]
+            others = ", ".join(f"device {self.devices[j]}" for j, _ in dead[1:])
+            msg = (
+                f"device {d} (process {b.pid(i)}) died during {phase} (exit code {code})"
+                + (f"; so did {others}" if others else "")
+                + "; the group is closed and every other device's memory released"
+            )
+            self._close_after_failure()
+            raise DeviceGroupError(msg, d, phase)
+        for i, a in enumerate(answers):
+            if a[0] == "err":
+                raise _remote(self.devices[i], phase, *a[1])
+        return [a[1] for a in answers]
+
+    def _pack(self, per_device: Sequence[Any]) -> tuple[list[Any], str | None]:
+        """Arrays in shared memory (each placed once), handles kept; the current block."""
+        if self._arena is None:
+            return list(per_device), None
+        if not any(per_device):
+            self.shared_bytes = 0
+            return list(per_device), self._arena.block_name()
+        arrays: dict[int, np.ndarray] = {}
+
+        def collect(x: Any) -> Any:
+            if isinstance(x, np.ndarray):
+                arrays[id(x)] = x
+            return x
+
+        walk(list(per_device), collect)
+        self._arena.reserve(list(arrays.values()))
+
+        def place(x: Any) -> Any:
+            if isinstance(x, np.ndarray):
+                assert self._arena is not None
+                return self._arena.place(x, x.flags.writeable)
+            return x
+
+        packed = walk(list(per_device), place)
+        self.shared_bytes = sum(a.nbytes for a in arrays.values())
+        return packed, self._arena.block_name()
+
+    def _per_device(
+        self, per_device: Sequence[Any] | None, args: tuple[Any, ...], what: str
+    ) -> list[tuple[Any, ...]]:
+        if per_device is None:
+            return [tuple(args)] * len(self.devices)
+        if args:
+            raise errors.ArgumentError(f"{what}: give per_device or args, not both")
+        rows = [tuple(a) if isinstance(a, (list, tuple)) else (a,) for a in per_device]
+        if len(rows) != len(self.devices):
+            raise errors.ArgumentError(
+                f"{what}: per_device has {len(rows)} entries for {len(self.devices)} devices"
+            )
+        return rows
+
+    def round(
+        self, fn: Fn[..., Any], per_device: Sequence[Any] | None = None, *, args: tuple[Any, ...] = ()
+    ) -> list[Any]:
+        """Runs ``fn(ctx, *args_i)`` on every device at once; the results in device order.
+
+        ``per_device`` gives each device its argument tuple; or ``args``, the same for all. Arrays
+        in them reach the children through shared memory, each placed once; arrays a device
+        wrote are copied back into the caller's arrays after the round."""
+        self._check_open()
+        rows = self._per_device(per_device, args, "round")
+        packed, block = self._pack(rows)
+        first = packed[0]
+        same = all(r is first for r in packed)
+        calls = [(fn, first, block)] * len(packed) if same else [(fn, r, block) for r in packed]
+        try:
+            return self._all("call", calls, "round")
+        finally:
+            if self._arena is not None and not self._closed:
+                self._arena.write_back()
+
+    def run(
+        self, make: Fn[[], Any], per_device: Sequence[Any] | None = None, *, args: Any = None
+    ) -> list[dict[str, Any]]:
+        """Runs the callable ``make()`` builds on every device, each with its argument list
+        (``per_device[i]``, or ``args`` for all); the reports as dicts, in device order."""
+        rows = [list(args or [])] * len(self.devices) if per_device is None else list(per_device)
+        return self.round(_run_callable, [(make, r) for r in rows])
+
+    def inject_fault(self, device: int, op: str, nth: int | None = None, code: int | None = None) -> None:
+        """Arms a fault on ``device``'s worker (its ``Worker.inject_fault``)."""
+        self._check_open()
+        i = self._index(device)
+        self._backend.start(i, "inject_fault", (op, nth, code))
+        status, result = self._backend.finish(i)
+        if status != "ok":
+            raise (
+                _remote(device, "inject_fault", *result)
+                if status == "err"
+                else DeviceGroupError(f"device {device} died (exit code {result})", device, "inject_fault")
+            )
+
+    def stats(self) -> list[dict[str, int]]:
+        """Every device's worker counters, in device order."""
+        self._check_open()
+        return self._all("stats", [()] * len(self.devices), "stats")
+
+    def resident_set(self) -> GroupResidentSet:
+        """A new, empty resident set across the group's devices."""
+        self._check_open()
+        s = GroupResidentSet(self, next(self._set_ids))
+        self._sets.append(s)
+        return s
+
+    def _index(self, device: int) -> int:
+        try:
+            return self.devices.index(device)
+        except ValueError:
+            raise errors.ArgumentError(f"device {device} is not in {self!r}") from None
+
+    # -- close -------------------------------------------------------------------------------
+
+    def close(self) -> list[dict[str, Any]]:
+        """Releases every resident set (newest first), then every worker; the children exit.
+        Idempotent; returns each device's close summary."""
+        if self._closed:
+            return []
+        errs: list[BaseException] = []
+        for s in reversed(list(self._sets)):
+            try:
+                s.release()
+            except BaseException as e:  # every set is attempted
+                errs.append(e)
+        try:
+            summaries = self._all("close", [()] * len(self.devices), "close")
+        finally:
+            self._stop_all(kill=False)
+        if errs:
+            raise errs[0]
+        return summaries
+
+    def _close_after_failure(self) -> None:
+        """After a child died: the others release everything and exit."""
+        b = self._backend
+        for i in range(len(self.devices)):
+            if b.alive(i):
+                b.start(i, "close", ())
+        for i in range(len(self.devices)):
+            if b.alive(i):
+                status, result = b.finish(i)
+                if status == "err":
+                    log.error("device %s close after a failure: %s", self.devices[i], result[1])
+        self._stop_all(kill=False)
+
+    def _stop_all(self, kill: bool) -> None:
+        self._closed = True
+        for s in self._sets:
+            s._released = True
+        for i in range(len(self.devices)):
+            if kill:
+                self._backend.kill(i)
+            else:
+                self._backend.stop(i, _CLOSE_TIMEOUT_S)
+        if self._arena is not None:
+            self._arena.close()
+
+
+class GroupResidentSet:
+    """Resident tensors across a group's devices: each device holds its own allocation.
+
+    ``add(name, value, direction, layout="replicated")`` adds one argument on every device:
+
+    * ``layout="replicated"``: ``value`` whole on every device;
+    * ``layout="stacked"``: ``value`` split along ``axis`` (``np.array_split``), shard ``i`` on
+      device ``i``;
+    * a list of arrays (one per device): shard ``i`` on device ``i``, as given.
+
+    ``group_tensor = set[name]`` is the per-device list of handles; ``build_args(names)`` the
+    per-device argument lists for :meth:`DeviceGroup.run`. ``gather(name)`` reads a tensor back:
+    a stacked one joined along its axis, a replicated or listed one as the per-device list.
+    ``release()`` frees every device's tensors in LIFO order. If an ``add`` fails on any device,
+    the whole set is released on every device (the rollback of a single worker's resident set)
+    and the error raised, naming the device. A context manager.
+    """
+
+    def __init__(self, group: DeviceGroup, set_id: int):
+        self._group = group
+        self.set_id = set_id
+        self.generation = set_id
+        self._released = False
+        self._entries: dict[str, tuple[str, int]] = {}
+        group._all("open_set", [(set_id, self.generation)] * len(group), "resident set open")
+
+    def __enter__(self) -> GroupResidentSet:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    @property
+    def released(self) -> bool:
+        """Whether ``release`` ran."""
+        return self._released
+
+    def names(self) -> list[str]:
+        """The arguments added, in order."""
+        return list(self._entries)
+
+    def _check(self) -> None:
+        if self._released:
+            raise errors.StateError(f"resident set {self.set_id} of the group was released")
+        self._group._check_open()
+
+    def add(
+        self, name: str, value: Any, direction: Any, *, layout: str = "replicated", axis: int = 0
+    ) -> list[GroupTensor]:
+        """Adds ``name`` on every device (see the class docs); its per-device handles."""
+        self._check()
+        n = len(self._group)
+        if name in self._entries:
+            raise errors.ArgumentError(f"resident set {self.set_id}: {name!r} was added already")
+        if isinstance(value, (list, tuple)):
+            if len(value) != n:
+                raise errors.ArgumentError(f"{name!r}: {len(value)} shards for {n} devices")
+            shards, layout = [np.asarray(v) for v in value], "listed"
+        elif layout == "stacked":
+            arr = np.asarray(value)
+            if not -arr.ndim <= axis < arr.ndim or arr.shape[axis] < n:
+                raise errors.ArgumentError(
+                    f"{name!r}: cannot stack shape {arr.shape} along axis {axis} over {n} devices"
+                )
+            shards = np.array_split(arr, n, axis=axis)
+        elif layout == "replicated":
+            shards = [np.asarray(value)] * n
+        else:
+            raise errors.ArgumentError(f"layout must be 'replicated' or 'stacked', not {layout!r}")
+        packed, _ = self._group._pack([(s,) for s in shards])
+        try:
+            self._group._all(
+                "add", [(self.set_id, name, row[0], direction) for row in packed], f"add {name!r}"
+            )
+        except (errors.SimplerError, ValueError, TypeError, KeyError):
+            # The rollback of a single worker's set: everything, on every device.
+            self._release_quietly()
+            raise
+        self._entries[name] = (layout, axis)
+        return self[name]
+
+    def __getitem__(self, name: str) -> list[GroupTensor]:
+        if name not in self._entries:
+            raise KeyError(name)
+        return [GroupTensor(d, self.set_id, name, self.generation) for d in self._group.devices]
+
+    def build_args(self, names: Sequence[str] | None = None) -> list[list[GroupTensor]]:
+        """Per device, the handles of ``names`` (default: every argument, in order)."""
+        self._check()
+        names = self.names() if names is None else list(names)
+        per_name = [self[n] for n in names]
+        return [[h[i] for h in per_name] for i in range(len(self._group))]
+
+    def gather(self, name: str) -> Any:
+        """The current contents of ``name``: a stacked tensor joined along its axis, else the
+        per-device list."""
+        self._check()
+        layout, axis = self._entries[name]
+        parts = [
+            r[name] for r in self._group._all("read", [(self.set_id, [name])] * len(self._group), "gather")
+        ]
+        return np.concatenate(parts, axis=axis) if layout == "stacked" else parts
+
+    def release(self) -> None:
+        """Frees the set on every device, in LIFO order; idempotent."""
+        if self._released or self._group.closed:
+            self._released = True
+            return
+        self._released = True
+        self._group._sets.remove(self)
+        self._group._all("release_set", [(self.set_id,)] * len(self._group), "resident set release")
+
+    def _release_quietly(self) -> None:
+        try:
+            self.release()
+        except BaseException:
+            log.exception("rollback of group resident set %s also failed", self.set_id)

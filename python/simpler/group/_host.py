@@ -1,0 +1,198 @@
+"""The per-device side of a device group: one :class:`DeviceHost` per child process (or Ray
+actor), owning one :class:`~simpler.Worker` and its resident sets. The backends only carry its
+method calls; everything a child does is here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable as Fn
+from typing import Any
+
+import numpy as np
+
+from ..args import ResidentTaskArgs
+from ..errors import ArgumentError, StateError
+from ..worker import Worker
+from ._transport import Attached, GroupTensor, ShmRef, walk
+
+
+class RemoteError(Exception):
+    """An exception raised in a child, carried back with its type name and traceback text."""
+
+    def __init__(self, kind: str, message: str, trace: str):
+        super().__init__(message)
+        self.kind = kind
+        self.trace = trace
+
+
+def capture(e: BaseException) -> tuple[str, str, str]:
+    """What crosses back of an exception: type name, message, traceback text."""
+    return type(e).__name__, str(e), "".join(traceback.format_exception(e))
+
+
+class DeviceContext:
+    """What a round's function receives in the child: its device and the worker on it.
+
+    ``worker`` is the device's :class:`~simpler.Worker`; ``device`` the device id; ``index`` the
+    device's position in the group; ``callable(make)`` the :class:`~simpler.Callable` that
+    ``make()`` builds, built once per child and kept; ``run(make, args)`` runs it on the worker
+    and returns the report as a dict (``RunReport.to_dict()``).
+    """
+
+    def __init__(self, host: DeviceHost):
+        self._host = host
+
+    @property
+    def worker(self) -> Worker:
+        """The device's worker."""
+        assert self._host.worker is not None
+        return self._host.worker
+
+    @property
+    def device(self) -> int:
+        """The device id."""
+        return self._host.device
+
+    @property
+    def index(self) -> int:
+        """The device's position in the group."""
+        return self._host.index
+
+    def callable(self, make: Fn[[], Any]) -> Any:
+        """The callable ``make()`` builds, built once per child."""
+        cache = self._host.callables
+        if make not in cache:
+            cache[make] = make()
+        return cache[make]
+
+    def run(self, make: Fn[[], Any], args: Any) -> dict[str, Any]:
+        """Runs ``make()``'s callable with ``args`` on the worker; the report as a dict."""
+        return self.worker.run(self.callable(make), args).to_dict()
+
+
+class DeviceHost:
+    """One device of a group, in its own process (see the module docs)."""
+
+    def __init__(self, platform: str, device: int, index: int, options: dict[str, Any]):
+        self.platform = platform
+        self.device = device
+        self.index = index
+        self.options = dict(options)
+        self.worker: Worker | None = None
+        self.sets: dict[int, tuple[int, ResidentTaskArgs]] = {}
+        self.callables: dict[Any, Any] = {}
+        self.attached = Attached()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def open(self) -> int:
+        """Opens the device's worker; the child's process id."""
+        opts = dict(self.options)
+        if self.platform != "sim":
+            opts.setdefault("device_id", self.device)
+        self.worker = Worker(self.platform, **opts)
+        return os.getpid()
+
+    def close(self) -> dict[str, Any]:
+        """Releases every resident set (newest first), then closes the worker."""
+        errors = []
+        for set_id in sorted(self.sets, reverse=True):
+            try:
+                self.release_set(set_id)
+            except Exception as e:  # every set is attempted
+                errors.append(f"resident set {set_id}: {e}")
+        summary: dict[str, Any] = {}
+        if self.worker is not None:
+            summary = self.worker.close() or {}
+        self.attached.release()
+        summary.setdefault("errors", [])
+        summary["errors"] = errors + list(summary["errors"])
+        return summary
+
+    # -- values ------------------------------------------------------------------------------
+
+    def resolve(self, value: Any) -> Any:
+        """``value`` with shared-memory references viewed in place and group tensors replaced by
+        this device's tensors (a handle of another device is refused)."""
+
+        def leaf(x: Any) -> Any:
+            if isinstance(x, ShmRef):
+                return self.attached.view(x)
+            if isinstance(x, GroupTensor):
+                return self.tensor(x)
+            return x
+
+        return walk(value, leaf)
+
+    def tensor(self, h: GroupTensor) -> Any:
+        """The device tensor a group handle names, on this device only."""
+        if h.device != self.device:
+            raise ArgumentError(
+                f"resident tensor {h.name!r} of set {h.set_id} lives on device {h.device}; it was "
+                f"used on device {self.device} (a resident handle belongs to one device)"
+            )
+        held = self.sets.get(h.set_id)
+        if held is None or held[0] != h.generation:
+            raise StateError(
+                f"resident tensor {h.name!r} of set {h.set_id} on device {self.device} was released"
+            )
+        return held[1][h.name]
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def call(self, fn: Fn[..., Any], args: tuple[Any, ...], block: str | None) -> Any:
+        """Runs ``fn(context, *args)``; ``block`` is the parent's current shared block."""
+        try:
+            return fn(DeviceContext(self), *self.resolve(args))
+        finally:
+            self.attached.release(keep=block)
+
+    def inject_fault(self, op: str, nth: int | None, code: int | None) -> None:
+        """The worker's fault injection, through the group."""
+        assert self.worker is not None
+        self.worker.inject_fault(op, nth, code)
+
+    def stats(self) -> dict[str, int]:
+        """The worker's counters."""
+        assert self.worker is not None
+        return self.worker.stats()
+
+    # -- resident sets ----------------------------------------------------------------------
+
+    def open_set(self, set_id: int, generation: int) -> None:
+        """An empty resident set."""
+        assert self.worker is not None
+        self.sets[set_id] = (generation, ResidentTaskArgs(self.worker))
+
+    def add(self, set_id: int, name: str, value: Any, direction: Any) -> tuple[tuple[int, ...], str]:
+        """Adds one tensor to the set: its shape and dtype on this device."""
+        t = self.sets[set_id][1].add(name, self.resolve(value), direction)
+        return tuple(t.shape), t.dtype
+
+    def release_set(self, set_id: int) -> None:
+        """Releases the set in LIFO order (the runtime's rule), idempotently."""
+        held = self.sets.pop(set_id, None)
+        if held is not None:
+            held[1].release()
+
+    def read(self, set_id: int, names: list[str]) -> dict[str, np.ndarray]:
+        """The current contents of resident tensors (one D2H each)."""
+        assert self.worker is not None
+        out = {}
+        for name in names:
+            t = self.tensor(GroupTensor(self.device, set_id, name, self.sets[set_id][0]))
+            arr = np.empty(t.shape, t.np_dtype)
+            self.worker.copy_from(arr, t)
+            out[name] = arr
+        return out
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def dispatch(self, method: str, args: tuple[Any, ...]) -> tuple[str, Any]:
+        """One call from the parent: ``("ok", result)`` or ``("err", (type, message, trace))``."""
+        try:
+            return "ok", getattr(self, method)(*args)
+        except BaseException as e:  # carried back, never raised here
+            return "err", capture(e)

@@ -1,0 +1,167 @@
+"""Device groups: one worker process per device, residency in each of them (sim devices)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import simpler as sp
+from simpler.group import DeviceGroup, DeviceGroupError
+
+BACKENDS = ["multiprocessing"]
+
+# -- what the children run (module-level: a spawned child imports this module) ----------------
+
+
+def whoami(ctx, x):
+    return ctx.device, ctx.index, float(x.sum()), os.getpid()
+
+
+def scale(ctx, x, out, a):
+    out[...] = x * a
+
+
+def sleep_then(ctx, seconds):
+    if ctx.index == 1:
+        time.sleep(seconds)
+    return ctx.device
+
+
+def malloc_free(ctx):
+    ctx.worker.free(ctx.worker.malloc(64))
+    return ctx.device
+
+
+def frees(ctx):
+    return [c[1] for c in ctx.worker.call_log() if c[0] == "free" and c[3] == 0]
+
+
+def make_acc():
+    k = sp.Kernel(lambda w, acc: np.add(acc, w, out=acc), [sp.IN, sp.INOUT], name="acc")
+    return sp.Callable(lambda o, w, acc: o.submit(k, w, acc), [sp.IN, sp.INOUT], name="acc")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def test_a_round_runs_on_every_device_with_its_arguments_and_arrays_are_shared_once(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, given to both devices
+        got = g.round(whoami, args=(x,))
+        assert [r[:3] for r in got] == [(0, 0, float(x.sum())), (1, 1, float(x.sum()))]
+        assert len({r[3] for r in got}) == 2 and os.getpid() not in {r[3] for r in got}
+        assert g.shared_bytes == x.nbytes, "placed once, not once per device"
+        outs = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
+        g.round(scale, [(x[:4], outs[0], 2.0), (x[4:8], outs[1], 3.0)])
+        np.testing.assert_array_equal(outs[0], x[:4] * 2)
+        np.testing.assert_array_equal(outs[1], x[4:8] * 3)
+
+
+def test_stacked_and_replicated_residency_evolve_over_rounds_and_release_lifo(backend):
+    w = np.arange(8, dtype=np.float32).reshape(4, 2)
+    with DeviceGroup("sim", devices=[3, 5], backend=backend) as g:
+        rs = g.resident_set()
+        rs.add("w", w, sp.IN, layout="stacked")
+        rs.add("acc", np.zeros((2, 2), np.float32), sp.INOUT)
+        for _ in range(3):
+            reports = g.run(make_acc, rs.build_args())
+        assert all(r["ok"] for r in reports)
+        # No staging for resident tensors, on any device, in any round.
+        assert [(r["counters"]["staged_bytes"], r["counters"]["device_mallocs"]) for r in reports] == [
+            (0, 0)
+        ] * 2
+        assert [r["counters"]["resident_tensors"] for r in reports] == [2, 2]
+        np.testing.assert_array_equal(rs.gather("w"), w)
+        acc = rs.gather("acc")
+        np.testing.assert_array_equal(acc[0], 3 * w[:2])
+        np.testing.assert_array_equal(acc[1], 3 * w[2:])
+        before = g.round(frees)
+        rs.release()
+        freed = [after[len(b) :] for b, after in zip(before, g.round(frees))]
+        for dev_frees in freed:
+            assert len(dev_frees) == 2  # acc first, then w: last in, first out
+        with pytest.raises(sp.StateError, match="released"):
+            g.run(make_acc, rs.build_args())
+
+
+def test_a_handle_on_the_wrong_device_is_refused(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        rs = g.resident_set()
+        h = rs.add("acc", np.zeros(4, np.float32), sp.INOUT)
+        w = np.ones(4, np.float32)
+        with pytest.raises(sp.ArgumentError, match="lives on device 1; it was used on device 0"):
+            g.run(make_acc, [[w, h[1]], [w, h[1]]])
+        g.run(make_acc, [[w, h[0]], [w, h[1]]])  # the group stays usable
+
+
+def test_an_add_that_fails_on_one_device_releases_the_set_everywhere(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend, capacity=1 << 20) as g:
+        rs = g.resident_set()
+        rs.add("small", np.zeros(16, np.float32), sp.IN)
+        with pytest.raises(sp.DeviceError, match=r"device 1 \(add 'big'\)"):
+            rs.add("big", [np.zeros(16, np.float32), np.zeros(1 << 20, np.float32)], sp.IN)
+        assert rs.released
+        assert [s["live_allocations"] for s in g.stats()] == [0, 0]
+
+
+def test_fault_injection_reaches_through_the_group(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        g.inject_fault(1, "alloc")
+        with pytest.raises(sp.DeviceError, match=r"device 1 \(round\)"):
+            g.round(malloc_free)
+        assert g.round(malloc_free) == [0, 1]
+
+
+def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(backend):
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    victim = g.pids[1]
+    threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
+    with pytest.raises(DeviceGroupError, match=r"device 1 \(process \d+\) died during round") as ei:
+        g.round(sleep_then, args=(30,))
+    assert (ei.value.device, ei.value.phase) == (1, "round")
+    assert g.closed
+    _gone(g.pids)
+    with pytest.raises(sp.StateError, match="closed"):
+        g.round(malloc_free)
+
+
+def test_ctrl_c_during_a_round_stops_every_child(backend):
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    # Ctrl+C: SIGINT to the main thread, which waits for the children.
+    threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        g.round(sleep_then, args=(30,))
+    assert g.closed
+    _gone(g.pids)
+
+
+def test_bad_groups_are_refused_before_anything_starts():
+    for devices, match in (([], "non-empty"), ([0, 0], "twice"), ([-1], "device ids")):
+        with pytest.raises(sp.ArgumentError, match=match):
+            DeviceGroup("sim", devices=devices)
+    with pytest.raises(sp.ArgumentError, match="backend"):
+        DeviceGroup("sim", backend="threads")
+
+
+def _gone(pids, timeout=10.0):
+    """Every process of ``pids`` has ended."""
+    end = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is ours
+            except ChildProcessError:
+                pass
+            assert time.monotonic() < end, f"process {pid} still runs"
+            time.sleep(0.05)
