@@ -4,7 +4,8 @@ runner (:func:`main`, ``python test_x.py -p sim --rounds 3``; upstream's
 (:mod:`simpler.testing.pytest_plugin`, registered as ``simpler``). The main names are re-exported
 by ``simpler`` itself. For files ported from the upstream runtime: :data:`PLATFORM_ALIASES`
 (``a2a3sim`` -> ``sim``, ...), :func:`scene_runtime` (the decorator's ``runtime=``) and
-:class:`SceneTestWarning` (an ignored case ``config``).
+:class:`SceneTestWarning` (an ignored case ``config``). A case on several devices runs as
+:class:`GroupCaseRun` (one process per device) and reports a :class:`GroupRound` per round.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from .scene import (
     scene_runtime,
     scene_test,
 )
+from .scene_group import GroupCaseRun, GroupRound
 
 __all__ = [
     "PLATFORM_ALIASES",
     "CaseRun",
+    "GroupCaseRun",
+    "GroupRound",
     "SceneTestCase",
     "SceneTestWarning",
     "main",

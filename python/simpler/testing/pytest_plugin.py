@@ -9,7 +9,9 @@ Options (every one prefixed, so they never collide with another plugin's or a co
 ``--simpler-platform`` (sim, ascend or cuda; default sim), ``--simpler-rounds`` (default 1),
 ``--simpler-case`` (``Foo``, ``Class::Foo``, ``Class::``; unselected cases are deselected),
 ``--simpler-skip-golden``, ``--simpler-manual {exclude,include,only}`` (default exclude),
-``--simpler-svm``, ``--simpler-staging``. Selection and skipping follow :mod:`simpler.testing.runner`,
+``--simpler-svm``, ``--simpler-staging``, ``--simpler-devices N`` (every case on N devices, one
+process each; a case that cannot split across them is skipped, with the reason; without it a
+case runs on the devices it declares). Selection and skipping follow :mod:`simpler.testing.runner`,
 the rules every front end shares. Each case records its run reports in the item's
 ``user_properties`` (``simpler_reports``: one JSON object per round), which junit XML
 (``--junitxml``) carries. Loading the plugin twice (entry point and ``-p``/conftest) is harmless.
@@ -137,7 +139,9 @@ class SceneCase(pytest.Item):
         o = _opts(self.config)
         cls_name = self.scene_class.__name__
         named = runner.named_explicitly(cls_name, case["name"], o.cases)
-        reason = runner.case_skip_reason(case, o.platform, o.manual, named, prefix=PREFIX)
+        reason = runner.case_skip_reason(
+            case, o.platform, o.manual, named, prefix=PREFIX, cls=self.scene_class, devices=o.devices
+        )
         if reason is not None:
             self.add_marker(pytest.mark.skip(reason=reason))
 
@@ -156,6 +160,7 @@ class SceneCase(pytest.Item):
             rounds=o.rounds,
             skip_golden=o.skip_golden,
             worker_options=o.worker_options,
+            devices=o.devices,
         )
         rounds = [{"round": i + 1, **r.to_dict()} for i, r in enumerate(self.reports)]
         self.user_properties.append(("simpler_reports", json.dumps(rounds, sort_keys=True)))
@@ -186,7 +191,7 @@ def _marker_platforms(m: pytest.Mark, item: pytest.Item) -> list[str] | None:
     names = [v] if isinstance(v, str) else v
     if not isinstance(names, (list, tuple, set, frozenset)):
         raise ArgumentTypeError(f"{item.nodeid}: {m.name} marker: a list of platform names, not {v!r}")
-    return scene._platform_list(names, f"{item.nodeid}: {m.name} marker: ")
+    return scene.platform_list(names, f"{item.nodeid}: {m.name} marker: ")
 
 
 def _marker_case(item: pytest.Item) -> dict[str, Any] | None:
@@ -274,7 +279,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if isinstance(item, SceneCase):
             case = item.case
             named = runner.named_explicitly(item.scene_class.__name__, case["name"], o.cases)
-            runs = runner.case_skip_reason(case, o.platform, o.manual, named) is None
+            reason = runner.case_skip_reason(
+                case, o.platform, o.manual, named, cls=item.scene_class, devices=o.devices
+            )
+            runs = reason is None
         elif _CASE in item.stash:
             case = item.stash[_CASE]
             runs = _plain_skip(item, case, o) is None

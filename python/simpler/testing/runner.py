@@ -12,6 +12,10 @@ Three front ends run scene-test cases — the standalone runner (``python test_x
 * A **manual** case runs under ``--manual include`` or ``--manual only``, or when ``--case``
   names it (by name or ``Class::name``; ``Class::`` alone does not name a case). ``manual``
   may name the platforms on which the case is manual (a regular case elsewhere).
+* ``--devices N`` runs every selected case on ``N`` devices (one process each; see
+  :mod:`simpler.testing.scene_group`); without it a case runs on the devices it declares
+  (``devices``, or its class's ``DEVICES``; default 1). A case that cannot split its arguments
+  across devices is skipped under ``--devices N > 1``, with the reason.
 * A run in which no selected case ran and some were skipped for the platform says so
   (:func:`nothing_ran_note`): the standalone runner prints it, the pytest plugin adds it to the
   terminal summary.
@@ -36,6 +40,8 @@ from ..errors import ArgumentError, ArgumentTypeError
 from .scene import (
     PLATFORM_ALIASES,
     SceneTestCase,
+    can_split,
+    case_devices,
     case_platforms,
     is_scene_test,
     manual_on,
@@ -83,6 +89,17 @@ def parse_rounds(v: str) -> int:
     return n
 
 
+def parse_devices(v: str) -> int:
+    """``--devices``: a positive int."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}")
+    return n
+
+
 def worker_options(
     svm: str | int | None = None,
     staging: str | None = None,
@@ -107,6 +124,7 @@ class RunnerOptions:
     skip_golden: bool = False
     manual: str = "exclude"
     worker_options: dict[str, Any] = field(default_factory=dict)
+    devices: int | None = None
 
     def check(self) -> str | None:
         """Why the worker options do not fit the platform (a sim option on a vendor platform,
@@ -129,6 +147,7 @@ class RunnerOptions:
             worker_options=worker_options(
                 get("simpler_svm"), get("simpler_staging"), get("simpler_model"), get("simpler_view_policy")
             ),
+            devices=get("simpler_devices"),
         )
 
 
@@ -159,6 +178,13 @@ def add_runner_arguments(add: Fn[..., Any], prefix: str = "", rounds: int = 1) -
         default=None,
         metavar="CASE",
         help="select cases: 'Foo', 'Class::Foo' or 'Class::' (repeatable, comma-separated)",
+    )
+    flag(
+        "devices",
+        type=parse_devices,
+        default=None,
+        metavar="N",
+        help="run every case on N devices, one process each (default: as each case declares)",
     )
     flag("skip-golden", action="store_true", default=False, help="run without golden validation")
     flag(
@@ -223,12 +249,20 @@ def named_explicitly(
 
 
 def case_skip_reason(
-    case: Mapping[str, Any], platform: str, manual: str = "exclude", named: bool = False, prefix: str = ""
+    case: Mapping[str, Any],
+    platform: str,
+    manual: str = "exclude",
+    named: bool = False,
+    prefix: str = "",
+    *,
+    cls: type[SceneTestCase] | None = None,
+    devices: int | None = None,
 ) -> str | None:
     """Why a case does not run on ``platform`` under ``manual`` (``None`` when it runs): first
-    its ``platforms``, then whether it is manual on ``platform``. ``named``: ``--case`` names
-    this case, which runs a manual case under ``exclude``. ``prefix``: the front end's option
-    prefix, for the message."""
+    its ``platforms``, then whether it is manual on ``platform``, then (given its class ``cls``
+    and ``--devices``) whether it can split across that many devices. ``named``: ``--case``
+    names this case, which runs a manual case under ``exclude``. ``prefix``: the front end's
+    option prefix, for the message."""
     if not case_runs_on(case, platform):
         plats = case_platforms(case) or []
         return f"case runs on {', '.join(plats) or 'no platform'}, not {platform}"
@@ -238,6 +272,11 @@ def case_skip_reason(
         return f"manual case{on} (run with --{prefix}manual include, or name it with --{prefix}case)"
     if manual == "only" and not is_manual:
         return f"not a manual case (--{prefix}manual only)"
+    if cls is not None and devices is not None and devices > 1 and not can_split(cls):
+        return (
+            f"cannot run on {devices} devices (--{prefix}devices): {cls.__name__} does not say how its "
+            "arguments split (SPLIT or split_args)"
+        )
     return None
 
 
@@ -293,7 +332,8 @@ def plan_cases(
             if not case_selected(cls.__name__, case["name"], opts.cases, al):
                 continue
             named = named_explicitly(cls.__name__, case["name"], opts.cases, al)
-            out.append(PlannedCase(cls, case, case_skip_reason(case, opts.platform, opts.manual, named)))
+            reason = case_skip_reason(case, opts.platform, opts.manual, named, cls=cls, devices=opts.devices)
+            out.append(PlannedCase(cls, case, reason))
     return out
 
 
@@ -347,7 +387,13 @@ def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
         t0 = time.perf_counter()
         try:
             reports = run_case(
-                p.cls, p.case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options
+                p.cls,
+                p.case,
+                opts.platform,
+                opts.rounds,
+                opts.skip_golden,
+                opts.worker_options,
+                devices=opts.devices,
             )
         except Exception as e:
             n_fail += 1
@@ -357,8 +403,12 @@ def main(argv: Sequence[str] | None = None, module: Any = None) -> int:
             continue
         n_pass += 1
         dt = time.perf_counter() - t0
-        print(f"PASS {p.label} ({len(reports)} round(s), {dt * 1e3:.1f} ms)")
+        n = case_devices(p.cls, p.case, opts.devices)
+        on = f", {n} devices" if n > 1 else ""
+        print(f"PASS {p.label} ({len(reports)} round(s){on}, {dt * 1e3:.1f} ms)")
     where = f"platform {opts.platform}, rounds {opts.rounds}"
+    if opts.devices is not None:
+        where += f", devices {opts.devices}"
     print(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped ({where})")
     note = nothing_ran_note([p.case for p in planned], n_pass + n_fail, opts.platform)
     if note:

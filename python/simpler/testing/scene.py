@@ -40,7 +40,6 @@ staged outputs. With golden skipped there is nothing to validate, so there is no
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 import warnings
@@ -50,19 +49,35 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .. import _arrays, _core
+from .. import _arrays
 from ..args import ResidentTaskArgs, TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection, Callable, RunReport, Worker
 from . import fake_cuda
+from ._cases import (
+    PLATFORM_ALIASES,
+    case_platforms,
+    check_devices,
+    check_split,
+    compare_style,
+    manual_on,
+    merge_by_axes,
+    platform_list,
+    platform_name,
+    split_by_axes,
+    validate_case,
+)
 
 __all__ = [
     "PLATFORM_ALIASES",
     "CaseRun",
     "SceneTestCase",
     "SceneTestWarning",
+    "can_split",
+    "case_devices",
     "case_platforms",
     "manual_on",
+    "platform_list",
     "platform_name",
     "run_case",
     "scene_runtime",
@@ -71,63 +86,14 @@ __all__ = [
 
 log = logging.getLogger("simpler")
 
-_CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden", "config"}
 _LEVEL_ATTR = "_scene_test_level"
 _RUNTIME_ATTR = "_scene_test_runtime"
 _COMPARE_ATTR = "_scene_test_compare"  # "ours" or "upstream": how compare_outputs is called
-
-#: Platform names of the upstream runtime (hw-native-sys/simpler) and the platform each one
-#: means here. A case's ``platforms`` and ``manual`` may use them; they are mapped when the class
-#: is decorated (so ``["a2a3sim", "a2a3"]`` becomes ``["sim", "ascend"]``).
-PLATFORM_ALIASES: dict[str, str] = {"a2a3sim": "sim", "a2a3": "ascend", "a5sim": "sim", "a5": "ascend"}
 
 
 class SceneTestWarning(UserWarning):
     """A scene test declares something this harness accepts but does not act on (an upstream
     case's ``config``). Filter it like any warning category (``-W ignore::...``)."""
-
-
-def platform_name(name: object, where: str = "") -> str:
-    """The platform ``name`` means here: one of ours (``simpler._core.PLATFORMS``) unchanged, or
-    an upstream name mapped through :data:`PLATFORM_ALIASES`. Anything else raises
-    ``ArgumentError`` naming both lists (``where`` prefixes the message)."""
-    if isinstance(name, str):
-        if name in _core.PLATFORMS:
-            return name
-        if name in PLATFORM_ALIASES:
-            return PLATFORM_ALIASES[name]
-    aliases = ", ".join(f"{k} -> {v}" for k, v in PLATFORM_ALIASES.items())
-    raise ArgumentError(
-        f"{where}unknown platform {name!r}: the platforms are {', '.join(_core.PLATFORMS)} "
-        f"(upstream names map: {aliases})"
-    )
-
-
-def _platform_list(names: Any, where: str) -> list[str]:
-    """Our names for a collection of platform names, in order, without repeats."""
-    out: list[str] = []
-    for n in names:
-        p = platform_name(n, where)
-        if p not in out:
-            out.append(p)
-    return out
-
-
-def case_platforms(case: Mapping[str, Any]) -> list[str] | None:
-    """The platforms a case declares, in our names (``None``: every platform)."""
-    plats = case.get("platforms")
-    return None if plats is None else _platform_list(plats, "")
-
-
-def manual_on(case: Mapping[str, Any], platform: str) -> bool:
-    """Whether a case is manual on ``platform``: ``manual`` is ``True`` / ``False`` (on every
-    platform / none), one platform name, or a list / tuple / set of them (upstream names
-    allowed): manual only on those, a regular case elsewhere."""
-    m = case.get("manual", False)
-    if isinstance(m, bool):
-        return m
-    names = [m] if isinstance(m, str) else m
-    return platform_name(platform) in _platform_list(names, "")
 
 
 class SceneTestCase:
@@ -138,12 +104,23 @@ class SceneTestCase:
     platform; upstream names such as ``a2a3sim`` are mapped, see :data:`PLATFORM_ALIASES`),
     ``manual`` (``True``/``False``, or the platform(s) on which the case is manual; it runs
     only with ``--manual include|only`` there), ``skip_golden``, ``config`` (upstream's runtime
-    settings: accepted and ignored, with one :class:`SceneTestWarning` per class)), ``RTOL`` /
-    ``ATOL`` for the default comparison, ``SKIP_GOLDEN`` for the whole class.
+    settings: accepted and ignored, with one :class:`SceneTestWarning` per class), ``devices``
+    (the case's device count)), ``RTOL`` / ``ATOL`` for the default comparison, ``SKIP_GOLDEN``
+    for the whole class, ``DEVICES`` (the device count of every case without ``devices``;
+    default 1) and ``SPLIT`` (how the arguments split across devices).
 
     Override :meth:`generate_args` and :meth:`compute_golden`; optionally :meth:`compare_outputs`
     (ours, ``(actual, golden, params)``, or upstream's, ``(test_args, golden_args, output_names,
     params)``: the decorator tells them apart by the signature).
+
+    **Several devices.** A case on ``n > 1`` devices (declared, or ``--devices n``) runs in a
+    :class:`~simpler.group.DeviceGroup`, one process per device: the whole case's arguments are
+    generated and its golden computed as on one device; :meth:`split_args` cuts the arguments
+    into one builder per device (``SPLIT = {"x": 0, "out": 0}``: those tensors along those axes,
+    the others whole on every device; or override it); each device runs every round with its
+    own resident tensors; :meth:`merge_outputs` joins the devices' outputs into the whole
+    case's, which are compared with the golden as on one device. A class with neither ``SPLIT``
+    nor a ``split_args`` override cannot run on several devices (see ``docs/scene_tests.md``).
     """
 
     CALLABLE: Callable | None = None
@@ -151,6 +128,8 @@ class SceneTestCase:
     RTOL: float = 1e-5
     ATOL: float = 1e-5
     SKIP_GOLDEN: bool = False
+    DEVICES: int = 1
+    SPLIT: Mapping[str, int | None] | None = None
 
     def generate_args(self, params: dict[str, Any]) -> TaskArgsBuilder:
         """Builds the case's fixtures: tensors in signature order, then scalars."""
@@ -159,6 +138,33 @@ class SceneTestCase:
     def compute_golden(self, args: TaskArgsBuilder, params: dict[str, Any]) -> None:
         """Writes the expected outputs into ``args`` in place (one round's worth)."""
         raise ArgumentTypeError(f"{type(self).__name__} must override compute_golden")
+
+    def split_args(self, args: TaskArgsBuilder, params: dict[str, Any], n: int) -> list[TaskArgsBuilder]:
+        """The case's arguments for ``n`` devices: one builder per device, each with every
+        argument of ``args`` in the same order (``child_memory`` as declared there).
+
+        The default follows ``SPLIT`` (tensor name: axis to split along, ``np.array_split``,
+        or ``None``; a tensor it does not name goes whole to every device, as one shared array,
+        so an output must be split); without ``SPLIT`` the case cannot split and this raises
+        ``ArgumentError`` saying so. Override it for anything else (re-indexed tables, a
+        per-device scalar): the builders' arrays must be host arrays, and no output array may be
+        shared by two devices."""
+        where = type(self).__name__
+        if self.SPLIT is None:
+            raise ArgumentError(
+                f"{where} cannot run on {n} devices: it does not say how its arguments split "
+                "(set SPLIT = {'tensor': axis, ...} or override split_args)"
+            )
+        return split_by_axes(args, self.SPLIT, n, where)
+
+    def merge_outputs(
+        self, parts: Sequence[TaskArgsBuilder], args: TaskArgsBuilder, params: dict[str, Any]
+    ) -> None:
+        """Writes the devices' outputs (``parts``, in device order, as :meth:`split_args` made
+        them, after the run) into the whole case's ``args``, where they are compared with the
+        golden. The default joins every OUT/INOUT tensor along its ``SPLIT`` axis (axis 0
+        without ``SPLIT``)."""
+        merge_by_axes(parts, args, self.output_names(args), self.SPLIT, type(self).__name__)
 
     def output_names(self, args: TaskArgsBuilder) -> list[str]:
         """The tensors of ``args`` that the signature makes OUT or INOUT."""
@@ -229,15 +235,17 @@ def _comparable(v: Any) -> np.ndarray:
 def scene_test(level: int = 2, runtime: str | None = None) -> Any:
     """Class decorator marking a :class:`SceneTestCase` subclass as a scene test.
 
-    ``level=2``: one process drives one device (the only level with residency). ``level=3``
-    (multi-process) runs its cases host-staged in this process; a ``child_memory=True`` argument
-    there is rejected with an error before any device work. ``runtime``: upstream's runtime
+    ``level=2``: one process drives one device. ``level=3`` (multi-process) runs a one-device
+    case host-staged in this process (a ``child_memory=True`` argument there is rejected with an
+    error before any device work). At either level, a case on several devices (``DEVICES``, a
+    case's ``devices``, or ``--devices``) runs one process per device, with each device's
+    resident tensors in its own process (see :class:`SceneTestCase`). ``runtime``: upstream's runtime
     name (``"tensormap_and_ringbuffer"``, ...), recorded (:func:`scene_runtime`) and otherwise
     unused: there is one runtime here. The class and its ``CASES`` are validated here, so a
     malformed case fails at import: upstream platform names in ``platforms`` / ``manual`` are
     mapped to ours, an unknown one is an error, a ``config`` gets one :class:`SceneTestWarning`,
-    and a ``compare_outputs`` override is recognised by its signature (ours or upstream's) or
-    refused.
+    a ``compare_outputs`` override is recognised by its signature (ours or upstream's) or
+    refused, and a class that declares several devices must say how its arguments split.
     """
     if isinstance(level, bool) or level not in (2, 3):
         raise ArgumentError(f"scene_test: level must be 2 or 3, not {level!r}")
@@ -252,11 +260,11 @@ def scene_test(level: int = 2, runtime: str | None = None) -> Any:
         for method in ("generate_args", "compute_golden"):
             if getattr(cls, method) is getattr(SceneTestCase, method):
                 raise ArgumentTypeError(f"{cls.__name__} must override {method}")
-        compare = _compare_style(cls)
+        compare = compare_style(cls, SceneTestCase.compare_outputs)
         seen: set[str] = set()
         cases = []
         for i, case in enumerate(cls.CASES):
-            cases.append(_validate_case(cls, i, case))
+            cases.append(validate_case(cls, i, case))
             if case["name"] in seen:
                 raise ArgumentError(f"{cls.__name__}: duplicate case name '{case['name']}'")
             seen.add(case["name"])
@@ -269,6 +277,16 @@ def scene_test(level: int = 2, runtime: str | None = None) -> Any:
                 SceneTestWarning,
                 stacklevel=2,
             )
+        check_devices(cls.DEVICES, f"{cls.__name__}.DEVICES")
+        if cls.SPLIT is not None:
+            check_split(cls.SPLIT, cls.__name__)
+        several = [c["name"] for c in cases if c.get("devices", cls.DEVICES) > 1]
+        if several and not can_split(cls):
+            raise ArgumentError(
+                f"{cls.__name__}: case(s) {', '.join(several)} run on several devices, but the class "
+                "does not say how its arguments split (set SPLIT = {'tensor': axis, ...} or override "
+                "split_args)"
+            )
         cls.CASES = cases
         setattr(cls, _LEVEL_ATTR, int(level))
         setattr(cls, _RUNTIME_ATTR, runtime)
@@ -278,87 +296,19 @@ def scene_test(level: int = 2, runtime: str | None = None) -> Any:
     return deco
 
 
-def _compare_style(cls: type) -> str:
-    """How ``cls.compare_outputs`` is called: ``"ours"`` ``(actual, golden, params)`` or
-    ``"upstream"`` ``(test_args, golden_args, output_names, params)``, from the override's
-    signature; any other signature raises ``ArgumentTypeError``."""
-    fn = getattr(cls, "compare_outputs", None)
-    if fn is SceneTestCase.compare_outputs:
-        return "ours"
-    where = f"{cls.__name__}.compare_outputs"
-    if not callable(fn):
-        raise ArgumentTypeError(f"{where} must be a method")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return "ours"  # a builtin or C callable: called the way it always was
-    params = list(sig.parameters.values())
-    if isinstance(inspect.getattr_static(cls, "compare_outputs"), (staticmethod, classmethod)):
-        pass  # no self to drop
-    elif params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        params = params[1:]  # self
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
-    required = [p for p in positional if p.default is p.empty]
-    kw_required = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
-
-    def takes(n: int) -> bool:
-        return not kw_required and len(required) <= n and (variadic or len(positional) >= n)
-
-    if len(positional) >= 3 and positional[2].name == "output_names" and takes(4):
-        return "upstream"
-    if takes(3):
-        return "ours"
-    if takes(4):
-        return "upstream"
-    raise ArgumentTypeError(
-        f"{where}{sig}: a compare_outputs override takes (self, actual, golden, params) or "
-        "upstream's (self, test_args, golden_args, output_names, params)"
-    )
+def can_split(cls: type[SceneTestCase]) -> bool:
+    """Whether a scene test can run on several devices: it sets ``SPLIT`` or overrides
+    ``split_args``."""
+    return cls.SPLIT is not None or cls.split_args is not SceneTestCase.split_args
 
 
-_NAME_COLLECTIONS = (list, tuple, set, frozenset)
-
-
-def _ordered(names: Any) -> Any:
-    """A set of names in a stable order; a list or tuple as given."""
-    return sorted(names) if isinstance(names, (set, frozenset)) else names
-
-
-def _validate_case(cls: type, i: int, case: object) -> dict[str, Any]:
-    """Checks one case; returns a copy with ``platforms`` and ``manual`` in our platform names."""
-    where = f"{cls.__name__}.CASES[{i}]"
-    if not isinstance(case, Mapping):
-        raise ArgumentTypeError(f"{where}: a case is a dict, not {type(case).__name__}")
-    unknown = set(case) - _CASE_KEYS
-    if unknown:
-        raise ArgumentError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_CASE_KEYS)})")
-    name = case.get("name")
-    if not isinstance(name, str) or not name or "::" in name or "/" in name:
-        raise ArgumentError(f"{where}: 'name' must be a non-empty string without '::' or '/'")
-    if not isinstance(case.get("params", {}), Mapping):
-        raise ArgumentTypeError(f"{where} ({name}): 'params' must be a dict")
-    out = dict(case)
-    plats = case.get("platforms")
-    if plats is not None:
-        if not isinstance(plats, _NAME_COLLECTIONS) or not all(isinstance(p, str) for p in plats):
-            raise ArgumentTypeError(f"{where} ({name}): 'platforms' must be a list of platform names")
-        out["platforms"] = _platform_list(_ordered(plats), f"{where} ({name}): 'platforms': ")
-    manual = case.get("manual", False)
-    if isinstance(manual, str):
-        out["manual"] = (platform_name(manual, f"{where} ({name}): 'manual': "),)
-    elif isinstance(manual, _NAME_COLLECTIONS):
-        if not all(isinstance(p, str) for p in manual):
-            raise ArgumentTypeError(f"{where} ({name}): 'manual' lists platform names")
-        out["manual"] = tuple(_platform_list(_ordered(manual), f"{where} ({name}): 'manual': "))
-    elif not isinstance(manual, bool):
-        raise ArgumentTypeError(
-            f"{where} ({name}): 'manual' must be True/False, a platform name or a list of them, "
-            f"not {type(manual).__name__}"
-        )
-    if not isinstance(case.get("config", {}), Mapping):
-        raise ArgumentTypeError(f"{where} ({name}): 'config' must be a dict")
-    return out
+def case_devices(cls: type[SceneTestCase], case: Mapping[str, Any] | str, devices: int | None = None) -> int:
+    """The device count a case runs on: ``devices`` (``--devices``) when given, else the case's
+    ``devices``, else the class's ``DEVICES``."""
+    if devices is not None:
+        return check_devices(devices, "devices")
+    c = _find_case(cls, case)
+    return int(c.get("devices", getattr(cls, "DEVICES", 1)))
 
 
 def is_scene_test(obj: object) -> bool:
@@ -467,7 +417,8 @@ class CaseRun:
     def _start(self) -> None:
         cls, label, callable = self.cls, self.label, self.callable
         level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
-        self._compare_as = cls.__dict__.get(_COMPARE_ATTR) or _compare_style(cls)
+        base = SceneTestCase.compare_outputs
+        self._compare_as = cls.__dict__.get(_COMPARE_ATTR) or compare_style(cls, base)
         self._level = level
         if self._own:
             if self.platform == "cuda":
@@ -563,7 +514,10 @@ def run_case(
     skip_golden: bool = False,
     worker_options: Mapping[str, Any] | None = None,
     worker: Worker | None = None,
-) -> list[RunReport]:
+    *,
+    devices: int | None = None,
+    group: Any = None,
+) -> list[Any]:
     """Runs one case of a scene test for ``rounds`` rounds; returns one report per round.
 
     The L2 path: ``generate_args`` -> golden clone -> resident setup of every ``child_memory``
@@ -573,9 +527,17 @@ def run_case(
     Golden checking is skipped when ``skip_golden``, the case's ``skip_golden`` or the class's
     ``SKIP_GOLDEN`` is set. A mismatch raises ``AssertionError`` naming the case (and round).
     See :class:`CaseRun` to run a case round by round.
+
+    ``devices`` overrides the case's device count (``devices``, else the class's ``DEVICES``).
+    On several devices (or on ``group``, an open :class:`~simpler.group.DeviceGroup`, left
+    open) the case runs as :class:`~simpler.testing.scene_group.GroupCaseRun` and returns one
+    :class:`~simpler.testing.scene_group.GroupRound` per round (each device's report and the
+    round's wall time).
     """
     __tracebackhide__ = True  # pytest: failures start at the case's own code
-    run = CaseRun(cls, case, platform, rounds, skip_golden, worker_options, worker)
+    run = case_run(
+        cls, case, platform, rounds, skip_golden, worker_options, worker, devices=devices, group=group
+    )
     failed = False
     try:
         run.start()
@@ -587,6 +549,37 @@ def run_case(
         raise
     finally:
         run.close(failed)
+
+
+def case_run(
+    cls: type[SceneTestCase],
+    case: Mapping[str, Any] | str,
+    platform: str = "sim",
+    rounds: int = 1,
+    skip_golden: bool = False,
+    worker_options: Mapping[str, Any] | None = None,
+    worker: Worker | None = None,
+    *,
+    devices: int | None = None,
+    group: Any = None,
+) -> CaseRun:
+    """The round-by-round run of a case (not started): a :class:`CaseRun` on one device, a
+    :class:`~simpler.testing.scene_group.GroupCaseRun` on several (or on ``group``); the
+    arguments are :func:`run_case`'s."""
+    if not (isinstance(cls, type) and issubclass(cls, SceneTestCase)):
+        raise ArgumentTypeError("run_case: expected a SceneTestCase subclass")
+    n = len(group) if group is not None and devices is None else case_devices(cls, case, devices)
+    if group is None and n == 1:
+        return CaseRun(cls, case, platform, rounds, skip_golden, worker_options, worker)
+    label = f"{cls.__name__}::{_find_case(cls, case)['name']}"
+    if worker is not None:
+        raise ArgumentError(
+            f"{label} runs on {n} devices, one process each; worker= is one device "
+            "(pass devices=1 to run it there, or group= a DeviceGroup)"
+        )
+    from .scene_group import GroupCaseRun  # it builds on this module
+
+    return GroupCaseRun(cls, case, platform, rounds, skip_golden, worker_options, group=group, devices=n)
 
 
 # `TestX.run_case(case, ...)`: the same function, with the class bound.

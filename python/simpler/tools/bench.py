@@ -12,20 +12,32 @@ in one process, each on its own worker, with their rounds interleaved (round 1 o
 round 2, ..., the order rotating from round to round), so drift of a shared machine hits every arm
 alike.
 
+**Devices.** With ``--devices N`` (``N > 1``), or for a case that declares several devices, each
+arm runs twice in the same invocation, its rounds interleaved with the others': on one device
+(the usual worker) and on ``N`` devices (a :class:`~simpler.group.DeviceGroup`, one process per
+device, the case's arguments split across them: :mod:`simpler.testing.scene_group`), so the
+dispatch ratios of the arms on ``N`` devices sit beside the one-device ones. A case that cannot
+split is skipped, with the reason.
+
 **Selection** follows :mod:`simpler.testing.runner` (the rules every front end shares); a selector also
 matches a case by its name without the arm, and naming a manual case (``--case B256_8K``) runs it.
 
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
 ``counters``) plus ``workload``, ``test``, ``case``, ``case_name``, ``arm``, ``round`` (1-based),
-``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved``, on a sim
+``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved``,
+``devices`` (the device count of the run: 1, or ``N``), on a sim
 worker with cost models ``modeled`` (per phase, the primary model), ``modeled_by`` (per model),
 ``kernels`` (each kernel's work and price), ``modeled_dispatch_ns`` and ``modeled_round_ns``, and the
 run's provenance: ``version`` (of simpler), ``commit`` (of the checkout simpler was built from,
 when there is one), ``host``, ``python`` and ``timestamp`` (UTC, ISO 8601, when the bench started).
+A round on ``N`` devices is ``N`` records, one per device (its own report), each with ``device``
+(the id), ``device_index`` (its position in the group) and ``round_wall_ns`` (the wall time of the
+group round, the same in the round's ``N`` records).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import importlib.util
@@ -41,6 +53,7 @@ from typing import Any
 
 from .. import _core
 from ..testing import runner, scene
+from ..testing.scene_group import GroupCaseRun, GroupRound
 from ..worker import RunReport
 from ..workloads import WORKLOADS
 
@@ -70,11 +83,18 @@ class BenchOptions:
     skip_golden: bool = False
     worker_options: dict[str, Any] = field(default_factory=dict)
     manual: str = "exclude"
+    devices: int | None = None
 
     def runner_options(self) -> runner.RunnerOptions:
         """The same request, as the case runner's options."""
         return runner.RunnerOptions(
-            self.platform, self.rounds, self.cases, self.skip_golden, self.manual, self.worker_options
+            self.platform,
+            self.rounds,
+            self.cases,
+            self.skip_golden,
+            self.manual,
+            self.worker_options,
+            self.devices,
         )
 
 
@@ -150,24 +170,27 @@ def run_metadata() -> dict[str, Any]:
     }
 
 
-Round = tuple[str, str, str, str, "RunReport | BaseException"]
+Round = tuple[str, str, str, str, int, "RunReport | GroupRound | BaseException"]
 
 
 def _scene_rounds(module: Any, opts: BenchOptions, log: Any, progress: Any) -> Iterator[Round]:
-    """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, report)``."""
+    """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, devices,
+    report)``."""
     classes = runner.scene_classes(module)
     if not classes:
         raise BenchError(f"{opts.workload} defines no scene test")
     planned = runner.plan_cases(classes, opts.runner_options(), aliases=lambda c: (split_arm(c)[0],))
     if not planned:
         raise BenchError(runner.unknown_case_message(classes, opts.cases or []))
-    groups: dict[tuple[type, str], list[tuple[str, Mapping[str, Any]]]] = {}
+    groups: dict[tuple[type, str], list[tuple[str, int, Mapping[str, Any]]]] = {}
     for p in planned:
         if p.skip is not None:
             log(f"skip {p.label}: {p.skip}")
             continue
         base, arm = split_arm(p.case)
-        groups.setdefault((p.cls, base), []).append((arm, p.case))
+        n = scene.case_devices(p.cls, p.case, opts.devices)
+        for devices in sorted({1, n}):  # on several devices: one device beside it
+            groups.setdefault((p.cls, base), []).append((arm, devices, p.case))
     if not groups:
         raise BenchError(f"every selected case of {opts.workload} is skipped on {opts.platform} (above)")
     progress.total = sum(len(arms) for arms in groups.values()) * opts.rounds
@@ -178,60 +201,94 @@ def _scene_rounds(module: Any, opts: BenchOptions, log: Any, progress: Any) -> I
 def _interleaved_rounds(
     cls: type,
     base: str,
-    arms: list[tuple[str, Mapping[str, Any]]],
+    arms: list[tuple[str, int, Mapping[str, Any]]],
     opts: BenchOptions,
     log: Any,
     progress: Any,
 ) -> Iterator[Round]:
-    """The rounds of one case's arms, interleaved; an arm that fails is reported and dropped."""
-    runs: dict[str, tuple[scene.CaseRun, Mapping[str, Any]]] = {}
+    """The rounds of one case's arms (each on its device counts), interleaved; an arm that fails
+    is reported and dropped."""
+    runs: dict[tuple[str, int], tuple[scene.CaseRun, Mapping[str, Any]]] = {}
     t0 = time.perf_counter()
+
+    def label(case: Mapping[str, Any], devices: int) -> str:
+        return f"{cls.__name__}::{case['name']}" + (f" on {devices} devices" if devices > 1 else "")
+
+    def failed(key: tuple[str, int], case: Mapping[str, Any], e: Exception) -> Round:
+        log(f"FAIL {label(case, key[1])}: {type(e).__name__}: {e}")
+        return cls.__name__, base, case["name"], key[0], key[1], e
+
     try:
-        for arm, case in arms:
-            runs[arm] = (
-                scene.CaseRun(cls, case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options),
-                case,
-            )
-        for arm, (run, case) in list(runs.items()):
+        for arm, devices, case in arms:
+            args = (cls, case, opts.platform, opts.rounds, opts.skip_golden, opts.worker_options)
+            run = scene.CaseRun(*args) if devices == 1 else GroupCaseRun(*args, devices=devices)
+            runs[(arm, devices)] = (run, case)
+        for key, (run, case) in list(runs.items()):
             try:
                 run.start()
             except Exception as e:
-                log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
                 run.close(failed=True)
-                del runs[arm]
+                del runs[key]
                 progress.update(opts.rounds)
-                yield cls.__name__, base, case["name"], arm, e
+                yield failed(key, case, e)
         for r in range(opts.rounds):
             # The order rotates from round to round, so no arm always runs right after another.
             order = list(runs)
             k = r % len(order) if order else 0
-            for arm in order[k:] + order[:k]:
-                run, case = runs[arm]
-                progress.set_description(f"{base} {arm} round {r + 1}/{opts.rounds}")
+            for key in order[k:] + order[:k]:
+                run, case = runs[key]
+                on = f" on {key[1]} devices" if key[1] > 1 else ""
+                progress.set_description(f"{base} {key[0]}{on} round {r + 1}/{opts.rounds}")
                 try:
                     report = run.round()
                 except Exception as e:
-                    log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
                     run.close(failed=True)
-                    del runs[arm]
+                    del runs[key]
                     progress.update(opts.rounds - r)
-                    yield cls.__name__, base, case["name"], arm, e
+                    yield failed(key, case, e)
                     continue
                 progress.update(1)
-                yield cls.__name__, base, case["name"], arm, report
-        for arm, (run, case) in list(runs.items()):
+                yield cls.__name__, base, case["name"], key[0], key[1], report
+        for key, (run, case) in list(runs.items()):
             try:
                 run.finish()
             except Exception as e:
-                log(f"FAIL {cls.__name__}::{case['name']}: {type(e).__name__}: {e}")
-                yield cls.__name__, base, case["name"], arm, e
+                yield failed(key, case, e)
         if runs:
             dt = time.perf_counter() - t0
-            names = ", ".join(runs)
+            names = ", ".join(arm + (f" on {n} devices" if n > 1 else "") for arm, n in runs)
             log(f"ran  {cls.__name__}::{base} ({names}): {opts.rounds} interleaved round(s) in {dt:.1f} s")
     finally:
         for run, _case in runs.values():
             run.close(failed=True)
+
+
+def _cli_devices() -> int | None:
+    """``--devices`` of the ``simpler bench`` command in progress, read from its parsed command
+    line when the command built :class:`BenchOptions` without it; ``None`` outside the command.
+    A stopgap: once the command passes ``devices=`` itself, this is never reached."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_bench" and frame.f_globals.get("__name__") == "simpler.tools.cli":
+            return getattr(frame.f_locals.get("ns"), "simpler_devices", None)
+        frame = frame.f_back
+    return None
+
+
+def _record(report: Mapping[str, Any], common: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """One record: a report's dict (``RunReport.to_dict()``), the round's fields, the dispatch
+    path, the modeled one (with a cost model), the bytes moved and the provenance."""
+    rec = dict(report)
+    rec.update(common)
+    phases = rec["phases"]
+    rec["dispatch_ns"] = int(sum(v for k, v in phases.items() if k != "execute"))
+    modeled = rec.get("modeled")
+    if modeled is not None:  # RunReport's modeled_dispatch_ns and modeled_round_ns, from its dict
+        rec["modeled_dispatch_ns"] = int(sum(v for k, v in modeled.items() if k != "execute"))
+        rec["modeled_round_ns"] = int(sum(modeled.values()))
+    rec["bytes_moved"] = sum(int(rec["counters"].get(k, 0)) for k in BYTES_KEYS)
+    rec.update(meta)
+    return rec
 
 
 class _NoProgress:
@@ -269,6 +326,8 @@ def bench_records(
     installed). Raises :class:`BenchError` when the workload does not exist or selects nothing.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if opts.devices is None:
+        opts = dataclasses.replace(opts, devices=_cli_devices())
     module, fn_name = _resolve(opts.workload)
     meta = run_metadata()
     bar = _progress_bar(sys.stderr.isatty() if progress is None else progress)
@@ -278,7 +337,8 @@ def bench_records(
             raise BenchError(f"{opts.workload}: the file has no function {fn_name}")
         test = Path(opts.workload.rpartition(":")[0]).stem
         rounds: Iterator[Round] = (
-            (test, str(case), f"{case}_{arm}", str(arm), report) for case, arm, report in fn(opts)
+            (test, str(case), f"{case}_{arm}", str(arm), len(getattr(report, "devices", [0])), report)
+            for case, arm, report in fn(opts)
         )
     else:
         rounds = _scene_rounds(module, opts, log, bar)
@@ -286,36 +346,33 @@ def bench_records(
     failures: list[str] = []
     counter: dict[str, int] = {}
     try:
-        for test, base, name, arm, rep in rounds:
+        for test, base, name, arm, devices, rep in rounds:
             if isinstance(rep, BaseException):
                 first = (str(rep).strip().splitlines() or [""])[0]
-                failures.append(f"{test}::{name}: {type(rep).__name__}: {first}")
+                on = f" on {devices} devices" if devices > 1 else ""
+                failures.append(f"{test}::{name}{on}: {type(rep).__name__}: {first}")
                 continue
-            counter[name] = counter.get(name, 0) + 1
-            rec = rep.to_dict()
-            rec.update(
+            key = f"{name}@{devices}"
+            counter[key] = counter.get(key, 0) + 1
+            common = dict(
                 workload=opts.workload,
                 test=test,
                 case=base,
                 case_name=name,
                 arm=arm,
-                round=counter[name],
+                round=counter[key],
                 rounds=opts.rounds,
                 platform=opts.platform,
                 golden=not opts.skip_golden,
-                dispatch_ns=rep.dispatch_ns,
-                **(
-                    {
-                        "modeled_dispatch_ns": rep.modeled_dispatch_ns,
-                        "modeled_round_ns": rep.modeled_round_ns,
-                    }
-                    if rep.modeled is not None
-                    else {}
-                ),
-                bytes_moved=sum(int(rep.counters.get(k, 0)) for k in BYTES_KEYS),
-                **meta,
+                devices=devices,
             )
-            records.append(rec)
+            if isinstance(rep, GroupRound):
+                for i, (device, d) in enumerate(zip(rep.devices, rep.reports)):
+                    rec = _record(d, common, meta)
+                    rec.update(device=device, device_index=i, round_wall_ns=rep.wall_ns)
+                    records.append(rec)
+            else:
+                records.append(_record(rep.to_dict(), common, meta))
     finally:
         bar.close()
     return records, failures

@@ -8,6 +8,11 @@ mirror_refresh_bytes``). A summary gives each arm's warm median dispatch time an
 ``Residency_staged`` (and ``Residency_all / Residency_bulk``), also on each arm's best warm
 round. With one round the only round is the cold one and the ratios use it.
 
+**Several devices** (``simpler bench --devices N``): after a case's one-device tables, its
+tables on ``N`` devices: per device, the whole round (the group round's wall time), and the
+dispatch ratios of the arms on ``N`` devices beside the one-device ones
+(:mod:`simpler.tools.report_devices`).
+
 **Comparison** (:func:`format_compare`): two runs of the same workload, per case, arm and row,
 the warm medians side by side and the ratio ``b / a`` (the way pytest-benchmark's
 ``--benchmark-compare`` reads), with each run's provenance (version, commit, host, time).
@@ -100,15 +105,18 @@ def _wrong_types(rec: Mapping[str, Any]) -> str | None:
             return f"'{key}' must be a string, not {type(rec[key]).__name__}"
     if not _is_number(rec["dispatch_ns"]):
         return f"'dispatch_ns' must be a number, not {type(rec['dispatch_ns']).__name__}"
-    for key in ("round", "rounds"):
+    for key in ("round", "rounds", "devices", "device_index", "round_wall_ns"):
         if key in rec and not _is_number(rec[key]):
             return f"'{key}' must be a number, not {type(rec[key]).__name__}"
     return None
 
 
 def _group(records: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], dict[str, list[Mapping]]]:
+    """The one-device records: (workload, test, case) -> arm -> records in round order."""
     groups: dict[tuple[str, str, str], dict[str, list[Mapping]]] = {}
     for r in records:
+        if "device_index" in r:
+            continue  # one device's record of a round on several: simpler.tools.report_devices
         key = (str(r.get("workload", "")), str(r.get("test", "")), str(r.get("case", "")))
         groups.setdefault(key, {}).setdefault(str(r.get("arm", "")), []).append(r)
     for arms in groups.values():
@@ -265,79 +273,94 @@ def _ratios(d: Mapping[str, float]) -> list[str]:
 
 
 def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
-    """The round tables and the ratio summary of bench records (what ``bench``/``report`` print)."""
+    """The round tables and the ratio summary of bench records (what ``bench``/``report`` print):
+    per case, its one-device tables, then its tables on each larger device count."""
+    from . import report_devices
+
+    records = list(records)
+    single, multi = _group(records), report_devices.group_devices(records)
     lines: list[str] = []
-    for (workload, test, case), arms in _group(records).items():
-        any_r = next(iter(arms.values()))[0]
-        n = max(len(rs) for rs in arms.values())
-        golden = "golden checked" if any_r.get("golden", True) else "golden skipped"
-        head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
-        lines.append(f"== {head} ({any_r.get('platform', '?')}, {n} round(s), {golden}) ==")
-        peak = max(max(_series(rs)["dispatch"] + _series(rs)["execute"]) for rs in arms.values())
-        unit, div = ("ms", 1e6) if peak >= 1e7 else ("us", 1e3)
-        lines.append(
-            f"{'arm':<18} {'':<12} {'cold':>11} {'min':>11} {'median':>11} {'max':>11} {'spread':>8}"
-            + (f"   ({unit}; warm rounds 2..{n})" if n > 1 else f"   ({unit}; one round)")
-        )
-        for arm, rs in arms.items():
-            for i, (row, xs) in enumerate(_table_rows(rs).items()):
-                label = arm if i == 0 else ""
-                if row == "bytes/round":
-                    cells = [_fmt_bytes(xs[0])]
-                    warm = xs[1:]
-                    cells += (
-                        [_fmt_bytes(f(warm)) for f in (min, statistics.median, max)] if warm else ["-"] * 3
-                    )
-                else:
-                    cells = [f"{xs[0] / div:.3f}"]
-                    warm = xs[1:]
-                    cells += (
-                        [f"{f(warm) / div:.3f}" for f in (min, statistics.median, max)] if warm else ["-"] * 3
-                    )
-                spread = _spread(warm)
-                lines.append(
-                    f"{label:<18} {row:<12} " + " ".join(f"{c:>11}" for c in cells) + f" {spread:>8}"
-                )
-        basis = "warm median" if n > 1 else "the single (cold) round"
-        lines.append(f"summary ({basis}): dispatch = every phase but execute;")
-        lines.append("  args = bind + copy_back + cleanup (the dispatch path without orchestrate)")
-        d_head, e_head = f"dispatch {unit}", f"execute {unit}"
-        a_head = f"args {unit}"
-        lines.append(
-            f"  {'arm':<18} {d_head:>13} {'vs staged':>10} {a_head:>11} {'vs staged':>10} {e_head:>13} "
-            f"{'bytes/round':>12}"
-        )
-        disp = {arm: _warm_median(_series(rs)["dispatch"]) for arm, rs in arms.items()}
-        args = {arm: _warm_median(_series(rs)["args"]) for arm, rs in arms.items()}
-        base, args_base = disp.get(BASELINE), args.get(BASELINE)
-        for arm, rs in arms.items():
-            s = _series(rs)
-            ratio = f"{disp[arm] / base:.2f}x" if base else "-"
-            a_ratio = f"{args[arm] / args_base:.3f}x" if args_base else "-"
-            lines.append(
-                f"  {arm:<18} {disp[arm] / div:>13.3f} {ratio:>10} {args[arm] / div:>11.3f} {a_ratio:>10} "
-                f"{_warm_median(s['execute']) / div:>13.3f} {_fmt_bytes(_warm_median(s['bytes/round'])):>12}"
-            )
-        best = {arm: _warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
-        for label, d in (("dispatch ratios", disp), ("on the best warm round", best)):
-            ratios = _ratios(d)
-            if ratios:
-                lines.append(f"  {label}: " + "; ".join(ratios))
-        group = [r for rs in arms.values() for r in rs]
-        for model in dict.fromkeys(m for r in group for m in _modeled_by(r)):
-            modeled = {
-                arm: _warm_median([_row_value(_modeled_by(r)[model], "dispatch") for r in rs])
-                for arm, rs in arms.items()
-                if all(model in _modeled_by(r) for r in rs)
-            }
-            ratios = _ratios(modeled)
-            if ratios:
-                lines.append(f"  modeled dispatch ratios ({model}): " + "; ".join(ratios))
-        table = format_model_comparison(group, measured_on=str(any_r.get("platform", "sim")))
-        if table:
-            lines.append(table)
-        lines.append("")
+    for key in dict.fromkeys(
+        (str(r.get("workload", "")), str(r.get("test", "")), str(r.get("case", ""))) for r in records
+    ):
+        if key in single:
+            lines += _case_tables(key, single[key])
+        for mkey, arms in multi.items():
+            if mkey[:3] == key:
+                lines += report_devices.format_device_tables(mkey, arms, single.get(key, {}))
     return "\n".join(lines)
+
+
+def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """The one-device tables of one case."""
+    workload, test, case = key
+    lines: list[str] = []
+    any_r = next(iter(arms.values()))[0]
+    n = max(len(rs) for rs in arms.values())
+    golden = "golden checked" if any_r.get("golden", True) else "golden skipped"
+    head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
+    lines.append(f"== {head} ({any_r.get('platform', '?')}, {n} round(s), {golden}) ==")
+    peak = max(max(_series(rs)["dispatch"] + _series(rs)["execute"]) for rs in arms.values())
+    unit, div = ("ms", 1e6) if peak >= 1e7 else ("us", 1e3)
+    lines.append(
+        f"{'arm':<18} {'':<12} {'cold':>11} {'min':>11} {'median':>11} {'max':>11} {'spread':>8}"
+        + (f"   ({unit}; warm rounds 2..{n})" if n > 1 else f"   ({unit}; one round)")
+    )
+    for arm, rs in arms.items():
+        for i, (row, xs) in enumerate(_table_rows(rs).items()):
+            label = arm if i == 0 else ""
+            if row == "bytes/round":
+                cells = [_fmt_bytes(xs[0])]
+                warm = xs[1:]
+                cells += [_fmt_bytes(f(warm)) for f in (min, statistics.median, max)] if warm else ["-"] * 3
+            else:
+                cells = [f"{xs[0] / div:.3f}"]
+                warm = xs[1:]
+                cells += (
+                    [f"{f(warm) / div:.3f}" for f in (min, statistics.median, max)] if warm else ["-"] * 3
+                )
+            spread = _spread(warm)
+            lines.append(f"{label:<18} {row:<12} " + " ".join(f"{c:>11}" for c in cells) + f" {spread:>8}")
+    basis = "warm median" if n > 1 else "the single (cold) round"
+    lines.append(f"summary ({basis}): dispatch = every phase but execute;")
+    lines.append("  args = bind + copy_back + cleanup (the dispatch path without orchestrate)")
+    d_head, e_head = f"dispatch {unit}", f"execute {unit}"
+    a_head = f"args {unit}"
+    lines.append(
+        f"  {'arm':<18} {d_head:>13} {'vs staged':>10} {a_head:>11} {'vs staged':>10} {e_head:>13} "
+        f"{'bytes/round':>12}"
+    )
+    disp = {arm: _warm_median(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+    args = {arm: _warm_median(_series(rs)["args"]) for arm, rs in arms.items()}
+    base, args_base = disp.get(BASELINE), args.get(BASELINE)
+    for arm, rs in arms.items():
+        s = _series(rs)
+        ratio = f"{disp[arm] / base:.2f}x" if base else "-"
+        a_ratio = f"{args[arm] / args_base:.3f}x" if args_base else "-"
+        lines.append(
+            f"  {arm:<18} {disp[arm] / div:>13.3f} {ratio:>10} {args[arm] / div:>11.3f} {a_ratio:>10} "
+            f"{_warm_median(s['execute']) / div:>13.3f} {_fmt_bytes(_warm_median(s['bytes/round'])):>12}"
+        )
+    best = {arm: _warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+    for label, d in (("dispatch ratios", disp), ("on the best warm round", best)):
+        ratios = _ratios(d)
+        if ratios:
+            lines.append(f"  {label}: " + "; ".join(ratios))
+    group = [r for rs in arms.values() for r in rs]
+    for model in dict.fromkeys(m for r in group for m in _modeled_by(r)):
+        modeled = {
+            arm: _warm_median([_row_value(_modeled_by(r)[model], "dispatch") for r in rs])
+            for arm, rs in arms.items()
+            if all(model in _modeled_by(r) for r in rs)
+        }
+        ratios = _ratios(modeled)
+        if ratios:
+            lines.append(f"  modeled dispatch ratios ({model}): " + "; ".join(ratios))
+    table = format_model_comparison(group, measured_on=str(any_r.get("platform", "sim")))
+    if table:
+        lines.append(table)
+    lines.append("")
+    return lines
 
 
 def plot_records(records: Sequence[Mapping[str, Any]], path: str | Path) -> None:
@@ -356,7 +379,9 @@ def plot_records(records: Sequence[Mapping[str, Any]], path: str | Path) -> None
         raise ReportError(
             "--plot needs matplotlib, which is not installed (pip install 'simpler-residency[plot]')"
         ) from None
-    groups = _group(records)
+    from .report_devices import round_records
+
+    groups = _group([*records, *round_records(records)])
     fig, axes = plt.subplots(len(groups), 1, figsize=(7, 3.2 * len(groups)), squeeze=False)
     for ax, ((workload, _test, case), arms) in zip(axes[:, 0], groups.items()):
         peak = max(_dispatch(r) for rs in arms.values() for r in rs)
@@ -399,7 +424,9 @@ def format_compare(
 ) -> str:
     """Two runs side by side: per case, arm and row, the warm medians of run ``a`` and run ``b``
     and the ratio ``b / a`` (below 1: ``b`` is faster / moves less)."""
-    ga, gb = _group(a), _group(b)
+    from .report_devices import round_records
+
+    ga, gb = _group([*a, *round_records(a)]), _group([*b, *round_records(b)])
     lines = [f"a = {names[0]} ({_provenance(a)})", f"b = {names[1]} ({_provenance(b)})", ""]
     for key in [k for k in ga if k in gb] + [k for k in gb if k not in ga]:
         workload, test, case = key

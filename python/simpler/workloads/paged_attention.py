@@ -36,6 +36,12 @@ Every case comes in three arms (the bench finds them by the ``_Residency_<arm>``
   stays staged in every arm, so ``all`` vs ``bulk`` differs only in how the control tensors reach
   the orchestrator.
 
+On several devices (``--devices 2``, or ``run_case(..., devices=2)``) the batch is split
+(:func:`split_batch`): each device takes a contiguous group of sequences with their query rows,
+context lengths and output rows, only the KV-cache blocks those sequences use, and its block
+table re-indexed to them; every arm keeps the same tensors resident, on every device. The
+devices' ``out`` rows are joined in batch order and compared with the golden of the whole batch.
+
 The golden model is an online-softmax paged attention in float32 (numpy), masked by
 ``context_lens``; outputs are compared at rtol = atol = 1e-3. As in the upstream runtime, each
 block's softmax probabilities P are rounded to the inputs' dtype (bfloat16) before their row sum
@@ -425,6 +431,44 @@ def golden_paged_attention(query, key_cache, value_cache, block_table, context_l
     return out
 
 
+def split_batch(args: sp.TaskArgsBuilder, n: int) -> list[sp.TaskArgsBuilder]:
+    """The case's arguments for ``n`` devices: the batch cut into ``n`` contiguous groups of
+    sequences (``np.array_split``: the first devices take one more when ``n`` does not divide
+    it). Device ``i`` gets its sequences' ``query``, ``context_lens`` and ``out`` rows, the
+    ``key_cache`` / ``value_cache`` blocks they use (in block-id order) and their
+    ``block_table`` rows re-indexed to those blocks (``-1`` where unused, as in the whole
+    table); ``scale`` and every ``child_memory`` flag as in ``args``."""
+    table = np.asarray(args.block_table)
+    lens = np.asarray(args.context_lens).astype(np.int64)
+    if len(lens) < n:
+        raise sp.ArgumentError(f"paged attention: cannot split a batch of {len(lens)} over {n} devices")
+    block_size = args.key_cache.shape[1]
+    parts = []
+    for idx in np.array_split(np.arange(len(lens)), n):
+        rows = table[idx]
+        need = np.where(lens[idx] > 0, -(-lens[idx] // block_size), 0)
+        used = np.arange(table.shape[1])[None, :] < need[:, None]
+        blocks, local = np.unique(rows[used], return_inverse=True)
+        local_table = np.full_like(rows, -1)
+        local_table[used] = local
+        if not len(blocks):  # every context empty: one block, never read, keeps the caches
+            blocks = np.zeros(1, np.int64)
+        values = {
+            "query": args.query[idx],
+            "key_cache": args.key_cache[blocks],
+            "value_cache": args.value_cache[blocks],
+            "block_table": local_table,
+            "context_lens": np.asarray(args.context_lens)[idx],
+            "out": args.out[idx],
+        }
+        tensors = [
+            sp.TensorArg(t.name, np.array(values[t.name], copy=True, order="C"), child_memory=t.child_memory)
+            for t in args.tensors()
+        ]
+        parts.append(sp.TaskArgsBuilder(*tensors, *args.scalars()))
+    return parts
+
+
 # -- cases -------------------------------------------------------------------------------------
 
 _BASES = [
@@ -472,6 +516,11 @@ class PagedAttention(sp.SceneTestCase):
             *(sp.TensorArg(n, x[n], child_memory=n in resident) for n in names),
             sp.Scalar("scale", x["scale"]),
         )
+
+    def split_args(self, args, params, n):
+        """The batch split across ``n`` devices (:func:`split_batch`); ``out`` is joined along
+        the batch by the default ``merge_outputs``."""
+        return split_batch(args, n)
 
     def compute_golden(self, args, params):
         args.out[...] = golden_paged_attention(

@@ -1,0 +1,361 @@
+"""Scene-test cases on several devices: one process per device, through a device group.
+
+A case runs on ``n > 1`` devices when its class sets ``DEVICES = n``, the case says
+``"devices": n``, or the front end is given ``--devices n`` (``--simpler-devices n`` under pytest).
+:class:`GroupCaseRun` runs it, with the interface of :class:`~simpler.testing.scene.CaseRun`:
+
+* ``start()``: the whole case's arguments are generated and its golden computed exactly as on
+  one device; ``split_args(args, params, n)`` cuts the arguments into one builder per device;
+  a :class:`~simpler.group.DeviceGroup` is opened (one spawned process per device, unless one is
+  given) and every ``child_memory`` tensor is made resident on each device, from that device's
+  part, in one group resident set (directions from ``CALLABLE.signature``);
+* ``round()``: every device runs the callable once, at the same time, with its resident tensors
+  and its host-staged arrays (placed once in shared memory; staged outputs copied back into the
+  device's part). Staged outputs are restored before every round after the first, as on one
+  device. Without resident outputs the devices' outputs are joined (``merge_outputs``) into the
+  whole case's arguments and compared with the golden every round; with resident outputs the
+  golden evolves (``compute_golden`` once per round on the whole golden) and
+* ``finish()`` reads every device's resident outputs back once, joins them with the last
+  round's staged outputs and compares;
+* ``close()`` releases the resident set on every device (LIFO) and closes the group it opened.
+
+Each round returns a :class:`GroupRound`: every device's report (``RunReport.to_dict()``) and the
+wall time of the group round (sending, every device's run, the copy-back of staged outputs).
+
+The device processes import the scene-test class by name to build its ``CALLABLE`` (a spawned
+process shares no objects with this one): the class must be defined at the top level of a
+module, which is the case for scene tests in test files and in ``__main__`` scripts. A class
+built inside a function cannot run on several devices (``ArgumentError`` before any device work).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _arrays
+from ..args import TaskArgsBuilder
+from ..errors import ArgumentError, ArgumentTypeError
+from ..worker import ArgDirection
+from . import fake_cuda
+from .scene import (
+    _COMPARE_ATTR,
+    _LEVEL_ATTR,
+    CaseRun,
+    SceneTestCase,
+    _compare,
+    _host,
+    compare_style,
+    scene_level,
+)
+
+__all__ = ["GroupCaseRun", "GroupRound", "device_round", "dispatch_ns"]
+
+log = logging.getLogger("simpler")
+
+
+def dispatch_ns(report: Mapping[str, Any]) -> int:
+    """The dispatch path of one device's report dict: every phase but ``execute``."""
+    return int(sum(v for k, v in report["phases"].items() if k != "execute"))
+
+
+@dataclass
+class GroupRound:
+    """One round of a case on several devices.
+
+    ``devices``: the device ids, in group order; ``reports``: each device's
+    ``RunReport.to_dict()`` (``phases``, ``counters``, ``ok``, ``callable``), in the same order;
+    ``wall_ns``: the wall time of the group round, as the caller saw it."""
+
+    devices: list[int]
+    reports: list[dict[str, Any]]
+    wall_ns: int
+
+    @property
+    def ok(self) -> bool:
+        """Whether every device's run was ok."""
+        return all(r.get("ok", False) for r in self.reports)
+
+    @property
+    def dispatch_ns(self) -> int:
+        """The round's dispatch path: its slowest device's (every phase but ``execute``)."""
+        return max(dispatch_ns(r) for r in self.reports)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``devices``, ``wall_ns`` and ``per_device`` (the reports), as JSON-ready data."""
+        return {"devices": list(self.devices), "wall_ns": self.wall_ns, "per_device": list(self.reports)}
+
+
+# -- in the device processes -------------------------------------------------------------------
+
+#: The callables a device process built, by (module, qualified name) of their scene test.
+_CALLABLES: dict[tuple[str, str], Any] = {}
+#: The platforms whose fake-driver hooks a device process installed.
+_INSTALLED: set[str] = set()
+
+ClassRef = tuple[str, str, "str | None"]
+
+
+def _lookup(module: Any, qualname: str) -> Any:
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _class_ref(cls: type) -> ClassRef:
+    """How a device process finds ``cls``: (module name, qualified name, module file). Refused
+    (``ArgumentError``) when the class is not reachable by that name."""
+    module = sys.modules.get(cls.__module__)
+    qual = cls.__qualname__
+    if module is None or "<locals>" in qual or _lookup(module, qual) is not cls:
+        raise ArgumentError(
+            f"{cls.__name__} cannot run on several devices: each device's process imports the "
+            f"scene test by name ({cls.__module__}.{qual}), so define the class at the top level of "
+            "a module"
+        )
+    return cls.__module__, qual, getattr(module, "__file__", None)
+
+
+def _load_callable(ref: ClassRef) -> Any:
+    """The ``CALLABLE`` of the scene test ``ref`` names, imported once per process (by module
+    name; by file when the name is not importable, as for a test file pytest or the bench loaded
+    under a name of its own)."""
+    name, qual, file = ref
+    hit = _CALLABLES.get((name, qual))
+    if hit is not None:
+        return hit
+    module = sys.modules.get(name)
+    if module is None:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            if not file:
+                raise
+            spec = importlib.util.spec_from_file_location(name, file)
+            if spec is None or spec.loader is None:
+                raise
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    cls = _lookup(module, qual)
+    if cls is None:
+        raise ArgumentError(f"no scene test {qual} in module {name}")
+    _CALLABLES[(name, qual)] = cls.CALLABLE
+    return cls.CALLABLE
+
+
+def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> dict[str, Any]:
+    """One round of a scene case on one device, in that device's process: runs the scene
+    test's ``CALLABLE`` with ``args`` on the device's worker; the report as a dict."""
+    if ctx.worker.platform == "cuda" and "cuda" not in _INSTALLED:
+        fake_cuda.install_if_fake()  # a GPU-less machine: the fake's host kernels, here too
+        _INSTALLED.add("cuda")
+    return ctx.worker.run(_load_callable(ref), args).to_dict()
+
+
+# -- in the caller -----------------------------------------------------------------------------
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    """A read-only view: the group copies it to the devices and never back."""
+    v = arr.view()
+    v.flags.writeable = False
+    return v
+
+
+class GroupCaseRun(CaseRun):
+    """One case of a scene test on several devices, round by round (see the module docs).
+
+    ``GroupCaseRun(cls, case, platform, rounds, skip_golden, worker_options, group=None,
+    devices=None)``: ``group`` an open :class:`~simpler.group.DeviceGroup` (left open), else one
+    is opened on ``platform`` with ``devices`` processes (device ids ``0..n-1``) and
+    ``worker_options``, and closed by ``close()``. ``round()`` returns a :class:`GroupRound`.
+    """
+
+    def __init__(
+        self,
+        cls: type[SceneTestCase],
+        case: Mapping[str, Any] | str,
+        platform: str = "sim",
+        rounds: int = 1,
+        skip_golden: bool = False,
+        worker_options: Mapping[str, Any] | None = None,
+        *,
+        group: Any = None,
+        devices: int | None = None,
+    ):
+        super().__init__(cls, case, platform, rounds, skip_golden, worker_options)
+        if group is not None and devices is not None and devices != len(group):
+            raise ArgumentError(f"{self.label}: devices={devices} but the group has {len(group)} devices")
+        self.group = group
+        self.devices = len(group) if group is not None else int(devices or 1)
+        self._own_group = group is None
+        self.label = f"{self.label} on {self.devices} devices"
+        self.reports: list[GroupRound] = []  # type: ignore[assignment]
+        self.parts: list[TaskArgsBuilder] = []
+        self._set: Any = None
+
+    def _start(self) -> None:
+        cls, label, n = self.cls, self.label, self.devices
+        self._level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
+        self._compare_as = cls.__dict__.get(_COMPARE_ATTR) or compare_style(
+            cls, SceneTestCase.compare_outputs
+        )
+        self._ref = _class_ref(cls)
+        args = self._inst.generate_args(self.params)
+        if not isinstance(args, TaskArgsBuilder):
+            raise ArgumentTypeError(
+                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
+            )
+        self.callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
+        self.args = args
+        self.golden = None if self.skip else args.clone()
+        parts = self._inst.split_args(args, self.params, n)
+        dirs = {t.name: d for t, (d, _) in zip(args.tensors(), self.callable.signature)}
+        self._check_parts(parts, args, dirs)
+        self.parts = parts
+        self._resident = [t.name for t in args.tensors() if t.child_memory]
+        self._staged_in = [
+            t for t in args.tensor_names() if t not in self._resident and dirs[t] is ArgDirection.IN
+        ]
+        outputs = [t for t in args.tensor_names() if dirs[t] is not ArgDirection.IN]
+        self._staged_out = [t for t in outputs if t not in self._resident]
+        self._resident_out = [t for t in outputs if t in self._resident]
+        self._evolving = bool(self._resident_out)
+        self._initial = [{t: np.array(_host(p[t]), copy=True) for t in self._staged_out} for p in parts]
+        self._initial_whole = {t: np.array(_host(args[t]), copy=True) for t in self._staged_out}
+        # One read-only view per array (an array every device reads is placed once); the arrays
+        # are held, so no id is reused.
+        ro: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._inputs = []
+        for p in parts:
+            views = {}
+            for t in self._staged_in:
+                arr = _host(p[t])
+                views[t] = ro.setdefault(id(arr), (arr, _readonly(arr)))[1]
+            self._inputs.append(views)
+        if self.golden is not None and not self._evolving:
+            self._inst.compute_golden(self.golden, self.params)
+        if self.group is None:
+            from ..group import DeviceGroup
+
+            if self.platform == "cuda":
+                fake_cuda.install_if_fake()  # what the device processes inherit (NVRTC's path)
+            self.group = DeviceGroup(self.platform, devices=list(range(n)), **self.worker_options)
+        self._set = self.group.resident_set()
+        for name in self._resident:
+            self._set.add(name, [_host(p[name]) for p in parts], dirs[name])
+
+    def _check_parts(self, parts: Any, args: TaskArgsBuilder, dirs: Mapping[str, Any]) -> None:
+        """``split_args``'s answer: ``n`` builders with ``args``'s arguments, host arrays, no
+        output array shared by two devices, no empty resident part."""
+        where = f"{self.label}: split_args"
+        n = self.devices
+        if not isinstance(parts, (list, tuple)) or len(parts) != n:
+            got = len(parts) if isinstance(parts, (list, tuple)) else type(parts).__name__
+            raise ArgumentError(f"{where} must return {n} TaskArgsBuilders (one per device), not {got}")
+        names = args.names
+        for i, p in enumerate(parts):
+            if not isinstance(p, TaskArgsBuilder) or p.names != names:
+                what = p.names if isinstance(p, TaskArgsBuilder) else type(p).__name__
+                raise ArgumentError(f"{where}: device {i}'s part must have the arguments {names}, not {what}")
+            for t in p.tensors():
+                arr = _host(t.value)
+                if not isinstance(arr, np.ndarray):
+                    raise ArgumentError(
+                        f"{where}: device {i}'s '{t.name}' is a {type(arr).__name__}; a device's "
+                        "process takes host arrays"
+                    )
+                if args.spec(t.name).child_memory and arr.nbytes == 0:
+                    raise ArgumentError(f"{where}: device {i}'s resident '{t.name}' is empty")
+        for name, d in dirs.items():
+            arrs = [_host(p[name]) for p in parts]
+            if d is not ArgDirection.IN and any(
+                np.shares_memory(a, b) for i, a in enumerate(arrs) for b in arrs[i + 1 :]
+            ):
+                raise ArgumentError(
+                    f"{where}: output '{name}' shares memory between devices; give each device "
+                    "its own array (split it)"
+                )
+
+    def _row(self, i: int) -> list[Any]:
+        """Device ``i``'s arguments for one round, in signature order."""
+        p, row = self.parts[i], []
+        for t in p.tensors():
+            if t.name in self._resident:
+                row.append(self._set[t.name][i])
+            elif t.name in self._inputs[i]:
+                row.append(self._inputs[i][t.name])
+            else:
+                row.append(_host(t.value))
+        return row + [_arrays.host_scalar(s.value) for s in p.scalars()]
+
+    def _round(self) -> GroupRound:  # type: ignore[override]
+        from ..group import DeviceGroup
+
+        r = len(self.reports)
+        assert isinstance(self.group, DeviceGroup) and self._set is not None, "start() first"
+        if r > 0:
+            for p, snaps in zip(self.parts, self._initial):
+                for t, snap in snaps.items():
+                    np.copyto(_host(p[t]), snap)
+        rows = [(self._ref, self._row(i)) for i in range(self.devices)]
+        t0 = time.perf_counter_ns()
+        reports = self.group.round(device_round, rows)
+        wall = time.perf_counter_ns() - t0
+        result = GroupRound(list(self.group.devices), reports, wall)
+        self.reports.append(result)
+        golden = self.golden
+        if golden is not None:
+            if self._evolving:
+                if r > 0:
+                    for t, snap in self._initial_whole.items():
+                        np.copyto(_host(golden[t]), snap)
+                self._inst.compute_golden(golden, self.params)
+            else:
+                self._inst.merge_outputs(self.parts, self.args, self.params)
+                _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
+        return result
+
+    def finish(self) -> list[Any]:  # type: ignore[override]
+        """After the last round: reads every device's resident outputs back once, joins them with
+        the last round's staged outputs and compares; returns the rounds."""
+        __tracebackhide__ = True
+        try:
+            if self.golden is not None and self._evolving and self._set is not None:
+                for name in self._resident_out:
+                    for p, arr in zip(self.parts, self._set.gather(name)):
+                        np.copyto(_host(p[name]), arr)
+                self._inst.merge_outputs(self.parts, self.args, self.params)
+                _compare(self, f"{self.label}, after {len(self.reports)} round(s) (resident outputs)")
+        except BaseException as e:
+            self._note(e)
+            raise
+        return self.reports
+
+    def close(self, failed: bool = False) -> None:
+        """Releases the resident set on every device and closes the group it opened. When
+        ``failed``, a release failure is logged instead of raised."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._set is not None:
+                try:
+                    self._set.release()
+                except Exception:
+                    if not failed:
+                        raise
+                    log.exception("%s: release after a failure also failed", self.label)
+        finally:
+            if self._own_group and self.group is not None:
+                self.group.close()
