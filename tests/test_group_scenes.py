@@ -133,10 +133,11 @@ def test_the_device_count_is_overridden_and_one_device_stays_single():
     assert all(isinstance(r, sp.RunReport) for r in reports)
     with sp.Worker("sim") as w, pytest.raises(ArgumentError, match="runs on 2 devices"):
         sp.run_case(TestAccumulateOnTwoDevices, "resident", worker=w)
-    with DeviceGroup("sim", devices=[4, 7]) as g:
+    with DeviceGroup("sim", devices=[4, 7], staging="fresh") as g:  # no arena: every buffer the case's
         r = sp.run_case(TestAccumulateOnTwoDevices, "state_only_on_three", rounds=2, group=g)
         assert r[0].devices == [4, 7] and not g.closed  # the group's devices win; left open
-        assert len(g._sets) == 0  # the case's resident set was released
+        # The case's buffers (its resident acc, each round's staged x) were all released.
+        assert [(s["allocs"], s["live_allocations"]) for s in g.stats()] == [(3, 0), (3, 0)]
 
 
 def test_a_case_that_cannot_split_says_so():
