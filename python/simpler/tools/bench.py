@@ -37,7 +37,6 @@ group round, the same in the round's ``N`` records).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import importlib
 import importlib.util
@@ -263,18 +262,6 @@ def _interleaved_rounds(
             run.close(failed=True)
 
 
-def _cli_devices() -> int | None:
-    """``--devices`` of the ``simpler bench`` command in progress, read from its parsed command
-    line when the command built :class:`BenchOptions` without it; ``None`` outside the command.
-    A stopgap: once the command passes ``devices=`` itself, this is never reached."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_bench" and frame.f_globals.get("__name__") == "simpler.tools.cli":
-            return getattr(frame.f_locals.get("ns"), "simpler_devices", None)
-        frame = frame.f_back
-    return None
-
-
 def _record(report: Mapping[str, Any], common: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
     """One record: a report's dict (``RunReport.to_dict()``), the round's fields, the dispatch
     path, the modeled one (with a cost model), the bytes moved and the provenance."""
@@ -326,8 +313,6 @@ def bench_records(
     installed). Raises :class:`BenchError` when the workload does not exist or selects nothing.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if opts.devices is None:
-        opts = dataclasses.replace(opts, devices=_cli_devices())
     module, fn_name = _resolve(opts.workload)
     meta = run_metadata()
     bar = _progress_bar(sys.stderr.isatty() if progress is None else progress)

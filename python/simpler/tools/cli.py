@@ -148,6 +148,7 @@ def _bench(ns: argparse.Namespace) -> int:
             ns.simpler_svm, ns.simpler_staging, ns.simpler_model, ns.simpler_view_policy
         ),
         manual=ns.simpler_manual,
+        devices=ns.simpler_devices,
     )
     problem = opts.runner_options().check()
     if problem:
