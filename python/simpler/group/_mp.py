@@ -39,7 +39,13 @@ def _serve(conn: Connection, platform: str, device: int, index: int, options: di
             return
         status, result = host.dispatch(method, args)
         try:
-            conn.send((status, result))
+            answer = _pickle((status, result))
+        except Exception as e:  # an answer that cannot cross is an error of the call, not a death
+            from ._host import capture
+
+            answer = _pickle(("err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))))
+        try:
+            conn.send_bytes(answer)
         except (BrokenPipeError, OSError):
             host.close()
             return
@@ -64,26 +70,34 @@ class Child:
 
     def send(self, method: str, args: tuple[Any, ...]) -> None:
         """Starts a call (the answer is read by :meth:`recv`)."""
-        self.conn.send((method, args))
+        self.send_bytes(_pickle((method, args)))
 
     def send_bytes(self, message: bytes) -> None:
-        """Starts a call already pickled (one pickling for every device of a round)."""
-        self.conn.send_bytes(message)
+        """Starts a call already pickled (one pickling for every device of a round). A child
+        that is gone is noted, and its answer reads as its death."""
+        try:
+            self.conn.send_bytes(message)
+        except (BrokenPipeError, OSError):
+            self.gone = True
+
+    gone = False
 
     def recv(self) -> tuple[str, Any]:
         """The answer of the call in progress; ``("dead", exitcode)`` if the child died."""
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            self.proc.join(timeout=5)
-            return "dead", self.proc.exitcode
+        if not self.gone:
+            try:
+                return self.conn.recv()
+            except (EOFError, OSError):
+                self.gone = True
+        self.proc.join(timeout=5)
+        return "dead", self.proc.exitcode
 
     def ready(self) -> Any:
         """What :func:`multiprocessing.connection.wait` waits on."""
         return self.conn
 
     def alive(self) -> bool:
-        return self.proc.is_alive()
+        return not self.gone and self.proc.is_alive()
 
     def pid(self) -> int | None:
         return self.proc.pid
@@ -93,13 +107,16 @@ class Child:
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=10)
-        self.conn.close()
+        if not self.conn.closed:
+            self.conn.close()
 
     def join(self, timeout: float) -> None:
+        # Our end first: a child that never got "close" sees the end of its pipe and releases
+        # what it holds at once.
+        self.conn.close()
         self.proc.join(timeout=timeout)
         if self.proc.is_alive():
             self.kill()
-        self.conn.close()
 
 
 class Backend:
@@ -111,7 +128,14 @@ class Backend:
         if address is not None:
             raise ValueError("the multiprocessing backend runs on this machine: address is a ray option")
         ctx = mp.get_context("spawn")
-        self.children = [Child(ctx, platform, d, i, options) for i, d in enumerate(devices)]
+        self.children: list[Child] = []
+        try:
+            for i, d in enumerate(devices):
+                self.children.append(Child(ctx, platform, d, i, options))
+        except BaseException:
+            for c in self.children:  # the ones already started
+                c.kill()
+            raise
 
     def start(self, index: int, method: str, args: tuple[Any, ...]) -> None:
         self.children[index].send(method, args)

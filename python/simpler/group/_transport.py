@@ -34,7 +34,8 @@ class ShmRef:
     block: str
     offset: int
     shape: tuple[int, ...]
-    dtype: str
+    #: The dtype itself (byte order, fields and ml_dtypes types included; it pickles).
+    dtype: np.dtype
     strides: tuple[int, ...]
 
 
@@ -50,9 +51,10 @@ class GroupTensor:
     generation: int
 
 
-def _dtype_name(dt: np.dtype) -> str:
-    """A dtype's name that ``np.dtype`` (or ml_dtypes) reads back."""
-    return dt.name if dt.names is None else dt.str
+def _span(nbytes: int) -> int:
+    """The bytes an array takes in a block: its size rounded up to the alignment, at least one
+    alignment (an empty array too, so that offsets stay distinct)."""
+    return max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
 
 
 class SharedArrays:
@@ -72,7 +74,7 @@ class SharedArrays:
 
     def reserve(self, arrays: list[np.ndarray]) -> None:
         """Makes room for ``arrays`` (one block for the round; reused when large enough)."""
-        need = sum(-(-a.nbytes // _ALIGN) * _ALIGN for a in arrays) or _ALIGN
+        need = sum(_span(a.nbytes) for a in arrays) or _ALIGN
         self._placed.clear()
         self._used = 0
         if self._block is not None and self._block.size >= need:
@@ -92,8 +94,8 @@ class SharedArrays:
         assert self._block is not None, "reserve() first"
         view = np.ndarray(arr.shape, arr.dtype, buffer=self._block.buf, offset=self._used)
         view[...] = arr
-        ref = ShmRef(self._block.name, self._used, tuple(arr.shape), _dtype_name(arr.dtype), view.strides)
-        self._used += -(-arr.nbytes // _ALIGN) * _ALIGN or _ALIGN
+        ref = ShmRef(self._block.name, self._used, tuple(arr.shape), arr.dtype, view.strides)
+        self._used += _span(arr.nbytes)
         self._placed[key] = (arr, ref, writable)
         return ref
 
@@ -135,10 +137,7 @@ class Attached:
         if block is None:
             block = _attach(ref.block)
             self._blocks[ref.block] = block
-        from .._arrays import np_dtype
-
-        dt = np_dtype(ref.dtype) if not ref.dtype.startswith(("<", ">", "|")) else np.dtype(ref.dtype)
-        return np.ndarray(ref.shape, dt, buffer=block.buf, offset=ref.offset, strides=ref.strides)
+        return np.ndarray(ref.shape, ref.dtype, buffer=block.buf, offset=ref.offset, strides=ref.strides)
 
     def release(self, keep: str | None = None) -> None:
         """Unmaps every block but ``keep`` (the parent's current one)."""
@@ -158,9 +157,13 @@ def _attach(name: str) -> shared_memory.SharedMemory:
 
 def walk(value: Any, leaf: Any) -> Any:
     """``value`` with every leaf (an array, a handle) replaced by ``leaf(x)``; lists, tuples and
-    dicts are walked, other values kept."""
+    dicts are walked, an argument builder (``__simpler_args__``: ``TaskArgsBuilder``) becomes the
+    list of its values, other values are kept."""
     if isinstance(value, (np.ndarray, GroupTensor, ShmRef)):
         return leaf(value)
+    args = getattr(value, "__simpler_args__", None)
+    if args is not None and not isinstance(value, type):
+        return [walk(v, leaf) for _, v in args()]
     if isinstance(value, list):
         return [walk(v, leaf) for v in value]
     if isinstance(value, tuple):
