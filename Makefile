@@ -3,6 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-installed
+RAY_STAMP := $(VENV)/.ray-installed
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: demo test build lint rust-test py-test memcheck bench device-check wheel wheel-check test-min clean
@@ -11,6 +12,11 @@ $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/dev.txt
 	touch $(STAMP)
+
+# Ray, for the device groups' ray backend: its tests and the group benchmark (not the demo).
+$(RAY_STAMP): $(STAMP) requirements/ray.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/ray.txt
+	touch $(RAY_STAMP)
 
 # The extension, built once in release mode (overflow checks stay on) into target/.
 build: $(STAMP)
@@ -50,7 +56,7 @@ UPSTREAM_BIG := --deselect $(UPSTREAM_PA)_numpy.py::TestPagedAttentionNumpy::Cas
 	--deselect $(UPSTREAM_PA).py::TestPagedAttention::Case1
 FAKE_ASCEND := target/fake-ascend-libs
 FAKE_CUDA := target/fake-cuda-libs
-py-test: build
+py-test: build $(RAY_STAMP)
 	cargo build -q -p fake-ascend -p fake-cuda
 	mkdir -p $(FAKE_ASCEND) $(FAKE_CUDA)
 	for n in libascendcl.so libascend_hal.so libruntime.so; do ln -sf ../debug/libfake_ascend.so $(FAKE_ASCEND)/$$n; done
@@ -103,7 +109,7 @@ test-min: wheel
 device-check:
 	.ci/device-check
 
-bench: build
+bench: build $(RAY_STAMP)
 	$(BENCH_ENV) $(PY) -m simpler.tools.benchmarks
 
 clean:

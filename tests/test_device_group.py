@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import importlib.util
 import os
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -13,7 +16,44 @@ import pytest
 import simpler as sp
 from simpler.group import DeviceGroup, DeviceGroupError
 
-BACKENDS = ["multiprocessing"]
+_NO_RAY = importlib.util.find_spec("ray") is None
+_NEEDS_RAY = pytest.mark.skipif(_NO_RAY, reason="ray is not installed (requirements/ray.txt)")
+BACKENDS = ["multiprocessing", pytest.param("ray", marks=_NEEDS_RAY)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray(request):
+    """A local Ray for the tests on the ray backend: started once (2 CPUs, no dashboard) and shut
+    down after this module's tests, so that its processes do not idle through the rest of the
+    suite; nothing when no selected test runs on ray, or when a Ray is up already (someone
+    else's, left running)."""
+    on_ray = any(
+        getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "ray"
+        for item in request.session.items
+    )
+    if _NO_RAY or not on_ray:
+        yield None
+        return
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    # Ray's notice about accelerator variables, and the files and processes its start and
+    # shutdown leave to the garbage collector.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", ResourceWarning)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        gc.collect()
+    try:
+        yield ray
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            ray.shutdown()
+            gc.collect()
+
 
 # -- what the children run (module-level: a spawned child imports this module) ----------------
 

@@ -1,7 +1,7 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
 ``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [launches]
-[--quick] [--platform P]``
+[lifecycle] [group] [--quick] [--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
   malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
@@ -31,6 +31,10 @@
 * ``lifecycle`` — ten workers opened and closed in a row on ``--platform`` (ascend or cuda):
   one shared vendor session against a session given back after every worker, with the fake
   vendor libraries' modeled lifecycle cost (``simpler.tools.bench_lifecycle``).
+* ``group`` — the fixed cost of a device group's round: a no-op ``group.round`` on 1, 2 and 4 sim
+  devices on each backend, against a single-device ``Worker.run`` of an empty callable, and for
+  Ray against a bare Ray actor call, the arms interleaved (``simpler.tools.bench_group``; the ray
+  arms need ray installed).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import numpy as np
 
 from ..testing import fake_cuda
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
+from .bench_group import bench_group
 from .bench_lifecycle import bench_lifecycle
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
@@ -660,7 +665,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 #: The benchmarks, by name.
-BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches", "lifecycle")
+BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches", "lifecycle", "group")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -678,6 +683,7 @@ def main(argv: list[str] | None = None) -> None:
         "orchestration": bench_orchestration,
         "launches": lambda quick: bench_launches(quick, a.platform),
         "lifecycle": lambda quick: bench_lifecycle(quick, a.platform),
+        "group": bench_group,
     }
     for name in a.which or BENCHES:
         benches[name](a.quick)
