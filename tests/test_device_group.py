@@ -168,6 +168,7 @@ def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(b
     assert (ei.value.device, ei.value.phase) == (1, "round")
     assert g.closed
     _gone(g.pids)
+    assert g.close() == [], "closing a closed group does nothing"
     with pytest.raises(sp.StateError, match="closed"):
         g.round(malloc_free)
 
@@ -191,17 +192,89 @@ def test_bad_groups_are_refused_before_anything_starts():
 
 
 def _gone(pids, timeout=10.0):
-    """Every process of ``pids`` has ended."""
+    """Every process of ``pids`` has ended and was reaped by whoever started it (the group for
+    its own children; never reaped here, so a child the group forgot to join shows)."""
     end = time.monotonic() + timeout
     for pid in pids:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            try:
-                os.waitpid(pid, os.WNOHANG)  # reap it if it is ours
-            except ChildProcessError:
-                pass
-            assert time.monotonic() < end, f"process {pid} still runs"
+        while os.path.exists(f"/proc/{pid}"):
+            assert time.monotonic() < end, f"process {pid} is still there (running, or a zombie)"
             time.sleep(0.05)
+
+
+def _blocks() -> set[str]:
+    """The group shared-memory blocks that exist now."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("simpler-")}
+
+
+# -- more of what the children run --------------------------------------------------------------
+
+
+def describe(ctx, *arrays):
+    return [(a.dtype.str, a.shape, a.tolist(), a.flags.writeable) for a in arrays]
+
+
+def unpicklable(ctx):
+    return threading.Lock()  # pickles with neither pickle nor Ray's cloudpickle
+
+
+def write(ctx, out, value):
+    out[...] = value
+
+
+def test_arrays_keep_byte_order_dtype_and_emptiness_through_a_round(backend):
+    import ml_dtypes
+
+    arrays = [
+        np.arange(3, dtype=">f4"),
+        np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16),
+        np.zeros(0, np.int32),
+        np.arange(6, dtype=np.int16).reshape(2, 3)[:, ::2],  # not contiguous
+    ]
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        got = g.round(describe, args=tuple(arrays))
+    for dev in got:
+        assert [(d, s, v) for d, s, v, _ in dev] == [(a.dtype.str, a.shape, a.tolist()) for a in arrays]
+        # Given to both devices: read-only there.
+        assert [w for *_, w in dev] == [False] * 4
+
+
+def test_an_array_given_to_several_devices_cannot_be_written_by_them(backend):
+    out = np.zeros(4, np.float32)
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        with pytest.raises(ValueError, match=r"device 0 \(round\).*read-only"):
+            g.round(write, [(out, 1.0), (out, 2.0)])
+        np.testing.assert_array_equal(out, 0, err_msg="a failed round copies nothing back")
+        outs = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
+        g.round(write, [(outs[0], 1.0), (outs[1], 2.0)])
+        assert [o.tolist() for o in outs] == [[1.0] * 4, [2.0] * 4]
+
+
+def test_an_answer_that_cannot_cross_is_an_error_and_the_group_stays_usable(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        with pytest.raises((TypeError, sp.SimplerError), match="device 0"):
+            g.round(unpicklable)
+        assert g.round(malloc_free) == [0, 1]
+
+
+def test_a_handle_of_another_group_is_refused(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g1:
+        old = g1.resident_set().add("acc", np.zeros(4, np.float32), sp.INOUT)
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g2:
+        g2.resident_set().add("acc", np.zeros(4, np.float32), sp.INOUT)
+        w = np.ones(4, np.float32)
+        with pytest.raises(sp.StateError, match="released"):
+            g2.run(make_acc, [[w, old[0]], [w, old[1]]])
+
+
+def test_a_child_dead_between_rounds_is_named_and_nothing_is_left_behind(backend):
+    before = _blocks()
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    g.round(whoami, args=(np.ones(4, np.float32),))
+    os.kill(g.pids[0], signal.SIGKILL)
+    _gone([g.pids[0]]) if backend == "ray" else time.sleep(0.2)
+    with pytest.raises(DeviceGroupError, match=r"device 0 \(process \d+\) died during round"):
+        g.round(malloc_free)
+    assert g.closed
+    assert g.close() == []
+    _gone(g.pids)
+    assert _blocks() <= before, "the round's shared memory was unlinked"

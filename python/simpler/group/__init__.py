@@ -8,7 +8,7 @@ or replicated). See ``docs/device-groups.md``.
 
 from __future__ import annotations
 
-from ._group import BACKENDS, DeviceGroup, DeviceGroupError, GroupResidentSet
+from ._group import BACKENDS, DeviceGroup, DeviceGroupError, GroupResidentSet, RemoteError
 from ._host import DeviceContext
 from ._transport import GroupTensor
 
@@ -19,4 +19,5 @@ __all__ = [
     "DeviceGroupError",
     "GroupResidentSet",
     "GroupTensor",
+    "RemoteError",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import warnings
 from collections.abc import Callable as Fn
 from collections.abc import Sequence
@@ -35,7 +36,19 @@ class DeviceGroupError(errors.SimplerError, RuntimeError):
         self.phase = phase
 
 
-#: Exceptions a child raised, rebuilt by type name (anything else: DeviceGroupError).
+class RemoteError(errors.SimplerError, RuntimeError):
+    """An exception a device's process raised whose type is not one of simpler's (a
+    ``RuntimeError``, an ``AssertionError`` of a kernel, ...): ``kind`` is its type name,
+    ``device`` and ``phase`` say where. The group stays usable."""
+
+    def __init__(self, message: str, kind: str, device: int, phase: str):
+        super().__init__(message)
+        self.kind = kind
+        self.device = device
+        self.phase = phase
+
+
+#: Exceptions a child raised, rebuilt by type name (anything else: RemoteError).
 _ERRORS = {name: getattr(errors, name) for name in errors.__all__}
 _ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError})
 
@@ -43,7 +56,7 @@ _ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": Ke
 def _remote(device: int, phase: str, kind: str, message: str, trace: str) -> BaseException:
     cls = _ERRORS.get(kind)
     text = f"device {device} ({phase}): {message}"
-    e = cls(text) if cls is not None else DeviceGroupError(f"{text} [{kind}]", device, phase)
+    e = cls(text) if cls is not None else RemoteError(f"{text} [{kind}]", kind, device, phase)
     e.__notes__ = [f"raised in the process of device {device}:\n{trace}"]  # type: ignore[attr-defined]
     return e
 
@@ -108,7 +121,7 @@ class DeviceGroup:
         self.platform = platform
         self.devices = ids
         self.backend_name = backend
-        self._closed = False
+        self._closed = True  # until the children exist
         self._sets: list[GroupResidentSet] = []
         self._set_ids = itertools.count(1)
         if backend == "multiprocessing":
@@ -116,9 +129,13 @@ class DeviceGroup:
         else:
             from ._ray import Backend  # type: ignore[no-redef]
         self._backend = Backend(platform, ids, worker_options, address)
-        self._arena = SharedArrays() if self._backend.shared_arrays() else None
+        # Where a round's arrays go: shared memory, or the store a backend offers with the same
+        # interface (``arena()``; ray: its object store, each array put once).
+        store = getattr(self._backend, "arena", None)
+        self._arena = SharedArrays() if self._backend.shared_arrays() else store() if store else None
         #: Bytes the last round placed in shared memory (each array once, whatever reads it).
         self.shared_bytes = 0
+        self._closed = False
         try:
             self.pids: list[int] = self._all("open", [()] * len(ids), "open")
         except BaseException:
@@ -165,32 +182,36 @@ class DeviceGroup:
     def _all(self, method: str, per_device: Sequence[tuple[Any, ...]], phase: str) -> list[Any]:
         """``method`` on every device at once, with each device's arguments; the answers in device
         order. A dead child: the others finish, the group closes, DeviceGroupError. A child's
-        exception: raised (rebuilt), the first one in device order."""
+        exception: raised (rebuilt), the first one in device order. Anything that stops the
+        parent half-way (Ctrl+C, an answer it cannot read) leaves calls and answers out of step:
+        every child is stopped and the group closed."""
         b = self._backend
         n = len(self.devices)
-        if hasattr(b, "start_all"):  # a backend that sends one message to every device at once
-            b.start_all(method, list(per_device))
-        else:
-            for i in range(n):
-                b.start(i, method, per_device[i])
         answers: list[Any] = [None] * n
         pending = list(range(n))
         try:
+            if hasattr(b, "start_all"):  # a backend that sends one message to every device
+                b.start_all(method, list(per_device))
+            else:
+                for i in range(n):
+                    b.start(i, method, per_device[i])
             while pending:
                 for i in b.wait_any(pending, None):
                     answers[i] = b.finish(i)
                     pending.remove(i)
-        except KeyboardInterrupt:
-            log.warning("interrupted during %s: stopping every device of %r", phase, self)
+        except BaseException as e:
+            what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed ({e!r})"
+            log.warning("%s during %s: stopping every device of %r", what, phase, self)
             self._stop_all(kill=True)
             raise
         dead = [(i, a[1]) for i, a in enumerate(answers) if a[0] == "dead"]
         if dead:
-            i, code = dead[0]
+            i, cause = dead[0]
             d = self.devices[i]
+            how = f"exit code {cause}" if cause is None or isinstance(cause, int) else str(cause)
             others = ", ".join(f"device {self.devices[j]}" for j, _ in dead[1:])
             msg = (
-                f"device {d} (process {b.pid(i)}) died during {phase} (exit code {code})"
+                f"device {d} (process {b.pid(i)}) died during {phase} ({how})"
                 + (f"; so did {others}" if others else "")
                 + "; the group is closed and every other device's memory released"
             )
@@ -206,22 +227,29 @@ class DeviceGroup:
         if self._arena is None:
             return list(per_device), None
         if not any(per_device):
+            self._arena.reserve([])  # nothing of an earlier round is written back
             self.shared_bytes = 0
             return list(per_device), self._arena.block_name()
         arrays: dict[int, np.ndarray] = {}
+        rows_of: dict[int, set[int]] = {}
+        for row, value in enumerate(per_device):
 
-        def collect(x: Any) -> Any:
-            if isinstance(x, np.ndarray):
-                arrays[id(x)] = x
-            return x
+            def collect(x: Any, row: int = row) -> Any:
+                if isinstance(x, np.ndarray):
+                    arrays[id(x)] = x
+                    rows_of.setdefault(id(x), set()).add(row)
+                return x
 
-        walk(list(per_device), collect)
+            walk(value, collect)
         self._arena.reserve(list(arrays.values()))
 
         def place(x: Any) -> Any:
             if isinstance(x, np.ndarray):
                 assert self._arena is not None
-                return self._arena.place(x, x.flags.writeable)
+                # An array given to several devices reaches them read-only: two devices writing
+                # one array would race, and one of them would silently win.
+                writable = x.flags.writeable and len(rows_of[id(x)]) == 1
+                return self._arena.place(x, writable)
             return x
 
         packed = walk(list(per_device), place)
@@ -248,19 +276,22 @@ class DeviceGroup:
         """Runs ``fn(ctx, *args_i)`` on every device at once; the results in device order.
 
         ``per_device`` gives each device its argument tuple; or ``args``, the same for all. Arrays
-        in them reach the children through shared memory, each placed once; arrays a device
-        wrote are copied back into the caller's arrays after the round."""
+        in them reach the children through shared memory, each placed once; an array given to
+        several devices reaches them read-only (give each device its own output array). Arrays a
+        device wrote are copied back into the caller's arrays once every device has finished the
+        round (a round that raised copies nothing back)."""
         self._check_open()
         rows = self._per_device(per_device, args, "round")
         packed, block = self._pack(rows)
         first = packed[0]
         same = all(r is first for r in packed)
         calls = [(fn, first, block)] * len(packed) if same else [(fn, r, block) for r in packed]
-        try:
-            return self._all("call", calls, "round")
-        finally:
-            if self._arena is not None and not self._closed:
-                self._arena.write_back()
+        results = self._all("call", calls, "round")
+        # Only after a round every device finished: a failed round leaves the caller's arrays
+        # as they were.
+        if self._arena is not None:
+            self._arena.write_back()
+        return results
 
     def run(
         self, make: Fn[[], Any], per_device: Sequence[Any] | None = None, *, args: Any = None
@@ -314,6 +345,8 @@ class DeviceGroup:
                 s.release()
             except BaseException as e:  # every set is attempted
                 errs.append(e)
+        if self._closed:  # a device died during a release: the group closed itself
+            raise errs[0]
         try:
             summaries = self._all("close", [()] * len(self.devices), "close")
         finally:
@@ -325,15 +358,16 @@ class DeviceGroup:
     def _close_after_failure(self) -> None:
         """After a child died: the others release everything and exit."""
         b = self._backend
-        for i in range(len(self.devices)):
-            if b.alive(i):
+        sent = [i for i in range(len(self.devices)) if b.alive(i)]
+        try:
+            for i in sent:
                 b.start(i, "close", ())
-        for i in range(len(self.devices)):
-            if b.alive(i):
+            for i in sent:
                 status, result = b.finish(i)
                 if status == "err":
                     log.error("device %s close after a failure: %s", self.devices[i], result[1])
-        self._stop_all(kill=False)
+        finally:
+            self._stop_all(kill=False)
 
     def _stop_all(self, kill: bool) -> None:
         self._closed = True
@@ -369,7 +403,9 @@ class GroupResidentSet:
     def __init__(self, group: DeviceGroup, set_id: int):
         self._group = group
         self.set_id = set_id
-        self.generation = set_id
+        # Unique across groups and sets: a handle kept from a released set, or from another
+        # group on the same device ids, never names this set's tensors.
+        self.generation = secrets.randbits(62)
         self._released = False
         self._entries: dict[str, tuple[str, int]] = {}
         group._all("open_set", [(set_id, self.generation)] * len(group), "resident set open")

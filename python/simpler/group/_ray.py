@@ -201,7 +201,7 @@ class DeviceActor:
         _stored(args, stored)
         if not stored:
             status, result = self.host.dispatch(method, args)
-            return status, result, None
+            return (*_crossable(method, status, result), None)
         originals = dict(zip(keys, fetched))
         originals.update((s.key, s.value) for s in stored if s.value is not None)
         arrays = dict(originals)
@@ -211,9 +211,24 @@ class DeviceActor:
                 if s.writable and s.key not in mine:
                     arrays[s.key] = np.array(originals[s.key], copy=True)
                     mine.add(s.key)
+        for k, a in arrays.items():
+            if k not in mine and a.flags.writeable:  # an inline copy: read-only like the store's
+                a.setflags(write=False)
         status, result = self.host.dispatch(method, _replace(args, arrays))
         written = {k: arrays[k] for k in mine if not _same_bytes(arrays[k], originals[k])}
-        return status, result, written or None
+        return (*_crossable(method, status, result), written or None)
+
+
+def _crossable(method: str, status: str, result: Any) -> tuple[str, Any]:
+    """The answer, or, when the result cannot be serialized back, an error of the call (not the
+    actor's death)."""
+    if status != "ok":
+        return status, result
+    try:
+        _ray().cloudpickle.dumps(result)
+    except Exception as e:
+        return "err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))
+    return status, result
 
 
 def _assigned_device(platform: str) -> int:
@@ -391,7 +406,8 @@ class Backend:
             return "dead", _death(e)
         except ray.exceptions.RayTaskError as e:  # the actor's own code (not DeviceHost's)
             cause = e.cause if e.cause is not None else e
-            return "err", (type(cause).__name__, str(cause), e.traceback_str or str(e))
+            trace = getattr(e, "traceback_str", None) or str(e)
+            return "err", (type(cause).__name__, str(cause), trace)
         except ray.exceptions.RayError as e:  # an argument lost by the object store, ...
             return "err", (type(e).__name__, str(e), "")
         return self._answered(index, call[0], value)

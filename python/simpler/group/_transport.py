@@ -37,6 +37,8 @@ class ShmRef:
     #: The dtype itself (byte order, fields and ml_dtypes types included; it pickles).
     dtype: np.dtype
     strides: tuple[int, ...]
+    #: Whether the child may write it (else its view is read-only).
+    writable: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +90,11 @@ class SharedArrays:
         """The arena's copy of ``arr`` (copied in once per round, whatever reads it)."""
         key = id(arr)
         if key in self._placed:
-            held, ref, w = self._placed[key]
-            self._placed[key] = (held, ref, w or writable)
-            return ref
+            return self._placed[key][1]
         assert self._block is not None, "reserve() first"
         view = np.ndarray(arr.shape, arr.dtype, buffer=self._block.buf, offset=self._used)
         view[...] = arr
-        ref = ShmRef(self._block.name, self._used, tuple(arr.shape), arr.dtype, view.strides)
+        ref = ShmRef(self._block.name, self._used, tuple(arr.shape), arr.dtype, view.strides, writable)
         self._used += _span(arr.nbytes)
         self._placed[key] = (arr, ref, writable)
         return ref
@@ -137,7 +137,10 @@ class Attached:
         if block is None:
             block = _attach(ref.block)
             self._blocks[ref.block] = block
-        return np.ndarray(ref.shape, ref.dtype, buffer=block.buf, offset=ref.offset, strides=ref.strides)
+        arr = np.ndarray(ref.shape, ref.dtype, buffer=block.buf, offset=ref.offset, strides=ref.strides)
+        if not ref.writable:
+            arr.setflags(write=False)
+        return arr
 
     def release(self, keep: str | None = None) -> None:
         """Unmaps every block but ``keep`` (the parent's current one)."""
