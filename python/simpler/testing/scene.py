@@ -493,17 +493,25 @@ class CaseRun:
         if self._closed:
             return
         self._closed = True
-        try:
-            if self._res is not None:
-                try:
-                    self._res.release()
-                except Exception:
-                    if not failed:
-                        raise
-                    log.exception("%s: release after a failure also failed", self.label)
-        finally:
-            if self._own and self.worker is not None:
-                self.worker.close()
+        close = self.worker.close if self._own and self.worker is not None else None
+        release_then_close(self.label, self._res, close, failed)
+
+
+def release_then_close(label: str, resident: Any, close: Any, failed: bool) -> None:
+    """The end of a case run: releases ``resident`` (a resident set, or None), then calls
+    ``close`` (or nothing when None) whatever happened. When ``failed``, a release failure is
+    logged instead of raised (the run's first error is the one that matters)."""
+    try:
+        if resident is not None:
+            try:
+                resident.release()
+            except Exception:
+                if not failed:
+                    raise
+                log.exception("%s: release after a failure also failed", label)
+    finally:
+        if close is not None:
+            close()
 
 
 def run_case(

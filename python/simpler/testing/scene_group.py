@@ -54,6 +54,7 @@ from .scene import (
     _compare,
     _host,
     compare_style,
+    release_then_close,
     scene_level,
 )
 
@@ -348,14 +349,5 @@ class GroupCaseRun(CaseRun):
         if self._closed:
             return
         self._closed = True
-        try:
-            if self._set is not None:
-                try:
-                    self._set.release()
-                except Exception:
-                    if not failed:
-                        raise
-                    log.exception("%s: release after a failure also failed", self.label)
-        finally:
-            if self._own_group and self.group is not None:
-                self.group.close()
+        close = self.group.close if self._own_group and self.group is not None else None
+        release_then_close(self.label, self._set, close, failed)
