@@ -1,9 +1,10 @@
 //! The `ascend` backend: the CANN runtime (`libascendcl.so`, or `libruntime.so` where the `acl*`
 //! symbols are absent) for memory and copies, and the driver's HAL (`libascend_hal.so`) for host
-//! mappings, all opened at run time. Three rooms: [`sys`] (raw signatures, constants, status
-//! codes), [`loading`] (finding the libraries, load order, function tables, device ids) and
-//! [`session`] (the runtime references a device holds and how threads are bound); this file is
-//! the safe driver. `docs/platforms.md` describes it for users.
+//! mappings, all opened at run time. Rooms: [`sys`] (raw signatures, constants, status codes),
+//! [`loading`] (finding the libraries, load order, function tables), `visible` (device ids under
+//! `ASCEND_RT_VISIBLE_DEVICES`), `session` (the runtime references the process holds and how
+//! threads are bound), `mapping` (host mappings through the HAL) and `close`; this file is the
+//! safe driver. `docs/platforms.md` describes it for users.
 //!
 //! Invariants this file keeps:
 //! * **Unregister before free.** `free` refuses an allocation that still has a host mapping
@@ -17,13 +18,13 @@
 //!   toolkit's stub HAL), is `MapGrant::Refused`: the caller mirrors that allocation. Any other
 //!   code (an unaligned pointer, a bad range, a bad device) is a bug and a [`DeviceError`].
 //! * **The HAL gets the logical device id** (the runtime's translation of the user id, see
-//!   [`loading::logical_device_id`]).
+//!   [`visible::logical_device_id`]).
 //! * **Resource answers are refusals too.** `halHostRegister` answering OUT_OF_MEMORY,
 //!   NO_RESOURCES, OVER_LIMIT or MALLOC_FAIL (the host's mapping resources, the BAR window, are
 //!   exhausted) is a `MapGrant::Refused` as well, with one warning naming the allocation, its size
 //!   and the code: the caller mirrors that allocation instead of failing the run.
 //! * **One device reference, one ACL reference per process**, in the session every worker on
-//!   the device shares ([`session`], `crate::sessions`), given back at exit; `close` frees this
+//!   the device shares (`session`, `crate::sessions`), given back at exit; `close` frees this
 //!   device's own memory and mappings only. Every runtime call runs with the device's context
 //!   current on the calling thread, and the caller's own context is restored afterwards.
 //! * **Inert in a forked child.** Every call is refused before any vendor call, and `close`
@@ -32,10 +33,12 @@
 //!   allocation, unknown addresses are refused before any vendor call), counted and logged like
 //!   sim, and an injected fault fails the call before the vendor function runs.
 
+mod close;
 pub mod loading;
 mod mapping;
 mod session;
 pub mod sys;
+mod visible;
 
 use std::collections::BTreeMap;
 use std::ffi::c_void;
@@ -44,10 +47,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use loading::{
-    logical_device_id, MallocPolicy, RuntimeApi, VisibleDevices, DEFAULT_TOOLKIT_HOMES,
-    DRIVER_LIB_DIRS, ENV_ASCEND_HOME, ENV_LIB_DIR, ENV_VISIBLE_DEVICES,
+    MallocPolicy, RuntimeApi, DEFAULT_TOOLKIT_HOMES, DRIVER_LIB_DIRS, ENV_ASCEND_HOME, ENV_LIB_DIR,
 };
 pub use sys::{acl_code_name, drv_code_name};
+pub use visible::{logical_device_id, VisibleDevices, ENV_VISIBLE_DEVICES};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
@@ -510,85 +513,7 @@ impl Device for AscendDevice {
     /// done, not even a lock taken (a parent thread may have held it when it forked): every
     /// call there is refused, and the inherited mappings refuse every access.
     fn close(&self) -> CloseReport {
-        let mut report = CloseReport::default();
-        if self.session.process().forked() {
-            return report;
-        }
-        let mut st = self.lock();
-        st.ledger.clear_faults();
-        if st.closed {
-            return report;
-        }
-        // After a device fault the releasing calls are still made (they fail with it; the
-        // device's teardown frees what they could not), and one summary says so.
-        let fault = crate::sessions::VendorSession::fault(&*self.session);
-        st.releasing = fault.is_some();
-        let mut errors = Vec::new();
-        // 1. Every mapping goes first: unregister before free, always.
-        let mappings: Vec<(u64, u64)> = st.mappings.iter().map(|(&a, m)| (a, m.bytes)).collect();
-        for (start, bytes) in mappings {
-            report.leaked_mappings += 1;
-            let r = self.do_unmap(&mut st, start);
-            if let Err(e) = st.ledger.logged(Op::Unmap, start, bytes, r) {
-                errors.push(e);
-            }
-        }
-        // 2. Then every allocation whose mappings are gone.
-        for (ptr, size) in st.ledger.live_allocations() {
-            report.leaked_allocations += 1;
-            report.leaked_bytes += size;
-            let r = self.do_free(&mut st, ptr);
-            if let Err(e) = st.ledger.logged(Op::Free, ptr.0, size, r) {
-                errors.push(e);
-            }
-        }
-        match fault {
-            Some((code, first)) if !errors.is_empty() => {
-                for e in &errors {
-                    log::debug!(
-                        "ascend device {} close after a device fault: {e}",
-                        self.user
-                    );
-                }
-                let left = st.ledger.live_allocations();
-                for (ptr, _) in &left {
-                    st.ledger.on_free(*ptr);
-                }
-                report.errors.push(acl_status(code).error(
-                    Op::Device,
-                    first.as_str(),
-                    format!(
-                        "closed device {} after the device fault {first} reported: {} releasing \
-                         call(s) failed with it; {} allocation(s) go with the device's teardown",
-                        self.user,
-                        errors.len(),
-                        left.len()
-                    ),
-                ));
-            }
-            _ => report.errors.extend(errors),
-        }
-        st.releasing = false;
-        // 3. A mapping whose unregister failed above is still registered with the HAL, and its
-        // allocation stays live; the host side is revoked before the device is given up.
-        for entry in st.mappings.values() {
-            entry.mem.revoke();
-        }
-        st.closed = true;
-        drop(st);
-        report.errors.extend(crate::sessions::leave(&*self.session));
-        if report.leaked_allocations > 0 || report.leaked_mappings > 0 {
-            log::warn!(
-                "ascend device {} closed with {} live allocation(s) ({} bytes) and {} mapping(s); \
-                 released them ({} error(s))",
-                self.user,
-                report.leaked_allocations,
-                report.leaked_bytes,
-                report.leaked_mappings,
-                report.errors.len()
-            );
-        }
-        report
+        self.do_close()
     }
 
     fn closed(&self) -> bool {

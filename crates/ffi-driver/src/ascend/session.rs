@@ -22,8 +22,9 @@
 
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
-use super::loading::{logical_device_id, Calls, Runtime};
+use super::loading::{Calls, Runtime};
 use super::sys::{self, Context};
+use super::visible::logical_device_id;
 use super::AscendConfig;
 use crate::fork::Stamp;
 use crate::sessions::VendorSession;

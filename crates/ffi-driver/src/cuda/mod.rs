@@ -4,7 +4,7 @@
 //! modules, launches); this file is the safe driver.
 //!
 //! * **One primary-context reference per process**, in the session every worker on the device
-//!   shares ([`session`], `crate::sessions`), released at exit; `close` frees this device's own
+//!   shares (`session`, `crate::sessions`), released at exit; `close` frees this device's own
 //!   memory, mirrors, stream and modules, and the device is unusable after it.
 //! * **Inert in a forked child**: every call is refused before any vendor call (`crate::fork`).
 //! * **The caller's context survives.** Every driver call runs with the primary context current
