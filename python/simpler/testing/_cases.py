@@ -7,6 +7,7 @@ Internal to :mod:`simpler.testing`; :mod:`simpler.testing.scene` re-exports the 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -237,3 +238,23 @@ def merge_by_axes(
                 f"the case's is {target.shape}"
             )
         np.copyto(target, joined)
+
+
+log = logging.getLogger("simpler")
+
+
+def release_then_close(label: str, resident: Any, close: Any, failed: bool) -> None:
+    """The end of a case run: releases ``resident`` (a resident set, or None), then calls
+    ``close`` (or nothing when None) whatever happened. When ``failed``, a release failure is
+    logged instead of raised (the run's first error is the one that matters)."""
+    try:
+        if resident is not None:
+            try:
+                resident.release()
+            except Exception:
+                if not failed:
+                    raise
+                log.exception("%s: release after a failure also failed", label)
+    finally:
+        if close is not None:
+            close()

@@ -90,14 +90,8 @@ def parse_rounds(v: str) -> int:
 
 
 def parse_devices(v: str) -> int:
-    """``--devices``: a positive int."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int, not {v!r}")
-    return n
+    """``--devices``: a positive int (as ``--rounds``)."""
+    return parse_rounds(v)
 
 
 def worker_options(

@@ -64,6 +64,7 @@ from ._cases import (
     merge_by_axes,
     platform_list,
     platform_name,
+    release_then_close,
     split_by_axes,
     validate_case,
 )
@@ -463,16 +464,25 @@ class CaseRun:
         assert self.worker is not None and self._res is not None, "start() first"
         report = self.worker.run(self.callable, self._res.bind(self.args))
         self.reports.append(report)
-        golden = self.golden
-        if golden is not None:
-            if self._evolving:
-                if r > 0:
-                    for n, snap in self._initial.items():
-                        np.copyto(_host(golden[n]), snap)
-                self._inst.compute_golden(golden, self.params)
-            else:
-                _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
+        self._step_golden(r, self._initial)
         return report
+
+    def _step_golden(self, r: int, initial: Mapping[str, Any], merge: Any = None) -> None:
+        """After round ``r``: an evolving golden (resident outputs) moves one ``compute_golden``
+        forward from its ``initial`` staged values; otherwise the outputs (joined by ``merge``
+        first, when given) are compared with the golden."""
+        golden = self.golden
+        if golden is None:
+            return
+        if self._evolving:
+            if r > 0:
+                for n, snap in initial.items():
+                    np.copyto(_host(golden[n]), snap)
+            self._inst.compute_golden(golden, self.params)
+            return
+        if merge is not None:
+            merge()
+        _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
 
     def finish(self) -> list[RunReport]:
         """After the last round: compares resident outputs (read back once); returns the reports."""
@@ -495,23 +505,6 @@ class CaseRun:
         self._closed = True
         close = self.worker.close if self._own and self.worker is not None else None
         release_then_close(self.label, self._res, close, failed)
-
-
-def release_then_close(label: str, resident: Any, close: Any, failed: bool) -> None:
-    """The end of a case run: releases ``resident`` (a resident set, or None), then calls
-    ``close`` (or nothing when None) whatever happened. When ``failed``, a release failure is
-    logged instead of raised (the run's first error is the one that matters)."""
-    try:
-        if resident is not None:
-            try:
-                resident.release()
-            except Exception:
-                if not failed:
-                    raise
-                log.exception("%s: release after a failure also failed", label)
-    finally:
-        if close is not None:
-            close()
 
 
 def run_case(

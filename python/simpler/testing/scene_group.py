@@ -46,6 +46,7 @@ from ..args import TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection
 from . import fake_cuda
+from ._cases import release_then_close
 from .scene import (
     _COMPARE_ATTR,
     _LEVEL_ATTR,
@@ -54,7 +55,6 @@ from .scene import (
     _compare,
     _host,
     compare_style,
-    release_then_close,
     scene_level,
 )
 
@@ -315,16 +315,8 @@ class GroupCaseRun(CaseRun):
         wall = time.perf_counter_ns() - t0
         result = GroupRound(list(self.group.devices), reports, wall)
         self.reports.append(result)
-        golden = self.golden
-        if golden is not None:
-            if self._evolving:
-                if r > 0:
-                    for t, snap in self._initial_whole.items():
-                        np.copyto(_host(golden[t]), snap)
-                self._inst.compute_golden(golden, self.params)
-            else:
-                self._inst.merge_outputs(self.parts, self.args, self.params)
-                _compare(self, f"{self.label}, round {r + 1}/{self.rounds}")
+        merge = lambda: self._inst.merge_outputs(self.parts, self.args, self.params)  # noqa: E731
+        self._step_golden(r, self._initial_whole, merge)
         return result
 
     def finish(self) -> list[Any]:  # type: ignore[override]
