@@ -451,16 +451,18 @@ def test_reading_an_export_while_another_thread_waits_for_the_device_does_not_ha
     # A hang is a failure with tracebacks, not a stuck test run.
     faulthandler.dump_traceback_later(60, exit=True)
     lib.fake_cuda_hold_streams(1)
+    release = threading.Timer(0.5, lambda: lib.fake_cuda_hold_streams(0))
     try:
         th.start()
-        time.sleep(0.2)  # the run now waits for the held stream, holding the device's lock
-        threading.Timer(0.3, lambda: lib.fake_cuda_hold_streams(0)).start()
+        release.start()  # meanwhile the run waits for the held stream, holding the device's lock
         while th.is_alive():
             assert t.__cuda_array_interface__["stream"] > 2
             t.__dlpack__(stream=2)  # the capsule is dropped at once
             time.sleep(0.001)
         th.join()
     finally:
+        release.cancel()
+        release.join()
         lib.fake_cuda_hold_streams(0)
         faulthandler.cancel_dump_traceback_later()
     np.testing.assert_array_equal(y, 2 * x)

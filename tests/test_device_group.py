@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _signals import interrupt_main_when, kill_when, marker_exists
 
 import simpler as sp
 from simpler.group import DeviceGroup, DeviceGroupError
@@ -66,8 +67,12 @@ def scale(ctx, x, out, a):
     out[...] = x * a
 
 
-def sleep_then(ctx, seconds):
+def sleep_then(ctx, seconds, marker=None):
+    """Device 1 sleeps ``seconds``; it first creates the file ``marker`` (when given), so a test
+    knows the round is in progress there."""
     if ctx.index == 1:
+        if marker is not None:
+            open(marker, "x").close()
         time.sleep(seconds)
     return ctx.device
 
@@ -159,12 +164,15 @@ def test_fault_injection_reaches_through_the_group(backend):
         assert g.round(malloc_free) == [0, 1]
 
 
-def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(backend):
+def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(backend, tmp_path):
     g = DeviceGroup("sim", devices=[0, 1], backend=backend)
     victim = g.pids[1]
-    threading.Timer(0.5, os.kill, (victim, signal.SIGKILL)).start()
-    with pytest.raises(DeviceGroupError, match=r"device 1 \(process \d+\) died during round") as ei:
-        g.round(sleep_then, args=(30,))
+    marker = tmp_path / "in-round"
+    # Killed once it is inside the round (never after the test: the kill is cancelled then).
+    with kill_when(victim, marker_exists(marker)) as kill:
+        with pytest.raises(DeviceGroupError, match=r"device 1 \(process \d+\) died during round") as ei:
+            g.round(sleep_then, args=(60, str(marker)))
+    assert kill.sent
     assert (ei.value.device, ei.value.phase) == (1, "round")
     assert g.closed
     _gone(g.pids)
@@ -173,12 +181,15 @@ def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(b
         g.round(malloc_free)
 
 
-def test_ctrl_c_during_a_round_stops_every_child(backend):
+def test_ctrl_c_during_a_round_stops_every_child(backend, tmp_path):
     g = DeviceGroup("sim", devices=[0, 1], backend=backend)
-    # Ctrl+C: SIGINT to the main thread, which waits for the children.
-    threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        g.round(sleep_then, args=(30,))
+    marker = tmp_path / "in-round"
+    # Ctrl+C: SIGINT to the main thread, which waits for the children, once device 1 is inside
+    # the round; the block never lets it land outside this test.
+    with interrupt_main_when(marker_exists(marker)) as ctrl_c:
+        with pytest.raises(KeyboardInterrupt):
+            g.round(sleep_then, args=(60, str(marker)))
+    assert ctrl_c.sent and ctrl_c.interrupted
     assert g.closed
     _gone(g.pids)
 
@@ -191,7 +202,7 @@ def test_bad_groups_are_refused_before_anything_starts():
         DeviceGroup("sim", backend="threads")
 
 
-def _gone(pids, timeout=10.0):
+def _gone(pids, timeout=60.0):
     """Every process of ``pids`` has ended and was reaped by whoever started it (the group for
     its own children; never reaped here, so a child the group forgot to join shows)."""
     end = time.monotonic() + timeout
