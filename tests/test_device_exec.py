@@ -474,7 +474,9 @@ def test_shared_memory_past_48_kib_is_refused_at_submit(cuda):
     big = sp.CudaCode(SAXPY, entry="t_saxpy", launch=sp.Launch(1, 32, shared_bytes=64 * 1024))
     k = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], cuda=big)
     x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
-    with pytest.raises(sp.ArgumentError, match="65536 bytes of dynamic shared memory: at most 49152"):
+    with pytest.raises(
+        sp.ArgumentError, match="65536 bytes of dynamic shared memory, and `t_saxpy` may use at most 49152"
+    ):
         cuda.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
 
 

@@ -26,6 +26,23 @@ try:
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
+try:  # everything below needs numpy: say so in one line, not from deep inside a traceback
+    import numpy as _numpy  # noqa: F401
+except ImportError as _e:
+    import sys as _sys
+
+    _msg = (
+        f"simpler needs numpy (>= 1.26), which {_sys.executable} cannot import ({_e}): install it "
+        "with pip install 'numpy>=1.26'"
+    )
+    _argv = list(getattr(_sys, "orig_argv", ()))
+    _main = _argv[_argv.index("-m") + 1] if "-m" in _argv[:-1] else None  # python -m <_main>
+    if _main == "simpler.tools.device_check":
+        # The device check's preflight (simpler.tools.preflight): one line, exit status 2.
+        print(f"device-check: preflight: {_msg}", file=_sys.stderr)
+        raise SystemExit(2) from None
+    raise ImportError(_msg) from _e
+
 from . import _arrays  # noqa: F401  (hands the native module its numpy helpers, once)
 from ._arrays import SUPPORTED_DTYPES, as_numpy, np_dtype
 from .args import BuiltArgs, ResidentTaskArgs, Scalar, TaskArgsBuilder, TensorArg
@@ -58,6 +75,7 @@ from .worker import (
     RunTensor,
     Worker,
     device_code_stats,
+    nvrtc_info,
     release_sessions,
     session_stats,
 )
@@ -109,6 +127,7 @@ __all__ = [
     "device_code_stats",
     "main",
     "np_dtype",
+    "nvrtc_info",
     "release_sessions",
     "run_case",
     "scene_test",

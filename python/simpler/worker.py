@@ -28,6 +28,7 @@ __all__ = [
     "RunTensor",
     "Worker",
     "device_code_stats",
+    "nvrtc_info",
     "release_sessions",
     "session_stats",
 ]
@@ -45,6 +46,7 @@ Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
 RunTensor = _core.RunTensor
 device_code_stats = _core.device_code_stats
+nvrtc_info = _core.nvrtc_info
 release_sessions = _core.release_sessions
 session_stats = _core.session_stats
 

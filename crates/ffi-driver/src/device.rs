@@ -32,6 +32,46 @@ pub struct LaunchDims {
     pub shared_bytes: u32,
 }
 
+/// One launch of [`Device::launch_all`]: the function, its geometry and one 64-bit value per
+/// kernel parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchCall<'a> {
+    pub func: FuncId,
+    pub dims: LaunchDims,
+    pub params: &'a [u64],
+}
+
+/// What a launch of one function may ask for (CUDA: `cuFuncGetAttribute`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FuncLimits {
+    /// Threads per block the function can be launched with (its `__launch_bounds__`, or what
+    /// its register use leaves).
+    pub max_threads: u32,
+    /// Static shared memory the function declares, per block.
+    pub static_shared: u32,
+    /// Dynamic shared memory a launch may ask for now (48 KiB until the function opts in).
+    pub dynamic_shared: u32,
+    /// The most dynamic shared memory the function may opt in to on this device (the device's
+    /// opt-in limit per block, less the static part).
+    pub dynamic_shared_optin: u32,
+    /// Registers per thread and local memory (spills, stack) per thread, where known.
+    pub registers: u32,
+    pub local_bytes: u32,
+}
+
+impl Default for FuncLimits {
+    fn default() -> Self {
+        FuncLimits {
+            max_threads: 1024,
+            static_shared: 0,
+            dynamic_shared: 48 * 1024,
+            dynamic_shared_optin: 48 * 1024,
+            registers: 0,
+            local_bytes: 0,
+        }
+    }
+}
+
 /// The driver's answer to `map_host`.
 #[derive(Debug, Clone)]
 pub enum MapGrant {
@@ -232,6 +272,42 @@ pub trait Device: Send + Sync + fmt::Debug {
         Err(self.no_device_code(Op::Launch))
     }
 
+    /// Enqueues `launches` in order on the worker's stream with one context bind for all of
+    /// them (each is still checked, counted and logged as [`Device::launch`]). With `timed`,
+    /// events recorded before the first launch and after the last measure the group's device
+    /// time ([`Device::take_device_time`]). On failure: the index of the launch that failed
+    /// (those before it are enqueued) and its error.
+    #[allow(clippy::result_large_err)] // the failing launch's index beside the driver's error
+    fn launch_all(
+        &self,
+        launches: &[LaunchCall<'_>],
+        _timed: bool,
+    ) -> Result<(), (usize, DeviceError)> {
+        for (i, l) in launches.iter().enumerate() {
+            self.launch(l.func, l.dims, l.params).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// The device time of the launch groups timed since the last call (the sum, in
+    /// nanoseconds, of each group's span between its events), once the stream has run them;
+    /// `None` where nothing was timed or the device cannot time.
+    fn take_device_time(&self) -> Result<Option<u64>, DeviceError> {
+        Ok(None)
+    }
+
+    /// The limits a launch of `func` must respect.
+    fn function_limits(&self, _func: FuncId) -> Result<FuncLimits, DeviceError> {
+        Ok(FuncLimits::default())
+    }
+
+    /// Lets launches of `func` ask for up to `bytes` of dynamic shared memory (CUDA:
+    /// `cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`), at most the function's
+    /// `dynamic_shared_optin`.
+    fn allow_dynamic_shared(&self, _func: FuncId, _bytes: u32) -> Result<(), DeviceError> {
+        Err(self.no_device_code(Op::Launch))
+    }
+
     /// Waits until everything enqueued on the worker's stream has run; reports a device fault.
     /// Copies to and from the host synchronize themselves.
     fn synchronize(&self) -> Result<(), DeviceError> {
@@ -264,6 +340,15 @@ pub trait Device: Send + Sync + fmt::Debug {
     /// default / 2 = per-thread default) wait for the work enqueued on the worker's stream so
     /// far, without blocking the host (an event). Nothing to do where there is no stream.
     fn order_stream(&self, _consumer: u64) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// Makes the worker's stream wait for the work queued so far on `producer` (another stream
+    /// of the device's context: a handle, or CUDA's 1 = legacy default / 2 = the calling
+    /// thread's per-thread default), without blocking the host (an event): what another
+    /// library wrote there is then ordered before the worker's next copy, launch or memset.
+    /// Nothing to do where there is no stream.
+    fn wait_for_stream(&self, _producer: u64) -> Result<(), DeviceError> {
         Ok(())
     }
 

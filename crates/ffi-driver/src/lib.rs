@@ -26,7 +26,8 @@ mod sessions;
 pub mod sim;
 
 pub use device::{
-    CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
+    CallRecord, CloseReport, DevPtr, Device, FuncId, FuncLimits, LaunchCall, LaunchDims, MapGrant,
+    ModuleId, Stats,
 };
 pub use error::{codes, DeviceError, Op, Status};
 pub use host::python_finalizing;
@@ -41,3 +42,8 @@ pub use sessions::{release_sessions, release_sessions_of, session_counts, Releas
 /// runtime fills staged outputs and scratch tensors with it at the start of every run (a host
 /// memset on sim, a device memset on the vendor drivers).
 pub const POISON: u8 = 0xA5;
+
+/// CUDA's legacy default stream (`CU_STREAM_LEGACY`), as [`Device::wait_for_stream`] and
+/// [`Device::order_stream`] take it: where torch and CuPy run unless told otherwise, and the
+/// stream that waits for every blocking stream of the context.
+pub const LEGACY_STREAM: u64 = 1;

@@ -230,6 +230,51 @@ pub(crate) fn open_first_with(
     })
 }
 
+/// Opens exactly `path` (or takes the copy this process opened by that path before), without
+/// the already-loaded shortcut of [`open_first`]: for a search that wants every candidate, not
+/// the first. The error is the loader's, for that path.
+pub(crate) fn open_path(name: &'static str, path: &Path) -> Result<VendorLib, String> {
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, lib, text)) = opened.iter().find(|o| o.0 == path) {
+        return Ok(VendorLib {
+            name,
+            path: text,
+            lib,
+        });
+    }
+    let lib = open_with_deps(path, &[], &mut opened)?;
+    let text: &'static str = Box::leak(path.display().to_string().into_boxed_str());
+    opened.push((path.to_path_buf(), lib, text));
+    Ok(VendorLib {
+        name,
+        path: text,
+        lib,
+    })
+}
+
+/// The copy of `name` (a file name, matched by soname) this process has already loaded, if
+/// any, recorded as `"<name> (already loaded in this process)"`.
+pub(crate) fn resident(name: &'static str) -> Option<VendorLib> {
+    open_first(name, &[], "").ok()
+}
+
+/// The file the loaded object containing `addr` (a function of a loaded library) was loaded
+/// from, as the dynamic loader recorded it (`dladdr`); `None` when the loader does not know.
+pub(crate) fn file_of(addr: *const std::ffi::c_void) -> Option<String> {
+    // SAFETY: `Dl_info` is plain old data (pointers and integers), valid zeroed.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `dladdr` only reads the loader's tables for `addr` (any value is allowed) and
+    // writes `info`, which lives across the call.
+    let found = unsafe { libc::dladdr(addr, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `dli_fname` is a NUL-terminated string owned by the loader, valid
+    // while the object stays loaded (libraries here are never closed); copied out at once.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// The dependency a loader error says is missing (`"libx.so: cannot open shared object file:
 /// ..."`, a bare soname), if that is the error.
 fn missing_dependency(error: &str) -> Option<&str> {

@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
+use simpler_driver::nvrtc;
 use simpler_runtime::{CodeImage, DeviceCode, LaunchDims, ScalarKind};
 
-use crate::errors::{type_err, value_err, PyResultExt};
+use crate::errors::{type_err, value_err, Exc, PyResultExt};
 
 /// Dimensions from an int or a sequence of 1 to 3 ints (missing ones are 1), each >= 1.
 fn dims3(v: &Bound<'_, PyAny>, what: &str) -> PyResult<[u32; 3]> {
@@ -123,8 +124,10 @@ impl Launch {
 /// (``"int64"``, ``"uint64"`` or ``"float64"``; default: each value's own kind). ``options``
 /// are extra NVRTC options (the architecture is added by the runtime). ``contiguous=True``
 /// says the code reads every view as row-major contiguous (only the address of a view's first
-/// element travels): a submit of another layout is then an ``ArgumentError``. The argument ABI
-/// is in ``docs/device-kernels.md``.
+/// element travels): a submit of another layout is then an ``ArgumentError``.
+/// ``arch_specific=True`` compiles source for the device's architecture-specific target
+/// (``sm_90a`` on a compute capability 9.0 device, for Hopper's ``wgmma`` and TMA), which runs
+/// on exactly that capability. The argument ABI is in ``docs/device-kernels.md``.
 #[pyclass(module = "simpler._core", name = "CudaCode", frozen)]
 pub struct CudaCode {
     pub code: Arc<DeviceCode>,
@@ -139,7 +142,7 @@ impl CudaCode {
     }
 
     #[new]
-    #[pyo3(signature = (source=None, *, entry, launch, ptx=None, cubin=None, options=None, scalars=None, contiguous=false))]
+    #[pyo3(signature = (source=None, *, entry, launch, ptx=None, cubin=None, options=None, scalars=None, contiguous=false, arch_specific=false))]
     #[allow(clippy::too_many_arguments)] // the constructor's keywords
     fn new(
         source: Option<String>,
@@ -150,6 +153,7 @@ impl CudaCode {
         options: Option<Vec<String>>,
         scalars: Option<Vec<String>>,
         contiguous: bool,
+        arch_specific: bool,
     ) -> PyResult<Self> {
         let given = [source.is_some(), ptx.is_some(), cubin.is_some()];
         if given.iter().filter(|g| **g).count() != 1 {
@@ -195,8 +199,15 @@ impl CudaCode {
                     .collect::<PyResult<Vec<_>>>()
             })
             .transpose()?;
+        if arch_specific && !matches!(image, CodeImage::Source { .. }) {
+            return Err(value_err(format!(
+                "CudaCode {entry}: arch_specific applies to source (a ptx or cubin image \
+                 already names its architecture)"
+            )));
+        }
         let mut code = DeviceCode::new(&entry, image, &entry, scalars).py()?;
         code.contiguous = contiguous;
+        code.arch_specific = arch_specific;
         Ok(CudaCode {
             code: Arc::new(code),
             launch: launch.clone().unbind(),
@@ -240,6 +251,12 @@ impl CudaCode {
     #[getter]
     fn contiguous(&self) -> bool {
         self.code.contiguous
+    }
+
+    /// Whether source is compiled for the device's architecture-specific target (``sm_90a``).
+    #[getter]
+    fn arch_specific(&self) -> bool {
+        self.code.arch_specific
     }
 
     /// The declared scalar kinds, or ``None``.
@@ -294,6 +311,54 @@ impl CudaCode {
             ))
         })
     }
+}
+
+/// The NVRTC the runtime compiles with for a CUDA driver of version ``driver`` (``(major,
+/// minor)``, e.g. ``(12, 4)``) and a device of compute ``capability`` (``(9, 0)``), and what it
+/// compiles for it: a dict with ``path``, ``version``, ``target`` (``"sm_90"`` for a cubin,
+/// ``"compute_90"`` for PTX the driver compiles, ``None`` without a capability),
+/// ``target_kind`` (``"cubin"`` / ``"ptx"`` / ``None``), ``driver``, ``capability``,
+/// ``summary`` (the one line the runtime logs) and ``candidates``: every NVRTC found, each a
+/// dict with ``path``, ``version``, ``usable``, ``why`` and ``target``. ``CompileError`` when
+/// no NVRTC fits (the message lists every library tried and why).
+#[pyfunction]
+#[pyo3(signature = (driver=None, capability=None))]
+pub fn nvrtc_info<'py>(
+    py: Python<'py>,
+    driver: Option<(u32, u32)>,
+    capability: Option<(u32, u32)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dirs: Vec<std::path::PathBuf> =
+        crate::helpers::call1(py, |h| &h.nvrtc_dirs, ())?.extract()?;
+    let choice = crate::shutdown::without_gil(py, || nvrtc::choose(&dirs, driver, capability))
+        .map_err(|e| Exc::Compile.err(e.to_string()))?;
+    let target = |t: Option<nvrtc::Target>| t.map(|t| t.arch());
+    let kind = |t: Option<nvrtc::Target>| {
+        t.map(|t| match t {
+            nvrtc::Target::Ptx { .. } => "ptx",
+            _ => "cubin",
+        })
+    };
+    let d = PyDict::new(py);
+    d.set_item("path", choice.nvrtc.library())?;
+    d.set_item("version", choice.nvrtc.version())?;
+    d.set_item("target", target(choice.target))?;
+    d.set_item("target_kind", kind(choice.target))?;
+    d.set_item("driver", choice.driver)?;
+    d.set_item("capability", choice.capability)?;
+    d.set_item("summary", choice.summary())?;
+    let candidates = PyList::empty(py);
+    for c in &choice.candidates {
+        let e = PyDict::new(py);
+        e.set_item("path", &c.path)?;
+        e.set_item("version", c.version)?;
+        e.set_item("usable", c.usable)?;
+        e.set_item("why", &c.why)?;
+        e.set_item("target", target(c.target))?;
+        candidates.append(e)?;
+    }
+    d.set_item("candidates", candidates)?;
+    Ok(d)
 }
 
 /// ``{"compiles": n, "cache_hits": n}``: NVRTC compilations of device-code source in this

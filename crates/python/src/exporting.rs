@@ -87,3 +87,26 @@ pub fn order_after(py: Python<'_>, dev: &dyn Device, consumer: Option<u64>) -> P
     shutdown::without_gil(py, || dev.order_stream(s))
         .map_err(|e| PyBufferError::new_err(format!("__dlpack__: {e}")))
 }
+
+/// The CUDA stream handle `stream` stands for: an int (1 and 2 are the legacy and per-thread
+/// default streams), an object with the `__cuda_stream__` protocol (`(version, handle)`), a
+/// torch stream (`cuda_stream`) or a CuPy stream (`ptr`).
+pub fn stream_handle(stream: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(h) = stream.extract::<u64>() {
+        return Ok(h);
+    }
+    if let Ok(proto) = stream.getattr("__cuda_stream__") {
+        let (_version, h): (i64, u64) = proto.call0()?.extract()?;
+        return Ok(h);
+    }
+    for attr in ["cuda_stream", "ptr"] {
+        if let Ok(h) = stream.getattr(attr).and_then(|v| v.extract::<u64>()) {
+            return Ok(h);
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "a CUDA stream is an int handle (1: legacy default, 2: per-thread default), an object \
+         with __cuda_stream__, a torch.cuda.Stream or a cupy.cuda.Stream, not {}",
+        stream.get_type().name()?
+    )))
+}

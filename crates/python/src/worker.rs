@@ -228,6 +228,20 @@ impl PyWorker {
         self.cell.dev.cost_model().map(|m| m.name)
     }
 
+    /// Whether runs time the device's part of execute with events recorded around each batch
+    /// of launches: ``RunReport.counters["device_ns"]`` (0 on devices that cannot time: sim,
+    /// ascend). Off by default (``SIMPLER_DEVICE_TIMING=1`` turns it on for new workers);
+    /// settable.
+    #[getter]
+    fn device_timing(&self) -> bool {
+        self.cell.with(false, |w| w.device_timing())
+    }
+
+    #[setter]
+    fn set_device_timing(&self, on: bool) {
+        self.cell.with(false, |w| w.set_device_timing(on));
+    }
+
     /// Whether ``close`` ran.
     #[getter]
     fn closed(&self) -> bool {
@@ -341,6 +355,18 @@ impl PyWorker {
     ) -> PyResult<()> {
         let offset = handles::zero_or(py, offset);
         handles::copy_from(py, &self.cell, arr, &buf, &offset)
+    }
+
+    /// Orders the worker after another library's writes from ``stream``: its next run, copy,
+    /// host-view refresh or free waits (on the device, not the host) for the work queued on
+    /// ``stream`` so far. ``stream`` is a CUDA stream: an int handle (1: legacy default, 2: the
+    /// calling thread's per-thread default), a ``torch.cuda.Stream``, a ``cupy.cuda.Stream`` or
+    /// any object with ``__cuda_stream__``. Writes on the legacy default stream (torch's and
+    /// CuPy's unless told otherwise) are ordered without it while an export is live; a side
+    /// stream needs this call. Nothing to do on sim and ascend.
+    fn wait_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = crate::exporting::stream_handle(stream)?;
+        done(py, self.cell.with(true, |w| w.wait_stream(s)))
     }
 
     /// ``"mapping"``, ``"cached"`` or ``"mirror"`` once a host view of the allocation exists,

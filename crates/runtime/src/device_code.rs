@@ -116,6 +116,9 @@ pub struct DeviceCode {
     /// The device code reads every view as row-major contiguous (only an address travels), so
     /// a submit of another layout is refused.
     pub contiguous: bool,
+    /// Compile source for the device's architecture-specific target (`sm_90a` on a 9.0
+    /// device: Hopper's `wgmma` and TMA), which runs on exactly that capability.
+    pub arch_specific: bool,
 }
 
 impl DeviceCode {
@@ -146,6 +149,7 @@ impl DeviceCode {
             entry: entry.to_owned(),
             scalars,
             contiguous: false,
+            arch_specific: false,
         })
     }
 
@@ -211,13 +215,6 @@ impl DeviceLaunch<'_> {
                 d.grid, d.block
             )));
         }
-        if d.shared_bytes > MAX_SHARED_BYTES {
-            return Err(Error::Value(format!(
-                "{who}: {} bytes of dynamic shared memory: at most {MAX_SHARED_BYTES} (48 KiB; \
-                 more needs a per-function opt-in the runtime does not make)",
-                d.shared_bytes
-            )));
-        }
         self.code.check_scalars(who, scalars.len())?;
         if self.code.contiguous {
             if let Some((i, _)) = views.enumerate().find(|(_, g)| !g.is_contiguous()) {
@@ -251,12 +248,8 @@ impl DeviceLaunch<'_> {
     }
 }
 
-/// Dynamic shared memory a launch may ask for without a per-function opt-in (48 KiB on every
-/// CUDA architecture).
-const MAX_SHARED_BYTES: u32 = 48 * 1024;
-
-/// Compiles per process: `(source, options, capability)` -> image.
-type CompileKey = (String, Vec<String>, (u32, u32));
+/// Compiles per process: `(source, options, NVRTC library, target)` -> image.
+type CompileKey = (String, Vec<String>, String, nvrtc::Target);
 static COMPILED: Mutex<Option<HashMap<CompileKey, Arc<Vec<u8>>>>> = Mutex::new(None);
 static COMPILES: AtomicU64 = AtomicU64::new(0);
 static COMPILE_HITS: AtomicU64 = AtomicU64::new(0);
@@ -269,19 +262,74 @@ pub fn compile_stats() -> (u64, u64) {
     )
 }
 
-/// The image of `code` for a device of capability `cc`: compiled (or found in the process's
+/// An image ready to load, and how it was made (for the error of a load the driver refuses).
+struct Made {
+    image: Arc<Vec<u8>>,
+    how: String,
+}
+
+/// The image of `code` for a device of capability `cc` under a driver of CUDA version
+/// `driver`: compiled by the NVRTC [`nvrtc::choose`] keeps for them (or found in the process's
 /// cache) for source, as given otherwise.
 fn image_for(
     code: &DeviceCode,
     cc: (u32, u32),
     driver: Option<(u32, u32)>,
     nvrtc_dirs: &[PathBuf],
-) -> Result<Arc<Vec<u8>>> {
+) -> Result<Made> {
     let (text, options) = match &code.image {
-        CodeImage::Ptx(b) | CodeImage::Cubin(b) => return Ok(Arc::new(b.clone())),
+        CodeImage::Ptx(b) => {
+            return Ok(Made {
+                image: Arc::new(b.clone()),
+                how: "the PTX the kernel carries".to_string(),
+            })
+        }
+        CodeImage::Cubin(b) => {
+            return Ok(Made {
+                image: Arc::new(b.clone()),
+                how: "the cubin the kernel carries".to_string(),
+            })
+        }
         CodeImage::Source { text, options } => (text, options),
     };
-    let key: CompileKey = (text.clone(), options.clone(), cc);
+    let fail = |detail: String| Error::Compile {
+        entry: code.entry.clone(),
+        detail,
+    };
+    let choice = nvrtc::choose(nvrtc_dirs, driver, Some(cc)).map_err(|e| fail(e.to_string()))?;
+    let chosen = choice.target.unwrap_or(nvrtc::Target::Cubin {
+        major: cc.0,
+        minor: cc.1,
+    });
+    let target = if code.arch_specific {
+        match chosen {
+            nvrtc::Target::Cubin { major, minor } => nvrtc::Target::ArchSpecific { major, minor },
+            other => {
+                return Err(fail(format!(
+                    "arch_specific code needs a cubin for sm_{}{}a, and {} can only make {}",
+                    cc.0,
+                    cc.1,
+                    choice.nvrtc.library(),
+                    other.describe()
+                )))
+            }
+        }
+    } else {
+        chosen
+    };
+    let (major, minor) = choice.nvrtc.version();
+    let how = format!(
+        "{} by NVRTC {major}.{minor} ({}){}",
+        target.describe(),
+        choice.nvrtc.library(),
+        driver.map_or_else(String::new, |(a, b)| format!(", for CUDA driver {a}.{b}"))
+    );
+    let key: CompileKey = (
+        text.clone(),
+        options.clone(),
+        choice.nvrtc.library().to_string(),
+        target,
+    );
     let cached = COMPILED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -289,29 +337,12 @@ fn image_for(
         .and_then(|m| m.get(&key).cloned());
     if let Some(image) = cached {
         COMPILE_HITS.fetch_add(1, Ordering::Relaxed);
-        return Ok(image);
+        return Ok(Made { image, how });
     }
-    let fail = |detail: String| Error::Compile {
-        entry: code.entry.clone(),
-        detail,
-    };
-    let compiler = nvrtc::shared(nvrtc_dirs).map_err(|e| fail(e.to_string()))?;
-    let (major, minor) = compiler.version();
-    if let Some((d_major, d_minor)) = driver.filter(|d| (major.max(0) as u32) > d.0) {
-        return Err(fail(format!(
-            "NVRTC {major}.{minor} ({}) makes code for CUDA {major} drivers, and this driver is \
-             CUDA {d_major}.{d_minor}: install the NVRTC of CUDA {d_major} (for CUDA 12, `pip \
-             install nvidia-cuda-nvrtc-cu12`) or point SIMPLER_NVRTC_LIB at it",
-            compiler.library()
-        )));
-    }
-    let target = nvrtc::Target::Cubin {
-        major: cc.0,
-        minor: cc.1,
-    };
-    let image = compiler
+    let image = choice
+        .nvrtc
         .compile(text, &code.name, options, target)
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| fail(format!("{e} ({how})")))?;
     COMPILES.fetch_add(1, Ordering::Relaxed);
     let image = Arc::new(image.bytes);
     COMPILED
@@ -319,7 +350,7 @@ fn image_for(
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(key, image.clone());
-    Ok(image)
+    Ok(Made { image, how })
 }
 
 /// The worker's device-code state: programs loaded into its device, and the device buffer its
@@ -327,8 +358,12 @@ fn image_for(
 #[derive(Debug, Default)]
 pub(crate) struct Launcher {
     loaded: Vec<(u64, FuncId, Arc<DeviceCode>)>,
-    /// Modules loaded per program, kept when resolving the entry failed (a retry reuses it).
-    modules: Vec<(u64, simpler_driver::ModuleId)>,
+    /// Modules loaded, one per distinct image (the entries of one source share its module),
+    /// kept when resolving an entry failed (a retry reuses it).
+    modules: Vec<(Arc<Vec<u8>>, simpler_driver::ModuleId)>,
+    /// The launch limits of each loaded function (its `FuncId`), read once; the dynamic shared
+    /// memory it was opted in to is kept up to date.
+    limits: HashMap<u64, simpler_driver::FuncLimits>,
     /// The task-row buffer: `(address, bytes)`.
     pub table: Option<(simpler_driver::DevPtr, u64)>,
     /// The rows of the run being executed (kept, so a warm run allocates nothing here).
@@ -344,7 +379,8 @@ impl Launcher {
             .map(|(_, f, c)| (*f, c))
     }
 
-    /// Loads `code` into `dev` unless it is loaded already, or `dev` runs no device code.
+    /// Loads `code` into `dev` unless it is loaded already (its image, or an identical one), or
+    /// `dev` runs no device code.
     pub fn prepare(
         &mut self,
         dev: &dyn Device,
@@ -358,13 +394,23 @@ impl Launcher {
             e.detail = format!("device code of kernel {}: {}", code.name, e.detail);
             Error::device(Phase::Orchestrate, None, e)
         };
-        let module = match self.modules.iter().find(|(k, _)| *k == code.key) {
+        let cc = dev.compute_capability().map_err(in_kernel)?;
+        let made = image_for(code, cc, dev.driver_version(), nvrtc_dirs)?;
+        let same = |m: &Arc<Vec<u8>>| Arc::ptr_eq(m, &made.image) || **m == *made.image;
+        let module = match self.modules.iter().find(|(m, _)| same(m)) {
             Some((_, m)) => *m,
             None => {
-                let cc = dev.compute_capability().map_err(in_kernel)?;
-                let image = image_for(code, cc, dev.driver_version(), nvrtc_dirs)?;
-                let m = dev.load_module(&image).map_err(in_kernel)?;
-                self.modules.push((code.key, m));
+                let m = dev.load_module(&made.image).map_err(|mut e| {
+                    let driver = dev
+                        .driver_version()
+                        .map_or("unknown".to_string(), |(a, b)| format!("CUDA {a}.{b}"));
+                    e.detail = format!(
+                        "{} (the image: {}; the device: compute capability {}.{}, driver {driver})",
+                        e.detail, made.how, cc.0, cc.1
+                    );
+                    in_kernel(e)
+                })?;
+                self.modules.push((made.image, m));
                 m
             }
         };
@@ -373,10 +419,64 @@ impl Launcher {
         Ok(())
     }
 
+    /// Checks a launch of loaded `code` with `dims` against the device's limits for its
+    /// function (threads per block; dynamic shared memory), and opts the function in to more
+    /// than the default 48 KiB of dynamic shared memory when the launch asks for it and the
+    /// device allows it (once per function and size). Nothing for code not loaded here.
+    pub fn fit(
+        &mut self,
+        dev: &dyn Device,
+        code: &DeviceCode,
+        dims: LaunchDims,
+        who: &dyn std::fmt::Display,
+    ) -> Result<()> {
+        let Some((func, _)) = self.get(code.key) else {
+            return Ok(());
+        };
+        let in_kernel = |mut e: simpler_driver::DeviceError| {
+            e.detail = format!("{who}: device code {}: {}", code.entry, e.detail);
+            Error::device(Phase::Orchestrate, None, e)
+        };
+        let lim = match self.limits.get(&func.0) {
+            Some(l) => *l,
+            None => {
+                let l = dev.function_limits(func).map_err(in_kernel)?;
+                self.limits.insert(func.0, l);
+                l
+            }
+        };
+        let threads = dims.block.iter().map(|&b| u64::from(b)).product::<u64>();
+        if threads > u64::from(lim.max_threads) {
+            return Err(Error::Value(format!(
+                "{who}: block {:?} has {threads} threads, and `{}` can be launched with at most \
+                 {} per block on this device (its __launch_bounds__, or what its {} registers \
+                 per thread leave)",
+                dims.block, code.entry, lim.max_threads, lim.registers
+            )));
+        }
+        if dims.shared_bytes > lim.dynamic_shared {
+            if dims.shared_bytes > lim.dynamic_shared_optin {
+                return Err(Error::Value(format!(
+                    "{who}: {} bytes of dynamic shared memory, and `{}` may use at most {} on \
+                     this device (its limit per block, less the {} bytes the code declares \
+                     statically)",
+                    dims.shared_bytes, code.entry, lim.dynamic_shared_optin, lim.static_shared
+                )));
+            }
+            dev.allow_dynamic_shared(func, dims.shared_bytes)
+                .map_err(in_kernel)?;
+            if let Some(l) = self.limits.get_mut(&func.0) {
+                l.dynamic_shared = dims.shared_bytes;
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets every loaded program (the device closed, which unloaded them).
     pub fn forget(&mut self) {
         self.loaded.clear();
         self.modules.clear();
+        self.limits.clear();
         self.table = None;
     }
 }

@@ -7,12 +7,20 @@
 //! * freeing it, releasing its resident set and closing the worker are refused, naming the
 //!   allocation and the count (a forced close at exit goes ahead and warns);
 //! * a consumer may write through it, so its host view goes stale at the export and at the
-//!   start of every run, and the next host read refreshes it.
+//!   start of every run, and the next host read refreshes it;
+//! * a consumer's writes are ordered before the worker's next use of its memory: while an
+//!   export is live, and once more after the last one ended (its writes may still be queued),
+//!   the next run, copy, host-view refresh or free first makes the worker's stream wait for the
+//!   work queued so far on the legacy default stream ([`Exports::take_order`],
+//!   `Memory::order_after_consumers`). The legacy stream is where torch and CuPy run unless told
+//!   otherwise, and it waits for every blocking stream of the context; a consumer writing from
+//!   a non-blocking stream of its own says so with the worker's `wait_stream`.
 //!
 //! The table has its own small lock, never held while anything else runs, so a guard can be
 //! dropped from any thread without the worker's lock.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use simpler_driver::DevPtr;
@@ -24,6 +32,8 @@ use crate::spec::BufferRef;
 #[derive(Debug, Default)]
 pub(crate) struct Exports {
     live: Mutex<HashMap<u64, (u64, u32)>>,
+    /// An export was made or ended since the worker last ordered itself after consumers.
+    changed: AtomicBool,
 }
 
 impl Exports {
@@ -39,6 +49,7 @@ impl Exports {
             *e = (buf.gen, 0);
         }
         e.1 += 1;
+        self.changed.store(true, Ordering::Release);
         ExportGuard {
             table: self.clone(),
             ptr: buf.ptr.0,
@@ -62,6 +73,19 @@ impl Exports {
             .iter()
             .map(|(&p, &(_, n))| (DevPtr(p), n))
             .collect()
+    }
+
+    /// Whether the worker must order its stream after consumers' work before its next use of
+    /// memory (see the module docs); asking clears the "changed" mark, so a caller whose
+    /// ordering fails puts it back with [`Exports::order_again`].
+    pub fn take_order(&self) -> bool {
+        let changed = self.changed.swap(false, Ordering::AcqRel);
+        changed || !self.is_empty()
+    }
+
+    /// Asks for the ordering again (the last one failed).
+    pub fn order_again(&self) {
+        self.changed.store(true, Ordering::Release);
     }
 
     /// Refuses `what` of the allocation at `ptr` while it has live exports.
@@ -101,6 +125,8 @@ impl Drop for ExportGuard {
                 live.remove(&self.ptr);
             }
         }
+        // The consumer's last writes may still be queued: order after them once more.
+        self.table.changed.store(true, Ordering::Release);
     }
 }
 
@@ -133,6 +159,20 @@ mod tests {
         assert_eq!(t.count(DevPtr(0x1000)), 0);
         assert!(t.refuse(DevPtr(0x1000), "free").is_ok());
         assert!(t.all().is_empty());
+    }
+
+    #[test]
+    fn ordering_is_asked_while_exports_live_and_once_after_the_last_ends() {
+        let t = Arc::new(Exports::default());
+        assert!(!t.take_order(), "nothing was ever exported");
+        let a = t.add(buf(0x1000, 1));
+        assert!(t.take_order());
+        assert!(t.take_order(), "asked on every use while an export is live");
+        drop(a);
+        assert!(t.take_order(), "once more after the last export ended");
+        assert!(!t.take_order());
+        t.order_again();
+        assert!(t.take_order());
     }
 
     #[test]

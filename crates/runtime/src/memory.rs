@@ -90,6 +90,22 @@ impl Memory {
         }
     }
 
+    /// Orders the worker's stream after the work other libraries queued on the legacy default
+    /// stream, when an export makes that necessary (see `exports.rs`): before a run, a copy or
+    /// a free. Nothing to do on a device without streams.
+    pub(crate) fn order_after_consumers(
+        &self,
+    ) -> std::result::Result<(), simpler_driver::DeviceError> {
+        if !self.exports.take_order() {
+            return Ok(());
+        }
+        let r = self.dev.wait_for_stream(simpler_driver::LEGACY_STREAM);
+        if r.is_err() {
+            self.exports.order_again();
+        }
+        r
+    }
+
     /// Allocates `bytes` for `owner`; a driver failure is reported in `phase` for `tensor`.
     pub(crate) fn alloc(
         &mut self,

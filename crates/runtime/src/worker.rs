@@ -57,6 +57,9 @@ pub struct Worker {
     closed: bool,
     /// The phase the driver's call log labels calls with (set on change only).
     phase: Option<Phase>,
+    /// Time the device's part of execute with events (`SIMPLER_DEVICE_TIMING`, or
+    /// [`Worker::set_device_timing`]).
+    time_device: bool,
 }
 
 /// The error for a step of a run that is not in progress (a handle kept past its run).
@@ -66,6 +69,10 @@ pub(crate) fn not_in_progress(run: RunId) -> Error {
         run.0
     ))
 }
+
+/// Environment switch: time the device's part of execute with events (see
+/// [`Worker::device_timing`]); `1`, `true`, `yes` or `on` turn it on.
+pub const ENV_DEVICE_TIMING: &str = "SIMPLER_DEVICE_TIMING";
 
 fn buffer_err(e: simpler_driver::DeviceError) -> Error {
     Error::device(Phase::Buffer, None, e)
@@ -87,7 +94,22 @@ impl Worker {
             next_run: 1,
             closed: false,
             phase: None,
+            time_device: std::env::var(ENV_DEVICE_TIMING).is_ok_and(|v| {
+                !["", "0", "false", "no", "off"].contains(&v.trim().to_ascii_lowercase().as_str())
+            }),
         }
+    }
+
+    /// Whether runs time the device's part of execute with events around each batch of
+    /// launches (`RunReport` counter `device_ns`); on devices that cannot time (sim, ascend)
+    /// the counter stays 0.
+    pub fn device_timing(&self) -> bool {
+        self.time_device
+    }
+
+    /// Turns the device timing of [`Worker::device_timing`] on or off.
+    pub fn set_device_timing(&mut self, on: bool) {
+        self.time_device = on;
     }
 
     /// Labels the driver calls that follow with `p` (see `Device::set_phase`).
@@ -200,6 +222,7 @@ impl Worker {
                 buf.ptr
             )));
         }
+        self.mem.order_after_consumers().map_err(buffer_err)?;
         self.mem.release(buf.ptr).map_err(buffer_err)
     }
 
@@ -226,6 +249,7 @@ impl Worker {
         if let Some(r) = self.run.as_mut() {
             r.check_host_copy(buf.ptr, offset, src.len() as u64, true, "copy_to")?;
         }
+        self.mem.order_after_consumers().map_err(buffer_err)?;
         let r = self.mem.dev.copy_h2d(DevPtr(buf.ptr.0 + offset), src);
         // Even a failed copy may have moved some bytes.
         self.mem.views.mark_stale(buf.ptr);
@@ -244,6 +268,7 @@ impl Worker {
         if let Some(r) = self.run.as_mut() {
             r.check_host_copy(buf.ptr, offset, dst.len() as u64, false, "copy_from")?;
         }
+        self.mem.order_after_consumers().map_err(buffer_err)?;
         self.mem
             .dev
             .copy_d2h(dst, DevPtr(buf.ptr.0 + offset))
@@ -376,6 +401,9 @@ impl Worker {
                 .exports
                 .refuse(b.ptr, &format!("release of resident tensor '{name}'"))?;
         }
+        if let Err(e) = self.mem.order_after_consumers() {
+            return Err(Error::device(Phase::Release, None, e));
+        }
         Ok(self.resident.release(&mut self.mem, set))
     }
 
@@ -386,6 +414,16 @@ impl Worker {
         self.mem.lookup(buf, &"export")?;
         self.mem.views.mark_stale(buf.ptr);
         Ok(self.mem.exports.add(buf))
+    }
+
+    /// Makes the worker's stream wait for the work queued so far on `stream` (a CUDA stream
+    /// handle, or 1 / 2 for the legacy / per-thread default stream), without blocking the host:
+    /// what another library wrote from that stream is then ordered before the worker's next
+    /// run, copy, host-view refresh or free. Nothing to do on devices without streams.
+    pub fn wait_stream(&mut self, stream: u64) -> Result<()> {
+        self.enter(Phase::Buffer);
+        self.check_open()?;
+        self.mem.dev.wait_for_stream(stream).map_err(buffer_err)
     }
 
     /// `close`, refused while another library may use memory of this worker (live exports).
@@ -425,12 +463,16 @@ impl Worker {
             ));
         }
         call.validate()?;
-        // Another library may have written exported memory since the last run.
+        // Another library may have written exported memory since the last run: its host views
+        // are stale, and the run's stream waits for those writes.
         if !self.mem.exports.is_empty() {
             for (p, _) in self.mem.exports.all() {
                 self.mem.views.mark_stale(p);
             }
         }
+        self.mem
+            .order_after_consumers()
+            .map_err(|e| Error::device(Phase::Bind, None, e))?;
         let id = RunId(self.next_run);
         self.next_run += 1;
         let records = std::mem::take(&mut self.spare);
@@ -439,6 +481,7 @@ impl Worker {
             run.modeled_before = self.mem.dev.modeled();
         }
         run.poison = self.poison.then_some(POISON);
+        run.time_device = self.time_device;
         match run.bind(&mut self.mem, &mut self.arena, self.staging, call, hosts) {
             Ok(()) => {
                 run.report.phases.bind = run.lap();
@@ -566,6 +609,7 @@ impl Worker {
     ) -> Result<u64> {
         let kernel = self.on_device(kernel);
         self.check_priceable(&kernel, "submit")?;
+        self.fit_launch(&kernel, "submit")?;
         let (r, _) = self.active(run)?;
         r.submit(kernel, tensors, scalars)
     }
@@ -589,6 +633,21 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Checks a device launch against the device's limits for its function, opting it in to
+    /// more dynamic shared memory where the launch asks for it (see `Launcher::fit`).
+    fn fit_launch(&mut self, kernel: &KernelRef<'_>, what: &str) -> Result<()> {
+        let Some(d) = &kernel.device else {
+            return Ok(());
+        };
+        let dev = self.mem.dev.clone();
+        self.mem.launcher.fit(
+            &*dev,
+            d.code,
+            d.dims,
+            &format_args!("{what} {}", kernel.name),
+        )
     }
 
     /// `kernel` as this worker runs it: its device launch dropped unless its code is loaded
@@ -640,6 +699,7 @@ impl Worker {
     ) -> Result<u64> {
         let kernel = self.on_device(kernel);
         self.check_priceable(&kernel, "submit_many")?;
+        self.fit_launch(&kernel, "submit_many")?;
         let (r, _) = self.active(run)?;
         r.submit_batch(kernel, slots, scalars, count, new_call)
     }

@@ -26,18 +26,27 @@ use crate::{DeviceError, Op};
 pub(super) struct Exec {
     /// The event that orders another stream after ours; made on first use.
     pub event: CuEvent,
+    /// The event that orders our stream after another one; made on first use.
+    pub wait_event: CuEvent,
     /// Loaded modules, unloaded at close.
     pub modules: Vec<CuModule>,
     /// Functions resolved from them (`CUfunction` handles), so a launch takes only those.
     pub funcs: BTreeSet<u64>,
+    /// Timing events recorded around launch groups, `(start, end)`, not yet read.
+    pub timed: Vec<(CuEvent, CuEvent)>,
+    /// Timing events read and free for the next group.
+    pub spare: Vec<CuEvent>,
 }
 
 impl Default for Exec {
     fn default() -> Self {
         Exec {
             event: std::ptr::null_mut(),
+            wait_event: std::ptr::null_mut(),
             modules: Vec::new(),
             funcs: BTreeSet::new(),
+            timed: Vec::new(),
+            spare: Vec::new(),
         }
     }
 }
@@ -218,6 +227,18 @@ impl CudaDevice {
         dims: LaunchDims,
         params: &[u64],
     ) -> Result<(), DeviceError> {
+        let _bound = self.enter(st, Op::Launch)?;
+        self.launch_bound(st, func, dims, params)
+    }
+
+    /// One launch, checked, with the primary context already bound by the caller.
+    pub(super) fn launch_bound(
+        &self,
+        st: &mut State,
+        func: FuncId,
+        dims: LaunchDims,
+        params: &[u64],
+    ) -> Result<(), DeviceError> {
         let op = Op::Launch;
         let invalid = |why: String| Self::refused(op, sys::CUDA_ERROR_INVALID_VALUE, why);
         if !st.exec.funcs.contains(&func.0) {
@@ -243,7 +264,6 @@ impl CudaDevice {
                 dims.grid, dims.block
             )));
         }
-        let _bound = self.enter(st, op)?;
         let mut values: Vec<u64> = params.to_vec();
         let mut ptrs: Vec<*mut c_void> = values
             .iter_mut()
@@ -286,40 +306,261 @@ impl CudaDevice {
         })
     }
 
-    pub(super) fn do_order_stream(&self, st: &mut State, consumer: u64) -> Result<(), DeviceError> {
-        let op = Op::Sync;
+    /// Records a timing event on the worker's stream (one from the spare ones, or a new one);
+    /// the context is bound by the caller.
+    pub(super) fn record_timing(&self, st: &mut State) -> Result<CuEvent, DeviceError> {
         let names = CudaFns::NAMES;
-        if consumer == 0 {
+        let e = match st.exec.spare.pop() {
+            Some(e) => e,
+            None => {
+                let mut e: CuEvent = std::ptr::null_mut();
+                // SAFETY: `&mut e` is valid for the handle the call writes.
+                CuResult(unsafe { (self.f.event_create)(&mut e, sys::CU_EVENT_DEFAULT) })
+                    .result()
+                    .map_err(|s| s.error(Op::Launch, names.event_create, "a timing event"))?;
+                e
+            }
+        };
+        // SAFETY: an event of this context (created above or kept spare); the worker's stream.
+        let r = CuResult(unsafe { (self.f.event_record)(e, self.stream_ptr()) }).result();
+        if let Err(s) = r {
+            st.exec.spare.push(e);
+            return Err(s.error(Op::Launch, names.event_record, "a timing event"));
+        }
+        Ok(e)
+    }
+
+    /// [`crate::Device::take_device_time`]: reads and recycles every timed group's events.
+    pub(super) fn do_take_device_time(&self, st: &mut State) -> Result<Option<u64>, DeviceError> {
+        if st.exec.timed.is_empty() {
+            return Ok(None);
+        }
+        let name = "cuEventElapsedTime";
+        let Some(elapsed) = self.f.event_elapsed_time else {
+            let pairs = std::mem::take(&mut st.exec.timed);
+            st.exec
+                .spare
+                .extend(pairs.into_iter().flat_map(|(a, b)| [a, b]));
+            return Ok(None);
+        };
+        let _bound = self.enter_as(st, Op::Sync, name)?;
+        let mut ns = 0u64;
+        let mut first_err = None;
+        for (a, b) in std::mem::take(&mut st.exec.timed) {
+            let mut ms: f32 = 0.0;
+            // SAFETY: two timing events of this context, both recorded on the worker's stream;
+            // `&mut ms` is valid for the float the call writes.
+            match CuResult(unsafe { elapsed(&mut ms, a, b) }).result() {
+                Ok(()) => ns += (f64::from(ms.max(0.0)) * 1e6).round() as u64,
+                Err(s) => {
+                    first_err.get_or_insert(s.error(Op::Sync, name, "a timed launch group"));
+                }
+            }
+            st.exec.spare.extend([a, b]);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(Some(ns)),
+        }
+    }
+
+    /// [`crate::Device::function_limits`].
+    pub(super) fn do_function_limits(
+        &self,
+        st: &State,
+        func: FuncId,
+    ) -> Result<crate::FuncLimits, DeviceError> {
+        let op = Op::Module;
+        let Some(get) = self.f.func_get_attribute else {
+            return Ok(crate::FuncLimits::default());
+        };
+        let name = "cuFuncGetAttribute";
+        if !st.exec.funcs.contains(&func.0) {
             return Err(Self::refused_at(
                 op,
-                names.stream_wait_event,
+                name,
+                sys::CUDA_ERROR_INVALID_HANDLE,
+                format!("function {:#x} was not resolved on this device", func.0),
+            ));
+        }
+        let _bound = self.enter_as(st, op, name)?;
+        let attr = |which: c_int, what: &str| -> Result<u32, DeviceError> {
+            let mut v: c_int = 0;
+            // SAFETY: `&mut v` is valid for the int the call writes; `func` is a function
+            // resolved on this device (checked above).
+            CuResult(unsafe { get(&mut v, which, func.0 as CuFunction) })
+                .result()
+                .map_err(|s| s.error(op, name, what))?;
+            Ok(u32::try_from(v).unwrap_or(0))
+        };
+        let static_shared = attr(
+            sys::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            "static shared memory",
+        )?;
+        let mut optin: c_int = 0;
+        // SAFETY: `&mut optin` is valid for the int the call writes; the device from
+        // `cuDeviceGet`.
+        let r = CuResult(unsafe {
+            (self.f.device_get_attribute)(
+                &mut optin,
+                sys::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                self.session.dev,
+            )
+        })
+        .result();
+        let optin = match r {
+            Ok(()) => u32::try_from(optin).unwrap_or(0),
+            Err(_) => 48 * 1024, // a device without the opt-in keeps the default
+        };
+        Ok(crate::FuncLimits {
+            max_threads: attr(
+                sys::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                "threads per block",
+            )?,
+            static_shared,
+            dynamic_shared: attr(
+                sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                "dynamic shared memory",
+            )?,
+            dynamic_shared_optin: optin.saturating_sub(static_shared),
+            registers: attr(sys::CU_FUNC_ATTRIBUTE_NUM_REGS, "registers")?,
+            local_bytes: attr(sys::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "local memory")?,
+        })
+    }
+
+    /// [`crate::Device::allow_dynamic_shared`].
+    pub(super) fn do_allow_dynamic_shared(
+        &self,
+        st: &State,
+        func: FuncId,
+        bytes: u32,
+    ) -> Result<(), DeviceError> {
+        let op = Op::Module;
+        let name = "cuFuncSetAttribute";
+        let Some(set) = self.f.func_set_attribute else {
+            return Err(Self::refused_at(
+                op,
+                name,
+                sys::CUDA_ERROR_NOT_SUPPORTED,
+                "the driver library has no cuFuncSetAttribute",
+            ));
+        };
+        let value = c_int::try_from(bytes).map_err(|_| {
+            Self::refused_at(
+                op,
+                name,
+                sys::CUDA_ERROR_INVALID_VALUE,
+                format!("{bytes} bytes"),
+            )
+        })?;
+        if !st.exec.funcs.contains(&func.0) {
+            return Err(Self::refused_at(
+                op,
+                name,
+                sys::CUDA_ERROR_INVALID_HANDLE,
+                format!("function {:#x} was not resolved on this device", func.0),
+            ));
+        }
+        let _bound = self.enter_as(st, op, name)?;
+        // SAFETY: `func` is a function resolved on this device (checked above).
+        CuResult(unsafe {
+            set(
+                func.0 as CuFunction,
+                sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                value,
+            )
+        })
+        .result()
+        .map_err(|s| {
+            s.error(
+                op,
+                name,
+                format!("allowing {bytes} bytes of dynamic shared memory"),
+            )
+        })
+    }
+
+    /// An event of this device's (no timing), made on first use into `slot`.
+    fn ordering_event(&self, slot: &mut CuEvent, what: &str) -> Result<CuEvent, DeviceError> {
+        if slot.is_null() {
+            let mut e: CuEvent = std::ptr::null_mut();
+            // SAFETY: `&mut e` is valid for the handle the call writes; the context is bound by
+            // the caller.
+            CuResult(unsafe { (self.f.event_create)(&mut e, sys::CU_EVENT_DISABLE_TIMING) })
+                .result()
+                .map_err(|s| s.error(Op::Sync, CudaFns::NAMES.event_create, what))?;
+            *slot = e;
+        }
+        Ok(*slot)
+    }
+
+    /// Refuses stream 0, which means the legacy or the per-thread default stream depending on
+    /// how the caller was compiled.
+    fn check_stream_arg(call: &'static str, s: u64) -> Result<(), DeviceError> {
+        if s == 0 {
+            return Err(Self::refused_at(
+                Op::Sync,
+                call,
                 sys::CUDA_ERROR_INVALID_VALUE,
                 "stream 0 is ambiguous; pass 1 (legacy default), 2 (per-thread default) or a \
                  stream handle",
             ));
         }
+        Ok(())
+    }
+
+    pub(super) fn do_order_stream(&self, st: &mut State, consumer: u64) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        let names = CudaFns::NAMES;
+        Self::check_stream_arg(names.stream_wait_event, consumer)?;
         let _bound = self.enter_as(st, op, names.stream_wait_event)?;
-        if st.exec.event.is_null() {
-            let mut e: CuEvent = std::ptr::null_mut();
-            // SAFETY: `&mut e` is valid for the handle the call writes.
-            CuResult(unsafe { (self.f.event_create)(&mut e, sys::CU_EVENT_DISABLE_TIMING) })
-                .result()
-                .map_err(|s| s.error(op, names.event_create, "the ordering event"))?;
-            st.exec.event = e;
-        }
-        // SAFETY: the event was created above on this context; the stream at open.
-        CuResult(unsafe { (self.f.event_record)(st.exec.event, self.stream_ptr()) })
+        let event = self.ordering_event(&mut st.exec.event, "the ordering event")?;
+        // SAFETY: the event was created on this context; the stream at open.
+        CuResult(unsafe { (self.f.event_record)(event, self.stream_ptr()) })
             .result()
             .map_err(|s| s.error(op, names.event_record, "on the worker's stream"))?;
         // SAFETY: `consumer` is a stream handle of the caller's (or 1/2, the default streams);
         // the driver validates it and answers an error for a bad one.
-        CuResult(unsafe { (self.f.stream_wait_event)(consumer as CuStream, st.exec.event, 0) })
+        CuResult(unsafe { (self.f.stream_wait_event)(consumer as CuStream, event, 0) })
             .result()
             .map_err(|s| {
                 s.error(
                     op,
                     names.stream_wait_event,
                     format!("ordering stream {consumer:#x} after the worker's stream"),
+                )
+            })
+    }
+
+    pub(super) fn do_wait_for_stream(
+        &self,
+        st: &mut State,
+        producer: u64,
+    ) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        let names = CudaFns::NAMES;
+        Self::check_stream_arg(names.event_record, producer)?;
+        let _bound = self.enter_as(st, op, names.stream_wait_event)?;
+        let event = self.ordering_event(&mut st.exec.wait_event, "the waiting event")?;
+        // SAFETY: the event was created on this context; `producer` is a stream handle of the
+        // caller's (or 1/2, the default streams), which the driver validates.
+        CuResult(unsafe { (self.f.event_record)(event, producer as CuStream) })
+            .result()
+            .map_err(|s| {
+                s.error(
+                    op,
+                    names.event_record,
+                    format!("on stream {producer:#x}, to order the worker's stream after it"),
+                )
+            })?;
+        // SAFETY: the worker's stream, created at open; the event recorded just now.
+        CuResult(unsafe { (self.f.stream_wait_event)(self.stream_ptr(), event, 0) })
+            .result()
+            .map_err(|s| {
+                s.error(
+                    op,
+                    names.stream_wait_event,
+                    format!("ordering the worker's stream after stream {producer:#x}"),
                 )
             })
     }
@@ -342,13 +583,27 @@ impl CudaDevice {
             }
         }
         st.exec.funcs.clear();
-        if !st.exec.event.is_null() {
-            // SAFETY: the event this device created, destroyed once (nulled below).
-            let r = CuResult(unsafe { (self.f.event_destroy)(st.exec.event) }).result();
+        let timing: Vec<CuEvent> = std::mem::take(&mut st.exec.timed)
+            .into_iter()
+            .flat_map(|(a, b)| [a, b])
+            .chain(std::mem::take(&mut st.exec.spare))
+            .collect();
+        for e in timing {
+            // SAFETY: a timing event this device created, destroyed once (the lists are emptied).
+            let r = CuResult(unsafe { (self.f.event_destroy)(e) }).result();
             if let Err(s) = r {
                 errors.push(s.error(Op::Sync, names.event_destroy, "at close"));
             }
-            st.exec.event = std::ptr::null_mut();
+        }
+        for slot in [&mut st.exec.event, &mut st.exec.wait_event] {
+            if !slot.is_null() {
+                // SAFETY: an event this device created, destroyed once (nulled below).
+                let r = CuResult(unsafe { (self.f.event_destroy)(*slot) }).result();
+                if let Err(s) = r {
+                    errors.push(s.error(Op::Sync, names.event_destroy, "at close"));
+                }
+                *slot = std::ptr::null_mut();
+            }
         }
         let stream = self.stream.swap(0, std::sync::atomic::Ordering::AcqRel) as CuStream;
         // SAFETY: the stream created at open, destroyed once (its handle was cleared above).

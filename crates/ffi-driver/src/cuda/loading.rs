@@ -46,6 +46,9 @@ vendor_fns! {
     }
     optional {
         driver_get_version: "cuDriverGetVersion" => CuDriverGetVersionFn,
+        func_get_attribute: "cuFuncGetAttribute" => CuFuncGetAttributeFn,
+        func_set_attribute: "cuFuncSetAttribute" => CuFuncSetAttributeFn,
+        event_elapsed_time: "cuEventElapsedTime" => CuEventElapsedTimeFn,
     }
 }
 

@@ -643,6 +643,77 @@ impl Device for CudaDevice {
         })
     }
 
+    #[allow(clippy::result_large_err)] // the failing launch's index beside the driver's error
+    fn launch_all(
+        &self,
+        launches: &[crate::LaunchCall<'_>],
+        timed: bool,
+    ) -> Result<(), (usize, DeviceError)> {
+        let op = Op::Launch;
+        let mut st = self.lock_for(op).map_err(|e| (0, e))?;
+        // One context bind for the whole group.
+        let _bound = match self.enter(&st, op) {
+            Ok(b) => b,
+            Err(e) => {
+                st.note_fault(&e);
+                return Err((0, e));
+            }
+        };
+        let start = if timed {
+            Some(self.record_timing(&mut st).map_err(|e| (0, e))?)
+        } else {
+            None
+        };
+        let mut r = Ok(());
+        for (i, l) in launches.iter().enumerate() {
+            let done = call(&mut st, op, 0, 0, |st| {
+                self.launch_bound(st, l.func, l.dims, l.params)
+            });
+            if let Err(e) = done {
+                r = Err((i, e));
+                break;
+            }
+        }
+        if let Some(start) = start {
+            match self.record_timing(&mut st) {
+                Ok(end) if r.is_ok() => st.exec.timed.push((start, end)),
+                Ok(end) => st.exec.spare.extend([start, end]),
+                Err(e) => {
+                    st.exec.spare.push(start);
+                    r = r.and(Err((launches.len(), e)));
+                }
+            }
+        }
+        r
+    }
+
+    fn take_device_time(&self) -> Result<Option<u64>, DeviceError> {
+        let op = Op::Sync;
+        let mut st = self.lock_for(op)?;
+        let r = self.do_take_device_time(&mut st);
+        if let Err(e) = &r {
+            st.note_fault(e);
+        }
+        r
+    }
+
+    fn function_limits(&self, func: FuncId) -> Result<crate::FuncLimits, DeviceError> {
+        self.do_function_limits(&*self.lock_for(Op::Launch)?, func)
+    }
+
+    fn allow_dynamic_shared(&self, func: FuncId, bytes: u32) -> Result<(), DeviceError> {
+        let op = Op::Module;
+        let name = "cuFuncSetAttribute";
+        call_named(
+            &mut *self.lock_for(op)?,
+            op,
+            name,
+            0,
+            u64::from(bytes),
+            |st| self.do_allow_dynamic_shared(st, func, bytes),
+        )
+    }
+
     fn synchronize(&self) -> Result<(), DeviceError> {
         let op = Op::Sync;
         call(&mut *self.lock_for(op)?, op, 0, 0, |st| {
@@ -677,6 +748,14 @@ impl Device for CudaDevice {
         CuResult(unsafe { get(&mut v) }).result().ok()?;
         let v = u32::try_from(v).ok()?;
         Some((v / 1000, v % 1000 / 10))
+    }
+
+    fn wait_for_stream(&self, producer: u64) -> Result<(), DeviceError> {
+        let op = Op::Sync;
+        let name = CudaFns::NAMES.stream_wait_event;
+        call_named(&mut *self.lock_for(op)?, op, name, 0, 0, |st| {
+            self.do_wait_for_stream(st, producer)
+        })
     }
 
     fn order_stream(&self, consumer: u64) -> Result<(), DeviceError> {

@@ -78,6 +78,28 @@ pub type CuDeviceGetAttributeFn =
 
 /// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the legacy default stream.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
+/// `CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)`.
+pub type CuFuncGetAttributeFn =
+    unsafe extern "C" fn(pi: *mut c_int, attrib: c_int, func: CuFunction) -> c_int;
+/// `CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value)`.
+pub type CuFuncSetAttributeFn =
+    unsafe extern "C" fn(func: CuFunction, attrib: c_int, value: c_int) -> c_int;
+/// `CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)`.
+pub type CuEventElapsedTimeFn =
+    unsafe extern "C" fn(ms: *mut f32, start: CuEvent, end: CuEvent) -> c_int;
+
+/// `CUfunction_attribute` values (`cuda.h`).
+pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
+pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: c_int = 3;
+pub const CU_FUNC_ATTRIBUTE_NUM_REGS: c_int = 4;
+pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+/// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`: the most shared memory a block may
+/// use once its function opted in.
+pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: c_int = 97;
+/// `CU_EVENT_DEFAULT`: an event that records time.
+pub const CU_EVENT_DEFAULT: c_uint = 0;
+
 /// `CU_EVENT_DISABLE_TIMING`: an event for ordering only (cheaper).
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` / `_MINOR`.
@@ -90,6 +112,7 @@ pub const CUDA_ERROR_NOT_PERMITTED: i64 = 800;
 pub const CUDA_ERROR_INVALID_HANDLE: i64 = 400;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: i64 = 700;
 pub const CUDA_ERROR_NOT_SUPPORTED: i64 = 801;
+pub const CUDA_ERROR_NOT_READY: i64 = 600;
 
 const CODES: &[(i64, &str)] = &[
     (0, "CUDA_SUCCESS"),

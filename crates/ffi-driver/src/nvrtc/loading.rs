@@ -1,22 +1,25 @@
 //! Finding `libnvrtc` and loading its function table.
 //!
-//! Search order (the first library that opens wins):
-//! 1. a copy of `libnvrtc.so.13`, `libnvrtc.so.12` or `libnvrtc.so` the process has already
-//!    loaded (a framework got there first; matched by soname, `loader::open_first`);
-//! 2. `SIMPLER_NVRTC_LIB` (a path, or a name for the loader's search path). When it is set, it is
-//!    the only candidate: a wrong override is reported, never silently replaced by another copy;
-//! 3. the folders the caller passes (the Python layer passes the `nvidia-cuda-nvrtc` wheel
+//! Every NVRTC on the machine is a candidate, found in this order (the order only breaks ties:
+//! [`super::choice`] keeps the newest one the driver can use):
+//! 1. the copies of `libnvrtc.so.13`, `libnvrtc.so.12` or `libnvrtc.so` the process has already
+//!    loaded (a framework got there first; matched by soname);
+//! 2. the folders the caller passes (the Python layer passes the `nvidia-cuda-nvrtc` wheel
 //!    folders it finds under site-packages, [`WHEEL_LIB_SUBDIRS`]);
-//! 4. `$CUDA_HOME/lib64`, `$CUDA_PATH/lib64`, then [`DEFAULT_TOOLKIT_LIB_DIR`];
-//! 5. the bare names, for the dynamic loader's own search (`LD_LIBRARY_PATH`, `ldconfig`).
+//! 3. `$CUDA_HOME/lib64`, `$CUDA_PATH/lib64`, then [`DEFAULT_TOOLKIT_LIB_DIR`];
+//! 4. the bare names, for the dynamic loader's own search (`LD_LIBRARY_PATH`, `ldconfig`).
 //!
-//! In every folder the names are tried newest first: [`NVRTC_LIB_NAMES`].
+//! In every folder the names are tried newest first: [`NVRTC_LIB_NAMES`]. `SIMPLER_NVRTC_LIB`
+//! (a path, or a name for the loader's search path) replaces the whole search: when it is set,
+//! it is the only candidate, so a wrong override is reported, never silently replaced by
+//! another copy. Two candidates that are the same file (a symlink, or a copy already loaded)
+//! count once.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use super::sys::*;
-use crate::loader::{self, vendor_fns, LoadError, VendorLib};
+use crate::loader::{self, vendor_fns, LoadAttempt, LoadError, VendorLib};
 
 /// Environment override: the path (or name) of the NVRTC library.
 pub const ENV_NVRTC_LIB: &str = "SIMPLER_NVRTC_LIB";
@@ -31,7 +34,7 @@ pub const TOOLKIT_ENVS: [&str; 2] = ["CUDA_HOME", "CUDA_PATH"];
 pub const DEFAULT_TOOLKIT_LIB_DIR: &str = "/usr/local/cuda/lib64";
 
 /// How the library is named in "cannot open" errors.
-const LIBRARY: &str = "NVRTC (libnvrtc.so.13, libnvrtc.so.12 or libnvrtc.so)";
+pub(crate) const LIBRARY: &str = "NVRTC (libnvrtc.so.13, libnvrtc.so.12 or libnvrtc.so)";
 /// The name the final search registers under (the common unversioned name).
 const SEARCH_NAME: &str = "libnvrtc.so";
 
@@ -51,11 +54,13 @@ vendor_fns! {
     optional {
         get_cubin_size: "nvrtcGetCUBINSize" => NvrtcGetSizeFn,
         get_cubin: "nvrtcGetCUBIN" => NvrtcGetBytesFn,
+        get_num_supported_archs: "nvrtcGetNumSupportedArchs" => NvrtcGetNumSupportedArchsFn,
+        get_supported_archs: "nvrtcGetSupportedArchs" => NvrtcGetSupportedArchsFn,
     }
 }
 
 /// The environment settings the search reads, taken once (tests build their own).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct SearchEnv {
     /// `SIMPLER_NVRTC_LIB`.
     pub lib: Option<OsString>,
@@ -79,6 +84,8 @@ impl SearchEnv {
 pub(crate) struct Search {
     pub paths: Vec<PathBuf>,
     pub hint: String,
+    /// `SIMPLER_NVRTC_LIB`, when it replaced the search.
+    pub overridden: Option<PathBuf>,
 }
 
 /// Builds the search for `env` and the caller's `extra_dirs` (see the module docs).
@@ -86,6 +93,7 @@ pub(crate) fn search(env: &SearchEnv, extra_dirs: &[PathBuf]) -> Search {
     if let Some(lib) = &env.lib {
         return Search {
             paths: vec![PathBuf::from(lib)],
+            overridden: Some(PathBuf::from(lib)),
             hint: format!(
                 "{ENV_NVRTC_LIB} is set, so only it was tried: point it at libnvrtc.so.13 or \
                  libnvrtc.so.12 (a path, or a name on the loader's search path), or unset it to \
@@ -127,6 +135,7 @@ pub(crate) fn search(env: &SearchEnv, extra_dirs: &[PathBuf]) -> Search {
     };
     Search {
         paths,
+        overridden: None,
         hint: format!(
             "install NVRTC with `pip install nvidia-cuda-nvrtc` (CUDA 13; \
              `nvidia-cuda-nvrtc-cu12` for CUDA 12) or a CUDA toolkit, then set {ENV_NVRTC_LIB} \
@@ -136,39 +145,68 @@ pub(crate) fn search(env: &SearchEnv, extra_dirs: &[PathBuf]) -> Search {
     }
 }
 
-/// Opens NVRTC: a copy the process already loaded when `reuse_resident` (tests turn it off, so
-/// a library another test loaded cannot answer), else the first of `search.paths` that opens;
-/// then loads the function table.
-pub(crate) fn load(
-    search: &Search,
-    reuse_resident: bool,
-) -> Result<(VendorLib, NvrtcFns), LoadError> {
-    let resident = if reuse_resident {
-        // An empty path list makes `open_first` a pure probe: the copy already loaded under that
-        // soname, or an error (ignored: the search below reports what it tried).
-        NVRTC_LIB_NAMES
-            .iter()
-            .find_map(|name| loader::open_first(name, &[], "").ok())
-    } else {
-        None
-    };
-    let lib = match resident {
-        Some(lib) => lib,
-        None => {
-            loader::open_first(SEARCH_NAME, &search.paths, &search.hint).map_err(|e| match e {
-                LoadError::Library { tried, hint, .. } => LoadError::Library {
-                    library: LIBRARY.to_string(),
-                    tried,
-                    hint,
-                },
-                other => other,
-            })?
+/// One NVRTC library that opened and has the function table.
+#[derive(Clone, Copy)]
+pub(crate) struct Found {
+    pub lib: VendorLib,
+    pub f: NvrtcFns,
+    /// The file the loader loaded it from (symlinks resolved), or the path it was opened by.
+    pub file: &'static str,
+}
+
+/// Opens every candidate of `search` (the already-loaded copies first, when `reuse_resident`;
+/// tests turn that off, so a library another test loaded cannot answer): the libraries that
+/// opened with their function tables, each file once, and every attempt that failed.
+pub(crate) fn find_all(search: &Search, reuse_resident: bool) -> (Vec<Found>, Vec<LoadAttempt>) {
+    let mut found: Vec<Found> = Vec::new();
+    let mut files: Vec<String> = Vec::new();
+    let mut failed: Vec<LoadAttempt> = Vec::new();
+    let mut keep = |lib: VendorLib, failed: &mut Vec<LoadAttempt>| {
+        // SAFETY: each type in the table is the exact `nvrtc.h` signature of its symbol
+        // (`nvrtcResult` is a C enum, an `int`; `size_t` is `usize`).
+        match unsafe { NvrtcFns::load(&lib) } {
+            Ok(f) => {
+                let file = loader::file_of(f.version as *const std::ffi::c_void)
+                    .and_then(|p| std::fs::canonicalize(p).ok())
+                    .map_or_else(|| lib.path.to_string(), |p| p.display().to_string());
+                if !files.contains(&file) {
+                    let text: &'static str = Box::leak(file.clone().into_boxed_str());
+                    files.push(file);
+                    found.push(Found { lib, f, file: text });
+                }
+            }
+            Err(e) => failed.push(LoadAttempt {
+                path: lib.path.to_string(),
+                error: e.to_string(),
+            }),
         }
     };
-    // SAFETY: each type in the table is the exact `nvrtc.h` signature of its symbol
-    // (`nvrtcResult` is a C enum, an `int`; `size_t` is `usize`).
-    let f = unsafe { NvrtcFns::load(&lib) }?;
-    Ok((lib, f))
+    if reuse_resident && search.overridden.is_none() {
+        for name in NVRTC_LIB_NAMES {
+            if let Some(lib) = loader::resident(name) {
+                keep(lib, &mut failed);
+            }
+        }
+    }
+    for path in &search.paths {
+        match loader::open_path(SEARCH_NAME, path) {
+            Ok(lib) => keep(lib, &mut failed),
+            Err(error) => failed.push(LoadAttempt {
+                path: path.display().to_string(),
+                error,
+            }),
+        }
+    }
+    (found, failed)
+}
+
+/// The error when no candidate opened: every path tried, and how to change the search.
+pub(crate) fn none_opened(search: &Search, tried: Vec<LoadAttempt>) -> LoadError {
+    LoadError::Library {
+        library: LIBRARY.to_string(),
+        tried,
+        hint: search.hint.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -238,7 +276,7 @@ mod tests {
         };
         let s = search(&env, &[PathBuf::from("/sp/nvidia/cu13/lib")]);
         assert_eq!(texts(&s.paths), ["/nonexistent/simpler/libnvrtc.so.13"]);
-        let Err(e) = load(&s, false) else {
+        let Err(e) = super::super::choice::decide(&s, None, None, false) else {
             panic!("opened")
         };
         let msg = e.to_string();
@@ -262,7 +300,7 @@ mod tests {
         // Leave out the bare names and the real toolkit folder: on a machine with NVRTC (or in
         // a test process where another test loaded it) they would open.
         s.paths.retain(|p| p.starts_with("/nonexistent"));
-        let Err(e) = load(&s, false) else {
+        let Err(e) = super::super::choice::decide(&s, None, None, false) else {
             panic!("opened")
         };
         let LoadError::Library { library, tried, .. } = &e else {

@@ -1,9 +1,11 @@
 //! NVRTC, the CUDA runtime compiler (`nvrtc.h`), opened at run time with `dlopen`, never linked.
-//! Rooms: [`sys`] (signatures, result codes), [`loading`] (finding the library, its function
-//! table, the search order); this file is the safe compiler.
+//! Rooms: [`sys`] (signatures, result codes), [`loading`] (finding the libraries, their
+//! function tables, the search order), [`choice`] (which of them compiles for the driver and
+//! device at hand, and for which target); this file is the safe compiler.
 //!
-//! * [`Nvrtc::open`] finds the library (see [`loading`] for the order) and checks it answers
-//!   `nvrtcVersion`; [`shared`] keeps one process-wide handle.
+//! * [`choice::choose`] finds every NVRTC (see [`loading`] for the order), asks each for its
+//!   version and architectures, and keeps the newest the driver can use ([`Nvrtc::open`]: the
+//!   newest, for no particular driver).
 //! * [`Nvrtc::compile`] compiles one source to a CUBIN ([`Target::Cubin`], falling back to PTX
 //!   for the matching virtual architecture when the library has no CUBIN calls or refuses them)
 //!   or to PTX ([`Target::Ptx`]). Every program is destroyed on every path (a guard), and a
@@ -14,6 +16,7 @@
 //! and 13 libraries; an older library (found under the bare `libnvrtc.so`) is conservatively
 //! given one compilation at a time.
 
+pub mod choice;
 pub mod loading;
 pub mod sys;
 
@@ -22,13 +25,14 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+pub use choice::{choose, Candidate, Choice};
 pub use loading::{
     DEFAULT_TOOLKIT_LIB_DIR, ENV_NVRTC_LIB, NVRTC_LIB_NAMES, TOOLKIT_ENVS, WHEEL_LIB_SUBDIRS,
 };
 pub use sys::nvrtc_code_name;
 
 use crate::loader::{LoadError, VendorLib};
-use loading::{NvrtcFns, Search, SearchEnv};
+use loading::{Found, NvrtcFns};
 use sys::{NvrtcGetBytesFn, NvrtcGetSizeFn, NvrtcProgram, NVRTC_SUCCESS};
 
 /// The largest output (PTX, CUBIN or log) accepted from NVRTC; a larger size is taken for a
@@ -43,22 +47,45 @@ pub enum Target {
     Cubin { major: u32, minor: u32 },
     /// PTX for `compute_{major}{minor}` (`--gpu-architecture=compute_XY`).
     Ptx { major: u32, minor: u32 },
+    /// Machine code for `sm_{major}{minor}a` (`--gpu-architecture=sm_XYa`): the
+    /// architecture-specific features (Hopper's `wgmma` and TMA on `sm_90a`); it runs only on a
+    /// device of exactly that capability, and is never replaced by PTX.
+    ArchSpecific { major: u32, minor: u32 },
 }
 
 impl Target {
     /// The compute capability `(major, minor)`.
     pub fn capability(self) -> (u32, u32) {
         match self {
-            Target::Cubin { major, minor } | Target::Ptx { major, minor } => (major, minor),
+            Target::Cubin { major, minor }
+            | Target::Ptx { major, minor }
+            | Target::ArchSpecific { major, minor } => (major, minor),
+        }
+    }
+
+    /// The architecture's name: `sm_90`, `compute_90` or `sm_90a`.
+    pub fn arch(self) -> String {
+        let (major, minor) = self.capability();
+        match self {
+            Target::Cubin { .. } => format!("sm_{major}{minor}"),
+            Target::Ptx { .. } => format!("compute_{major}{minor}"),
+            Target::ArchSpecific { .. } => format!("sm_{major}{minor}a"),
         }
     }
 
     /// The `--gpu-architecture` option this target compiles with.
     pub fn arch_option(self) -> String {
-        let (major, minor) = self.capability();
+        format!("--gpu-architecture={}", self.arch())
+    }
+
+    /// In words, for messages: `cubin sm_90`, or `PTX compute_90 (...)`.
+    pub fn describe(self) -> String {
         match self {
-            Target::Cubin { .. } => format!("--gpu-architecture=sm_{major}{minor}"),
-            Target::Ptx { .. } => format!("--gpu-architecture=compute_{major}{minor}"),
+            Target::Cubin { .. } | Target::ArchSpecific { .. } => format!("cubin {}", self.arch()),
+            Target::Ptx { .. } => format!(
+                "PTX {} (the driver compiles it for the device when it loads it)",
+                self.arch()
+            ),
         }
     }
 }
@@ -139,8 +166,12 @@ impl CompileError {
 /// The NVRTC library, opened and checked. See the module docs.
 pub struct Nvrtc {
     lib: VendorLib,
+    /// The file it was loaded from (see [`Nvrtc::library`]).
+    file: &'static str,
     f: NvrtcFns,
     version: (i32, i32),
+    /// `nvrtcGetSupportedArchs`, when the library has it (CUDA 11.2 and later).
+    archs: Option<Vec<u32>>,
     /// Held around each compilation when the library predates CUDA 12 (see the module docs).
     serial: Option<Mutex<()>>,
 }
@@ -148,26 +179,10 @@ pub struct Nvrtc {
 impl fmt::Debug for Nvrtc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Nvrtc")
-            .field("library", &self.lib.path)
+            .field("library", &self.file)
             .field("version", &self.version)
             .finish_non_exhaustive()
     }
-}
-
-/// The process-wide handle of [`shared`].
-static SHARED: Mutex<Option<Arc<Nvrtc>>> = Mutex::new(None);
-
-/// A process-wide NVRTC: the first successful open is kept and returned to every later call
-/// (whatever their `extra_dirs`); a failed open is not remembered, so the next call searches
-/// again (after the user installed the wheel, say).
-pub fn shared(extra_dirs: &[PathBuf]) -> Result<Arc<Nvrtc>, LoadError> {
-    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(n) = slot.as_ref() {
-        return Ok(Arc::clone(n));
-    }
-    let n = Arc::new(Nvrtc::open(extra_dirs)?);
-    *slot = Some(Arc::clone(&n));
-    Ok(n)
 }
 
 /// One NVRTC program, destroyed when dropped.
@@ -208,18 +223,17 @@ struct Inputs {
 }
 
 impl Nvrtc {
-    /// Finds and opens NVRTC: a copy the process already loaded, else `SIMPLER_NVRTC_LIB` (only
-    /// it, when set), else `extra_dirs` (the wheel folders), `$CUDA_HOME/lib64`,
-    /// `$CUDA_PATH/lib64`, `/usr/local/cuda/lib64` and the loader's search path, trying
-    /// `libnvrtc.so.13`, `libnvrtc.so.12` and `libnvrtc.so` in each. The error lists every path
-    /// tried and how to fix the search.
-    pub fn open(extra_dirs: &[PathBuf]) -> Result<Nvrtc, LoadError> {
-        let search = loading::search(&SearchEnv::from_process(), extra_dirs);
-        Nvrtc::open_search(&search, true)
+    /// Finds every NVRTC (see [`loading`] for the order) and opens the newest: the choice of
+    /// [`choice::choose`] for no particular driver or device. The error lists every path tried
+    /// and how to fix the search.
+    pub fn open(extra_dirs: &[PathBuf]) -> Result<Arc<Nvrtc>, LoadError> {
+        Ok(Arc::clone(&choose(extra_dirs, None, None)?.nvrtc))
     }
 
-    pub(crate) fn open_search(search: &Search, reuse_resident: bool) -> Result<Nvrtc, LoadError> {
-        let (lib, f) = loading::load(search, reuse_resident)?;
+    /// Checks a library the search opened: it answers `nvrtcVersion` (and, where it has it,
+    /// `nvrtcGetSupportedArchs`).
+    pub(crate) fn from_found(found: Found) -> Result<Nvrtc, LoadError> {
+        let Found { lib, f, file } = found;
         let (mut major, mut minor): (c_int, c_int) = (0, 0);
         // SAFETY: `nvrtcResult nvrtcVersion(int *major, int *minor)` with two live ints.
         let r = unsafe { (f.version)(&mut major, &mut minor) };
@@ -232,13 +246,25 @@ impl Nvrtc {
                 detail: "the library does not report its version".to_string(),
             });
         }
-        log::debug!("NVRTC {major}.{minor} opened from {}", lib.path);
+        let archs = supported_archs(&f);
+        log::debug!(
+            "NVRTC {major}.{minor} opened from {} (architectures {archs:?})",
+            lib.path
+        );
         Ok(Nvrtc {
             lib,
+            file,
             f,
             version: (major, minor),
+            archs,
             serial: (major < 12).then(|| Mutex::new(())),
         })
+    }
+
+    /// The architectures the library can target (`90` for `sm_90`), ascending, when it says
+    /// (`nvrtcGetSupportedArchs`).
+    pub fn archs(&self) -> Option<&[u32]> {
+        self.archs.as_deref()
     }
 
     /// The library's version `(major, minor)` (`nvrtcVersion`), e.g. `(13, 0)`.
@@ -246,10 +272,10 @@ impl Nvrtc {
         self.version
     }
 
-    /// Where the library came from: the path (or name) it was opened by, or
-    /// `"<soname> (already loaded in this process)"`.
+    /// The file the library was loaded from, as the dynamic loader recorded it (symlinks
+    /// resolved); else the path (or name) it was opened by.
     pub fn library(&self) -> &str {
-        self.lib.path
+        self.file
     }
 
     /// Whether the library has the CUBIN calls (`nvrtcGetCUBINSize`, `nvrtcGetCUBIN`).
@@ -279,6 +305,7 @@ impl Nvrtc {
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()));
         match target {
             Target::Ptx { .. } => self.build(&inputs, name, target, ImageKind::Ptx),
+            Target::ArchSpecific { .. } => self.build(&inputs, name, target, ImageKind::Cubin),
             Target::Cubin { .. } => {
                 if self.has_cubin() {
                     match self.build(&inputs, name, target, ImageKind::Cubin) {
@@ -528,6 +555,27 @@ fn read(
         return Err(ReadError::Call(get_name, r));
     }
     Ok(buf)
+}
+
+/// `nvrtcGetSupportedArchs`, when the library has it and answers sensibly (at most 256
+/// architectures, each positive).
+fn supported_archs(f: &NvrtcFns) -> Option<Vec<u32>> {
+    let (num, get) = (f.get_num_supported_archs?, f.get_supported_archs?);
+    let mut n: c_int = 0;
+    // SAFETY: `nvrtcResult nvrtcGetNumSupportedArchs(int *)` with a live int.
+    if unsafe { num(&mut n) } != NVRTC_SUCCESS || !(1..=256).contains(&n) {
+        return None;
+    }
+    let mut v: Vec<c_int> = vec![0; n as usize];
+    // SAFETY: `nvrtcResult nvrtcGetSupportedArchs(int *)` writes exactly the count the call
+    // above reported into a buffer of that many ints.
+    if unsafe { get(v.as_mut_ptr()) } != NVRTC_SUCCESS {
+        return None;
+    }
+    let mut archs: Vec<u32> = v.iter().filter_map(|&a| u32::try_from(a).ok()).collect();
+    archs.retain(|&a| a > 0);
+    archs.sort_unstable();
+    (!archs.is_empty()).then_some(archs)
 }
 
 /// The name of `code`: the library's own (`nvrtcGetErrorString`), else the `nvrtc.h` table.

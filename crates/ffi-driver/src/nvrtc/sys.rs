@@ -36,6 +36,12 @@ pub type NvrtcGetSizeFn = unsafe extern "C" fn(prog: NvrtcProgram, size: *mut us
 /// char *out)`, writing exactly the size the matching size call reported.
 pub type NvrtcGetBytesFn = unsafe extern "C" fn(prog: NvrtcProgram, out: *mut c_char) -> c_int;
 
+/// `nvrtcResult nvrtcGetNumSupportedArchs(int *numArchs)` (CUDA 11.2 and later).
+pub type NvrtcGetNumSupportedArchsFn = unsafe extern "C" fn(num: *mut c_int) -> c_int;
+/// `nvrtcResult nvrtcGetSupportedArchs(int *supportedArchs)`: the architectures (`75` for
+/// `sm_75`), ascending, as many as `nvrtcGetNumSupportedArchs` reported.
+pub type NvrtcGetSupportedArchsFn = unsafe extern "C" fn(archs: *mut c_int) -> c_int;
+
 /// `NVRTC_SUCCESS`.
 pub const NVRTC_SUCCESS: c_int = 0;
 

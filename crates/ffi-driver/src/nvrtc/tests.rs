@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::loading::SearchEnv;
 use super::*;
 
 #[test]
@@ -83,7 +84,7 @@ fn compile_errors_show_the_log() {
 
 /// NVRTC as the ignored test finds it: `SIMPLER_NVRTC_TEST_LIB` (a folder: searched first, or
 /// the library file: the override), else the normal search.
-fn real_nvrtc() -> Nvrtc {
+fn real_nvrtc() -> Arc<Nvrtc> {
     let mut env = SearchEnv::from_process();
     let mut dirs = Vec::new();
     if let Some(p) = std::env::var_os("SIMPLER_NVRTC_TEST_LIB").filter(|v| !v.is_empty()) {
@@ -95,8 +96,8 @@ fn real_nvrtc() -> Nvrtc {
         }
     }
     let search = loading::search(&env, &dirs);
-    match Nvrtc::open_search(&search, true) {
-        Ok(n) => n,
+    match choice::decide(&search, None, None, true) {
+        Ok(c) => c.nvrtc,
         Err(e) => panic!("{e}"),
     }
 }
@@ -175,13 +176,14 @@ fn real_nvrtc_compiles_cubin_and_ptx_and_reports_errors() {
     eprintln!("bad option: {e}");
     assert!(matches!(&e, CompileError::Nvrtc { code: 5, .. }), "{e:?}");
 
-    // The shared handle: opened once, then the same for every caller.
+    // The choice: made once per question, then the same for every caller.
     let dirs: Vec<PathBuf> = std::env::var_os("SIMPLER_NVRTC_TEST_LIB")
         .map(PathBuf::from)
         .filter(|p| p.is_dir())
         .into_iter()
         .collect();
-    let a = shared(&dirs).unwrap();
-    let b = shared(&[]).unwrap();
+    let a = choose(&dirs, None, Some((9, 0))).unwrap();
+    let b = choose(&dirs, None, Some((9, 0))).unwrap();
     assert!(Arc::ptr_eq(&a, &b));
+    eprintln!("{}", a.summary());
 }

@@ -176,6 +176,7 @@ impl RunState {
             }
         }
         if self.report.counters.device_launches > 0 {
+            let t0 = std::time::Instant::now();
             waited = mem.dev.synchronize().map_err(|mut e| {
                 e.detail = format!(
                     "{} ({} launch(es) of device code in this run)",
@@ -183,6 +184,14 @@ impl RunState {
                 );
                 Error::device(Phase::Execute, None, e)
             });
+            self.report.counters.execute_wait_ns =
+                u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            if waited.is_ok() {
+                match mem.dev.take_device_time() {
+                    Ok(ns) => self.report.counters.device_ns = ns.unwrap_or(0),
+                    Err(e) => log::warn!("reading the device time of the run's launches: {e}"),
+                }
+            }
         }
         if !ok || waited.is_err() {
             self.failed = true;

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use simpler_driver::{DevPtr, FuncId, LaunchDims};
+use simpler_driver::{DevPtr, FuncId, LaunchCall, LaunchDims};
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::{Memory, Owner};
@@ -393,21 +393,33 @@ impl RunState {
         debug_assert_eq!(b, batch);
         self.plan.next += 1;
         let info = self.tasks.batch(batch);
-        for l in &self.plan.launches[range] {
-            mem.dev
-                .launch(l.func, l.dims, &[l.row_offset])
-                .map_err(|mut e| {
-                    e.detail = format!(
-                        "{} (kernel {}, tasks {}..{})",
-                        e.detail,
-                        self.tasks.kernel_name(info.first_task),
-                        info.first_task,
-                        info.first_task + u64::from(info.count)
-                    );
-                    Error::device(Phase::Execute, None, e)
-                })?;
-            self.report.counters.device_launches += 1;
-        }
+        let launches = &self.plan.launches[range];
+        let params: Vec<[u64; 1]> = launches.iter().map(|l| [l.row_offset]).collect();
+        let calls: Vec<LaunchCall<'_>> = launches
+            .iter()
+            .zip(&params)
+            .map(|(l, p)| LaunchCall {
+                func: l.func,
+                dims: l.dims,
+                params: p,
+            })
+            .collect();
+        let r = mem.dev.launch_all(&calls, self.time_device);
+        let enqueued = match &r {
+            Ok(()) => calls.len(),
+            Err((i, _)) => (*i).min(calls.len()),
+        };
+        self.report.counters.device_launches += enqueued as u64;
+        r.map_err(|(_, mut e)| {
+            e.detail = format!(
+                "{} (kernel {}, tasks {}..{})",
+                e.detail,
+                self.tasks.kernel_name(info.first_task),
+                info.first_task,
+                info.first_task + u64::from(info.count)
+            );
+            Error::device(Phase::Execute, None, e)
+        })?;
         self.report.counters.device_tasks += u64::from(info.count);
         Ok(())
     }

@@ -70,11 +70,17 @@ pub struct Counters {
     pub device_launches: u64,
     pub device_tasks: u64,
     pub host_path_tasks: u64,
+    /// Device time of the run's launches, from events recorded around each batch's launches
+    /// (0 unless the worker times the device: `device_timing`).
+    pub device_ns: u64,
+    /// How long execute waited for the device at its end (the rest of execute is the host's:
+    /// planning, row upload, launch calls, host-path tasks).
+    pub execute_wait_ns: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 26] {
+    pub fn entries(&self) -> [(&'static str, u64); 28] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -102,6 +108,8 @@ impl Counters {
             ("device_launches", self.device_launches),
             ("device_tasks", self.device_tasks),
             ("host_path_tasks", self.host_path_tasks),
+            ("device_ns", self.device_ns),
+            ("execute_wait_ns", self.execute_wait_ns),
         ]
     }
 }

@@ -235,6 +235,8 @@ pub struct RunState {
     /// The launches of the run's batches of device code (planned when execution reaches the
     /// first).
     pub(crate) plan: crate::run::launch::LaunchPlan,
+    /// Time each batch's launches on the device (events around them).
+    pub(crate) time_device: bool,
 }
 
 impl RunState {
@@ -265,6 +267,7 @@ impl RunState {
             pending: Vec::new(),
             device_task: false,
             poison: None,
+            time_device: false,
         }
     }
 
