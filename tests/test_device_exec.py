@@ -397,6 +397,8 @@ def test_paged_attention_runs_every_task_on_the_device(cuda, arm):
             assert c["host_path_tasks"] == 0 and c["device_tasks"] == c["tasks"] > 0
             assert c["device_launches"] < c["tasks"]
         del args
+    # The six entries come from one source: one module, loaded once.
+    assert cuda.stats()["module_loads"] == 1
 
 
 def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):

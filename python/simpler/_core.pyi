@@ -50,9 +50,11 @@ __all__ = [
     "check_name",
     "check_scalar",
     "check_worker_options",
+    "compile_cuda",
     "device_code_stats",
     "dlpack_destructor",
     "install_helpers",
+    "nvrtc_info",
     "parse_svm",
     "release_sessions",
     "session_stats",
@@ -403,6 +405,18 @@ def nvrtc_info(
 ) -> dict[str, Any]:
     """The NVRTC the runtime compiles with for that driver and device, its target, and every
     NVRTC found (``path``, ``version``, ``usable``, ``why``, ``target``)."""
+
+def compile_cuda(
+    source: str,
+    capability: tuple[int, int],
+    *,
+    options: Sequence[str] | None = None,
+    name: str = "source.cu",
+    driver: tuple[int, int] | None = None,
+    arch_specific: bool = False,
+) -> dict[str, Any]:
+    """Compiles CUDA C++ for a device of that compute capability with the NVRTC a worker would
+    use, without a device; the log, and ptxas' registers, stack and spills per entry."""
 
 def device_code_stats() -> dict[str, int]:
     """``compiles`` and ``cache_hits`` of device-code source in this process."""

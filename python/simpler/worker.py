@@ -27,6 +27,7 @@ __all__ = [
     "RunReport",
     "RunTensor",
     "Worker",
+    "compile_cuda",
     "device_code_stats",
     "nvrtc_info",
     "release_sessions",
@@ -45,6 +46,7 @@ Launch = _core.Launch
 Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
 RunTensor = _core.RunTensor
+compile_cuda = _core.compile_cuda
 device_code_stats = _core.device_code_stats
 nvrtc_info = _core.nvrtc_info
 release_sessions = _core.release_sessions

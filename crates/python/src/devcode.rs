@@ -361,6 +361,60 @@ pub fn nvrtc_info<'py>(
     Ok(d)
 }
 
+/// Compiles CUDA C++ ``source`` for a device of compute ``capability`` (``(9, 0)``) with the
+/// NVRTC a worker would use for a driver of version ``driver`` (``None``: any), without a
+/// device, asking ptxas for its resource report. Returns a dict: ``nvrtc`` (the choice, one
+/// line), ``target`` (``"sm_90"``, or ``"compute_XY"`` for PTX), ``kind`` (``"cubin"`` /
+/// ``"ptx"``), ``bytes``, ``log``, and ``kernels``: per entry ``registers``, ``barriers``,
+/// ``stack_bytes``, ``spill_store_bytes``, ``spill_load_bytes`` and ``arch`` (empty for PTX,
+/// which ptxas does not compile). ``CompileError`` when it does not compile.
+#[pyfunction]
+#[pyo3(signature = (source, capability, *, options=None, name="source.cu", driver=None, arch_specific=false))]
+pub fn compile_cuda<'py>(
+    py: Python<'py>,
+    source: &str,
+    capability: (u32, u32),
+    options: Option<Vec<String>>,
+    name: &str,
+    driver: Option<(u32, u32)>,
+    arch_specific: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dirs: Vec<std::path::PathBuf> =
+        crate::helpers::call1(py, |h| &h.nvrtc_dirs, ())?.extract()?;
+    let options = options.unwrap_or_default();
+    let r = crate::shutdown::without_gil(py, || {
+        simpler_runtime::compile_report(
+            source,
+            name,
+            &options,
+            capability,
+            driver,
+            arch_specific,
+            &dirs,
+        )
+    })
+    .py()?;
+    let d = PyDict::new(py);
+    d.set_item("nvrtc", r.nvrtc)?;
+    d.set_item("target", r.target)?;
+    d.set_item("kind", r.kind)?;
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("log", r.log)?;
+    let kernels = PyDict::new(py);
+    for k in &r.kernels {
+        let e = PyDict::new(py);
+        e.set_item("arch", &k.arch)?;
+        e.set_item("registers", k.registers)?;
+        e.set_item("barriers", k.barriers)?;
+        e.set_item("stack_bytes", k.stack_bytes)?;
+        e.set_item("spill_store_bytes", k.spill_store_bytes)?;
+        e.set_item("spill_load_bytes", k.spill_load_bytes)?;
+        kernels.set_item(&k.entry, e)?;
+    }
+    d.set_item("kernels", kernels)?;
+    Ok(d)
+}
+
 /// ``{"compiles": n, "cache_hits": n}``: NVRTC compilations of device-code source in this
 /// process, and loads that found the image already compiled (for the same source, options and
 /// compute capability).

@@ -104,6 +104,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(helpers::install_helpers, m)?)?;
     m.add_function(wrap_pyfunction!(devcode::device_code_stats, m)?)?;
     m.add_function(wrap_pyfunction!(devcode::nvrtc_info, m)?)?;
+    m.add_function(wrap_pyfunction!(devcode::compile_cuda, m)?)?;
     m.add_function(wrap_pyfunction!(handles::dlpack_destructor, m)?)?;
     let dtypes: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
     m.add("DTYPES", dtypes)?;

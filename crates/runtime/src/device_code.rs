@@ -353,6 +353,75 @@ fn image_for(
     Ok(Made { image, how })
 }
 
+/// What compiling a source for a device shows (see [`compile_report`]).
+#[derive(Debug, Clone)]
+pub struct CompileReport {
+    /// The NVRTC choice, in one line.
+    pub nvrtc: String,
+    /// What was compiled for: `sm_90`, `compute_90`, `sm_90a`.
+    pub target: String,
+    /// `"cubin"` or `"ptx"`.
+    pub kind: &'static str,
+    /// The image's size.
+    pub bytes: usize,
+    /// The compiler's log (ptxas' resource lines included).
+    pub log: String,
+    /// What ptxas says of each entry (empty for PTX: ptxas did not run).
+    pub kernels: Vec<nvrtc::Resources>,
+}
+
+/// Compiles `source` (named `name` in messages) with `options` for a device of capability
+/// `cc` under a driver of CUDA version `driver`, with the NVRTC a worker would use
+/// ([`nvrtc::choose`]), asking ptxas for its resource lines (`--ptxas-options=-v`): registers,
+/// stack and spills per entry. No device is needed. `arch_specific` compiles for `sm_XYa`.
+pub fn compile_report(
+    source: &str,
+    name: &str,
+    options: &[String],
+    cc: (u32, u32),
+    driver: Option<(u32, u32)>,
+    arch_specific: bool,
+    nvrtc_dirs: &[PathBuf],
+) -> Result<CompileReport> {
+    let fail = |detail: String| Error::Compile {
+        entry: name.to_string(),
+        detail,
+    };
+    let choice = nvrtc::choose(nvrtc_dirs, driver, Some(cc)).map_err(|e| fail(e.to_string()))?;
+    let mut target = choice.target.unwrap_or(nvrtc::Target::Cubin {
+        major: cc.0,
+        minor: cc.1,
+    });
+    if arch_specific {
+        if let nvrtc::Target::Cubin { major, minor } = target {
+            target = nvrtc::Target::ArchSpecific { major, minor };
+        }
+    }
+    let mut opts = options.to_vec();
+    if !opts
+        .iter()
+        .any(|o| o.starts_with("--ptxas-options") || o.starts_with("-Xptxas"))
+    {
+        opts.push("--ptxas-options=-v".to_string());
+    }
+    let image = choice
+        .nvrtc
+        .compile(source, name, &opts, target)
+        .map_err(|e| fail(e.to_string()))?;
+    let kind = match image.kind {
+        nvrtc::ImageKind::Cubin => "cubin",
+        nvrtc::ImageKind::Ptx => "ptx",
+    };
+    Ok(CompileReport {
+        nvrtc: choice.summary(),
+        target: target.arch(),
+        kind,
+        bytes: image.bytes.len(),
+        kernels: nvrtc::resources(&image.log),
+        log: image.log,
+    })
+}
+
 /// The worker's device-code state: programs loaded into its device, and the device buffer its
 /// runs' task rows are uploaded into (kept across runs, grown when a run needs more).
 #[derive(Debug, Default)]

@@ -37,7 +37,9 @@ mod worker;
 // What embeddings (the bindings, the tests) use: the entry point and the handles it takes, the
 // typed boundary, the worker's own surface (buffers, resident sets, views, close).
 pub use cycle::{run, Orch, RunError, RunHost, WorkerCell};
-pub use device_code::{compile_stats, CodeImage, DeviceCode, DeviceLaunch, ScalarKind};
+pub use device_code::{
+    compile_report, compile_stats, CodeImage, CompileReport, DeviceCode, DeviceLaunch, ScalarKind,
+};
 pub use dtype::{DType, Value};
 pub use error::{Error, Phase, Result};
 pub use exports::ExportGuard;

@@ -251,7 +251,16 @@ impl CudaDevice {
             call: e.call.clone(),
             code: e.code,
             code_name: e.code_name.clone(),
-            detail: e.detail.clone(),
+            detail: if sys::is_sticky(e.code) {
+                format!(
+                    "{}; device {}'s primary context is unusable after an earlier fault in this \
+                     process, and something else in the process (torch, CuPy) still holds it, \
+                     so it is not reset when simpler's workers let go: restart the process",
+                    e.detail, device.config.device_id
+                )
+            } else {
+                e.detail.clone()
+            },
         })?;
         Ok(device)
     }

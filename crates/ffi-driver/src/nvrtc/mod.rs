@@ -557,6 +557,66 @@ fn read(
     Ok(buf)
 }
 
+/// What `ptxas` says of one compiled entry (NVRTC's log with `--ptxas-options=-v`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub entry: String,
+    /// The architecture it was compiled for (`sm_90`).
+    pub arch: String,
+    pub registers: u32,
+    pub barriers: u32,
+    pub stack_bytes: u64,
+    pub spill_store_bytes: u64,
+    pub spill_load_bytes: u64,
+}
+
+impl Resources {
+    /// Whether the entry spills registers to local memory.
+    pub fn spills(&self) -> bool {
+        self.spill_store_bytes > 0 || self.spill_load_bytes > 0
+    }
+}
+
+/// The resources of every entry a verbose `ptxas` log (`--ptxas-options=-v`) describes, in log
+/// order; lines it does not know are skipped.
+pub fn resources(log: &str) -> Vec<Resources> {
+    let number_before = |text: &str, word: &str| -> Option<u64> {
+        let at = text.find(word)?;
+        text[..at].split_whitespace().last()?.parse().ok()
+    };
+    let mut out: Vec<Resources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let mut parts = rest.split('\'');
+            let entry = parts.next().unwrap_or_default().to_string();
+            let arch = parts.nth(1).unwrap_or_default().to_string();
+            out.push(Resources {
+                entry,
+                arch,
+                ..Resources::default()
+            });
+            continue;
+        }
+        let Some(r) = out.last_mut() else {
+            continue;
+        };
+        if line.contains("bytes stack frame") {
+            r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
+            r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
+            r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);
+        } else if line.contains("Used ") && line.contains(" registers") {
+            let used = line.split("Used ").nth(1).unwrap_or_default();
+            r.registers = number_before(used, "registers").map_or(0, |n| n as u32);
+            r.barriers = line
+                .split("used ")
+                .nth(1)
+                .and_then(|t| number_before(t, "barriers"))
+                .map_or(0, |n| n as u32);
+        }
+    }
+    out
+}
+
 /// `nvrtcGetSupportedArchs`, when the library has it and answers sensibly (at most 256
 /// architectures, each positive).
 fn supported_archs(f: &NvrtcFns) -> Option<Vec<u32>> {

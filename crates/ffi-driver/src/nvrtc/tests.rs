@@ -66,6 +66,48 @@ fn bad_inputs_are_errors_not_panics() {
 }
 
 #[test]
+fn ptxas_resources_are_read_from_a_verbose_log() {
+    // As NVRTC 13.5 writes it with --ptxas-options=-v.
+    let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'pa_zero' for 'sm_90'
+ptxas info    : Function properties for pa_zero
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 12 registers, used 0 barriers
+ptxas info    : Compile time = 3.255 ms
+ptxas info    : Compiling entry function 'pa_online_update' for 'sm_80'
+ptxas info    : Function properties for pa_online_update
+ptxas         .     24 bytes stack frame, 8 bytes spill stores, 16 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 376 bytes cmem[0]
+";
+    let r = resources(log);
+    assert_eq!(r.len(), 2);
+    assert_eq!(
+        r[0],
+        Resources {
+            entry: "pa_zero".into(),
+            arch: "sm_90".into(),
+            registers: 12,
+            ..Resources::default()
+        }
+    );
+    assert!(!r[0].spills());
+    assert_eq!(
+        (r[1].arch.as_str(), r[1].registers, r[1].barriers),
+        ("sm_80", 255, 1)
+    );
+    assert_eq!(
+        (
+            r[1].stack_bytes,
+            r[1].spill_store_bytes,
+            r[1].spill_load_bytes
+        ),
+        (24, 8, 16)
+    );
+    assert!(r[1].spills());
+    assert!(resources("nothing of ptxas here").is_empty());
+}
+
+#[test]
 fn compile_errors_show_the_log() {
     let e = CompileError::Nvrtc {
         call: "nvrtcCompileProgram",
