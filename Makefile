@@ -6,7 +6,7 @@ STAMP := $(VENV)/.deps-installed
 RAY_STAMP := $(VENV)/.ray-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test memcheck bench device-check wheel wheel-check test-min clean
+.PHONY: demo test build lint rust-test py-test memcheck bench device-check device-wheels wheel wheel-check test-min clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -87,6 +87,23 @@ wheel: $(STAMP)
 	rm -f $(WHEEL_DIR)/*.whl
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --strip -o $(WHEEL_DIR)
 
+# The pinned runtime dependencies a device machine may lack (requirements/device.txt: ml-dtypes),
+# as binary wheels for the CPython versions and platforms such a machine may run, downloaded with
+# the venv's pip into target/wheels/deps; .ci/device-check installs from there (no registry there).
+# Copy target/wheels/ along with the wheel of `make wheel`.
+DEVICE_REQS := requirements/device.txt
+DEVICE_PYTHONS := 3.11 3.12 3.13
+# ml-dtypes 0.6.0's x86_64 Linux wheels are tagged manylinux_2_27 and manylinux_2_28.
+DEVICE_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64
+device-wheels: $(STAMP) $(DEVICE_REQS)
+	rm -rf $(WHEEL_DIR)/deps
+	for v in $(DEVICE_PYTHONS); do \
+		$(VENV)/bin/pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+			--implementation cp --python-version $$v $(foreach p,$(DEVICE_PLATFORMS),--platform $(p)) \
+			-d $(WHEEL_DIR)/deps -r $(DEVICE_REQS) || exit 1; \
+	done
+	ls $(WHEEL_DIR)/deps
+
 # The wheel installed into a fresh venv outside the repository: tour, plugin, bench, command.
 wheel-check: wheel
 	.ci/wheel-check
@@ -101,10 +118,12 @@ test-min: wheel
 	target/venv-min/bin/python -m pytest -q -p no:cacheprovider tests
 
 # On a machine with a GPU (or an Ascend card), without Rust or a package registry: installs the
-# wheel built elsewhere (target/wheels/*.whl, or --wheel) with pip --no-deps --target and runs
-# `python -m simpler.tools.device_check` from it: named, timed checks of the driver, the shipped
-# paged-attention cases on the device (golden checked), the bench's arms, exports read from a
-# torch side stream and the launches benchmark, into target/device-check/device_check.jsonl.
+# wheel built elsewhere (target/wheels/*.whl, or --wheel) with pip --no-deps --target, with the
+# dependencies it lacks from target/wheels/deps (make device-wheels), and runs
+# `python -m simpler.tools.device_check` from it (its preflight first): named, timed checks of
+# the driver, the shipped paged-attention cases on the device (golden checked), the bench's arms,
+# exports read from a torch side stream and the launches benchmark, into
+# target/device-check/device_check.jsonl.
 # Skips cleanly without a device. `make test` runs it as `.ci/device-check --dry-run`.
 device-check:
 	.ci/device-check

@@ -5,8 +5,9 @@
   line, leading ``VAR=value`` assignments are skipped). Each command is checked against the real
   thing without running it: a ``make`` target exists in the Makefile; a ``simpler`` /
   ``python -m simpler`` command line parses with the CLI's parser; ``python -m
-  simpler.tools.benchmarks``, a scene-test file (the standalone runner), ``examples/decode/decode.py``
-  and ``pytest`` (its ``--simpler-*`` options) parse with theirs. A command of any other kind
+  simpler.tools.benchmarks``, ``python -m simpler.tools.device_check``, a scene-test file (the
+  standalone runner), ``examples/decode/decode.py`` and ``pytest`` (its ``--simpler-*`` options)
+  parse with theirs. A command of any other kind
   fails the test, so a new kind of command gets a check before it gets into the docs.
 * ``text`` blocks (output) are not run.
 """
@@ -111,6 +112,10 @@ def _check(words: list[str]) -> None:
         unknown = set(p.parse_args(args[2:]).which) - set(benchmarks.BENCHES)
         assert not unknown, f"unknown benchmark(s) {unknown}"
         return
+    if name.startswith("python") and args[:2] == ["-m", "simpler.tools.device_check"]:
+        from simpler.tools import device_check
+
+        return _parses(device_check._parser(), args[2:])
     if name.startswith("python") and args and args[0].endswith("decode.py"):
         return _decode_parser(args[1:])
     if name.startswith("python") and args and Path(args[0]).name.startswith("test_"):

@@ -16,24 +16,45 @@ from typing import Any
 
 import numpy as np
 
-try:  # ml_dtypes supplies bfloat16 and the fp8/fp4 kinds (the dtypes JAX uses).
-    import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency
-    ml_dtypes = None
-
 from . import _core, _cuda, _dlpack
 from .errors import ArgumentError, ArgumentTypeError
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_core.DTYPES)
 
+#: The supported dtypes numpy lacks, which the ``ml_dtypes`` package supplies (the dtypes JAX
+#: uses). ``ml_dtypes`` is imported only when one of them is first needed, so ``import simpler``
+#: works without it (a device machine may not have it).
+ML_DTYPES: frozenset[str] = frozenset({"bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1fn"})
+
+
+def ml_dtypes_module(dtype: str = "bfloat16") -> Any:
+    """The ``ml_dtypes`` module, imported now; ``dtype`` (the dtype that needs it) names the need
+    in the error. Without the package: a ``ModuleNotFoundError`` that names the dtype and the fix
+    (``pip install ml-dtypes``)."""
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"the dtype {dtype} needs the ml_dtypes package: install it with pip install ml-dtypes "
+            f"({sys.executable} cannot import it: {e})",
+            name="ml_dtypes",
+        ) from e
+    return ml_dtypes
+
 
 @functools.cache
 def np_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a simpler dtype name (``"bfloat16"`` via ml_dtypes); cached, since every
-    kernel argument and ``read_tensor`` looks one up."""
-    if ml_dtypes is not None and hasattr(ml_dtypes, name):
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
+    """The numpy dtype for a simpler dtype name (``"bfloat16"`` and the other :data:`ML_DTYPES`
+    via ``ml_dtypes``, which must then be installed: :func:`ml_dtypes_module`); cached, since
+    every kernel argument and ``read_tensor`` looks one up."""
+    if name in ML_DTYPES:
+        return np.dtype(getattr(ml_dtypes_module(name), name))
+    try:
+        return np.dtype(name)
+    except TypeError:
+        if "ml_dtypes" in sys.modules and hasattr(sys.modules["ml_dtypes"], name):
+            return np.dtype(getattr(sys.modules["ml_dtypes"], name))  # its other kinds (int4, ...)
+        raise
 
 
 def dtype_name(dtype: object) -> str:

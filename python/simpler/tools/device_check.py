@@ -1,16 +1,31 @@
 """Checks of a vendor platform on a machine with a real device, from an installed package.
 
-``python -m simpler.tools.device_check --out DIR [--platform cuda] [--quick]``
+``python -m simpler.tools.device_check --out DIR [--platform cuda] [--quick] [--only TEXT]``
+``python -m simpler.tools.device_check --preflight [--platform cuda]``
 
 What ``make device-check`` (``.ci/device-check``) runs on a GPU machine, which has no Rust
 toolchain and no package registry: the wheel built elsewhere, installed with ``pip --no-deps
---target``, and this module, in one process. Every check is named and timed; a failure is recorded
-(with its traceback on stdout) and the next check runs. ``DIR/device_check.jsonl`` gets one JSON
-line per check (``kind: "check"``: ``name``, ``status`` — passed, failed or skipped —, ``ok`` (not
-failed), ``seconds``, ``figures``, ``error``, ``skip_reason``) and per figure (``kind: "figure"``:
-``check``, ``name``, ``value``), after a ``kind: "run"`` line (versions, driver, host) and before a
-``kind: "summary"`` line. The bench's round records also go to ``DIR/bench_<case>.jsonl``
-(``simpler report`` re-prints them). Exit status 1 when a check failed, else 0.
+--target`` (with the wheels ``make device-wheels`` carries, such as ``ml_dtypes``), and this
+module, in one process.
+
+``--preflight`` prints what the run would stand on and exits (:mod:`simpler.tools.preflight`):
+the interpreter, the packages (numpy, ml_dtypes, torch, cupy, triton, the NVRTC wheels and their
+``libnvrtc`` files), the CUDA driver (the library and ``cuDriverGetVersion``), the device (name,
+compute capability, SMs, memory, clocks) and the NVRTC the runtime would compile with. Every
+normal run prints the same lines first, before any check, and records the facts in its ``run``
+line. When something required is missing (numpy; on cuda the driver library, a ``cuInit`` that
+fails, no device) the preflight stops with one line on stderr saying what is missing and how to
+get it, exit status 2; without ``ml_dtypes`` the bfloat16 checks (paged attention, bench) are
+skipped with that reason and the others run.
+
+Every check is named and timed; a failure is recorded (with its traceback on stdout) and the
+next check runs. ``DIR/device_check.jsonl`` gets one JSON line per check (``kind: "check"``:
+``name``, ``status`` — passed, failed or skipped —, ``ok`` (not failed), ``seconds``,
+``figures``, ``error``, ``skip_reason``) and per figure (``kind: "figure"``: ``check``, ``name``,
+``value``), after a ``kind: "run"`` line (versions, driver, host, and the preflight's facts under
+``preflight``) and before a ``kind: "summary"`` line. The bench's round records also go to
+``DIR/bench_<case>.jsonl`` (``simpler report`` re-prints them). Exit status 1 when a check
+failed, else 0.
 
 The checks (``--platform cuda``, the default):
 
@@ -68,18 +83,20 @@ from pathlib import Path
 from statistics import median
 from typing import IO, Any
 
+# What ``import simpler`` has loaded already (the package needs numpy and its native module to
+# import at all: a missing numpy stops there, with one line, see simpler/__init__.py): these
+# imports cannot fail here. What could (the workloads, the bench, the benchmarks, the reports,
+# torch) is imported inside the checks that use it, after the preflight.
 import numpy as np
 
 from .. import __version__
+from .._arrays import np_dtype
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, DeviceError, PlatformUnavailableError
 from ..testing import fake_cuda
 from ..testing.scene import run_case
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker
-from ..workloads import paged_attention as pa
-from .bench import BenchOptions, bench_records
-from .benchmarks import LAUNCH_KERNEL, _mirror_worker, bench_launches
-from .report import format_model_comparison, format_tables, model_comparison
+from . import preflight
 
 __all__ = ["CHECKS", "Context", "Skip", "main", "run_checks"]
 
@@ -92,19 +109,24 @@ class Skip(Exception):
 
 class Context:
     """What every check gets: the platform, ``--quick``, whether the driver is the fake, the
-    output folder."""
+    output folder, and the preflight's facts (:func:`simpler.tools.preflight.run`)."""
 
-    def __init__(self, platform: str, quick: bool, fake: bool, out: Path) -> None:
+    def __init__(
+        self, platform: str, quick: bool, fake: bool, out: Path, facts: dict[str, Any] | None = None
+    ) -> None:
         self.platform = platform
         self.quick = quick
         self.fake = fake
         self.out = out
+        self.facts = facts or {}
 
     @property
     def cuda(self) -> bool:
+        """Whether the platform is cuda."""
         return self.platform == "cuda"
 
     def worker(self, **options: Any) -> Worker:
+        """A new worker on the platform."""
         return Worker(self.platform, **options)
 
 
@@ -115,6 +137,18 @@ Check = Fn[[Context], Figures]
 def _need_cuda(ctx: Context) -> None:
     if not ctx.cuda:
         raise Skip(f"a cuda check (platform {ctx.platform})")
+
+
+def _need_bfloat16() -> None:
+    """Skips a check whose tensors are bfloat16 when ``ml_dtypes`` is missing, with the error
+    that names the fix."""
+    try:
+        np_dtype("bfloat16")
+    except ImportError as e:
+        raise Skip(
+            f"ml_dtypes is missing and bfloat16 needs it: pip install ml-dtypes, or carry its wheel "
+            f"here with make device-wheels ({e})"
+        ) from None
 
 
 def _gbps(nbytes: float, ns: float) -> float:
@@ -194,6 +228,8 @@ def check_open_close_threads(ctx: Context) -> Figures:
                 raise AssertionError(f"cycle {c}: the copy came back different")
 
     _threads(threads, own_worker, barrier)
+
+    from .benchmarks import LAUNCH_KERNEL
 
     n, runs = 1024, 5
     offsets = np.arange(n, dtype=np.int64).reshape(n, 1)
@@ -333,6 +369,8 @@ def check_copies(ctx: Context) -> Figures:
 def check_mirror_pinning(ctx: Context) -> Figures:
     """Mirror refreshes (one D2H into the host mirror of a resident tensor) into page-locked
     mirrors vs pageable ones, the arms interleaved; the mirror holds the device's bytes."""
+    from .benchmarks import _mirror_worker
+
     _need_cuda(ctx)
     size = (16 << 20) if ctx.quick else (256 << 20)
     rounds = 4 if ctx.quick else 7
@@ -501,6 +539,8 @@ def _add_one(x: np.ndarray) -> None:
 def check_resident_round_trip(ctx: Context) -> Figures:
     """A resident set: uploaded once, a device kernel adds to it in place round after round
     (batched submits), read back through a copy and through the orchestrator's host view."""
+    from .benchmarks import LAUNCH_KERNEL
+
     n, rounds = 4096, 5
     offsets = np.arange(n, dtype=np.int64).reshape(n, 1)
     seen: dict[str, np.ndarray] = {}
@@ -552,6 +592,9 @@ def check_resident_round_trip(ctx: Context) -> Figures:
 
 def _case_check(case_name: str, per_task: bool = False) -> Check:
     def check(ctx: Context) -> Figures:
+        _need_bfloat16()
+        from ..workloads import paged_attention as pa
+
         cls: type = pa.PagedAttention
         if per_task:
 
@@ -590,6 +633,10 @@ def _case_check(case_name: str, per_task: bool = False) -> Check:
 
 def _bench_check(case: str) -> Check:
     def check(ctx: Context) -> Figures:
+        _need_bfloat16()
+        from .bench import BenchOptions, bench_records
+        from .report import format_tables
+
         rounds = 3 if ctx.quick else 5
         opts = BenchOptions(workload="paged_attention", rounds=rounds, platform=ctx.platform, cases=[case])
         records, failures = bench_records(opts, progress=False)
@@ -651,6 +698,9 @@ def _model_error(ctx: Context, case: str, measured: list[dict[str, Any]]) -> Fig
     it) under the model of the device's platform (:data:`PLATFORM_MODEL`), printed beside the
     device's measured phases with the ratio measured / modeled; the ratios become figures
     ``model.<arm>.<row>.<model>``. Nothing on a platform without a model (sim)."""
+    from .bench import BenchOptions, bench_records
+    from .report import format_model_comparison, model_comparison
+
     model = PLATFORM_MODEL.get(ctx.platform)
     if model is None:
         return {}
@@ -744,6 +794,8 @@ def check_export_race(ctx: Context) -> Figures:
 def check_launches(ctx: Context) -> Figures:
     """The ``launches`` benchmark; on cuda: a launch per single submit, one per ``submit_many``,
     every task on the device, every element right."""
+    from .benchmarks import bench_launches
+
     figs = bench_launches(ctx.quick, ctx.platform)
     out: Figures = {"verified": figs["verified"]}
     problems = []
@@ -838,19 +890,28 @@ def _fmt_fig(v: Any) -> str:
 
 
 def run_checks(
-    platform: str, out: Path, quick: bool = False, only: list[str] | None = None
+    platform: str,
+    out: Path,
+    quick: bool = False,
+    only: list[str] | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], Path]:
     """Runs the checks (those whose name contains one of ``only``, else all); returns one
-    record per check and the path of the JSON lines written."""
+    record per check and the path of the JSON lines written. ``facts`` are the preflight's
+    (:func:`simpler.tools.preflight.run`), recorded in the run line; without them the preflight
+    runs here first (and raises :class:`~simpler.tools.preflight.PreflightError` when something
+    required is missing)."""
     import simpler  # where it was imported from, for the run line
 
+    if facts is None:
+        facts = preflight.run(platform, before_nvrtc=_fake_first(platform))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "device_check.jsonl"
     fake = False
     if platform == "cuda":
         _register_fake_impls()
         fake = fake_cuda.install_if_fake()  # CI: the fake's host kernels run the launches
-    ctx = Context(platform, quick, fake, out)
+    ctx = Context(platform, quick, fake, out, facts)
     meta = {
         "kind": "run",
         "platform": platform,
@@ -863,6 +924,7 @@ def run_checks(
         "host": _platform.node(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **_driver_info(platform),
+        "preflight": facts,
     }
     print(
         f"device-check: platform {platform}{' (fake libcuda)' if fake else ''}, simpler {__version__} "
@@ -937,7 +999,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--out", required=True, metavar="DIR", help="folder for device_check.jsonl (made if missing)"
+        "--out", metavar="DIR", help="folder for device_check.jsonl (made if missing; not with --preflight)"
+    )
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="print the interpreter, packages, driver, device and NVRTC choice, then exit",
     )
     p.add_argument("--platform", default="cuda", choices=("cuda", "ascend", "sim"), help="default cuda")
     p.add_argument("--quick", action="store_true", help="small sizes, the Small cases in the bench")
@@ -945,11 +1012,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fake_first(platform: str) -> Fn[[], object] | None:
+    """What runs before the preflight's NVRTC choice: on cuda, the fake libcuda's set-up (its
+    host kernels, and NVRTC pointed at the fake's own), so the choice printed is the one the
+    checks get; nothing on a real driver."""
+    return fake_cuda.install_if_fake if platform == "cuda" else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m simpler.tools.device_check``; returns the exit status."""
-    a = _parser().parse_args(argv)
-    if a.platform == "cuda":
-        fake_cuda.install_if_fake()
+    """Entry point of ``python -m simpler.tools.device_check``; returns the exit status (2 when
+    the preflight finds something required missing)."""
+    p = _parser()
+    a = p.parse_args(argv)
+    if not a.out and not a.preflight:
+        p.error("--out DIR is required (except with --preflight)")
+    try:
+        facts = preflight.run(a.platform, before_nvrtc=_fake_first(a.platform))
+    except preflight.PreflightError as e:
+        print(f"device-check: preflight: {e}", file=sys.stderr, flush=True)
+        return 2
+    if a.preflight:
+        return 0
     try:
         Worker(a.platform).close()
     except PlatformUnavailableError as e:
@@ -958,7 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass  # the device does not open: the first check (driver.open) records why
     t0 = time.perf_counter()
-    results, path = run_checks(a.platform, Path(a.out).resolve(), a.quick, a.only)
+    results, path = run_checks(a.platform, Path(a.out).resolve(), a.quick, a.only, facts)
     print(_summary(results, path, time.perf_counter() - t0))
     return 1 if any(r["status"] == "failed" for r in results) else 0
 

@@ -13,7 +13,9 @@ query heads.
 
 ``query``, ``key_cache`` and ``value_cache`` are real bfloat16 arrays (``ml_dtypes.bfloat16``):
 the kernels and the golden model both widen them with ``.astype(np.float32)`` and compute in
-float32, so no float16 stand-in is involved.
+float32, so no float16 stand-in is involved. ``ml_dtypes`` is imported when the first bfloat16
+array is made (:func:`make_inputs`, or :data:`BF16` read), not when this module is: without it,
+the module imports and making the fixtures raises an error that names the fix.
 
 The orchestration reads ``context_lens`` and ``block_table`` in bulk (``orch.read_tensor``: one
 numpy array each, through the tensors' host views), computes with numpy which key/value block
@@ -54,15 +56,27 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 import simpler as sp
 
 from . import paged_attention_cuda as _pa_cuda
 
-BF16 = ml_dtypes.bfloat16
+
+def _bf16() -> np.dtype:
+    """The bfloat16 dtype (imports ``ml_dtypes`` now; a clear error without it)."""
+    return sp.np_dtype("bfloat16")
+
+
+def __getattr__(name: str) -> Any:
+    """``BF16``: ``ml_dtypes.bfloat16``, resolved when first read (``ml_dtypes`` is not imported
+    with this module)."""
+    if name == "BF16":
+        return _bf16().type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The three residency arms of every case.
 ARMS = ("Residency_staged", "Residency_bulk", "Residency_all")
@@ -388,10 +402,11 @@ def make_inputs(params: dict) -> dict[str, np.ndarray | float]:
     for b, n in enumerate(need):
         table[b, :n] = perm[at : at + n]
         at += n
+    bf16 = _bf16()
     return {
-        "query": rng.standard_normal((n_batch, heads, dim), dtype=np.float32).astype(BF16),
-        "key_cache": rng.standard_normal((total, bs, 1, dim), dtype=np.float32).astype(BF16),
-        "value_cache": rng.standard_normal((total, bs, 1, dim), dtype=np.float32).astype(BF16),
+        "query": rng.standard_normal((n_batch, heads, dim), dtype=np.float32).astype(bf16),
+        "key_cache": rng.standard_normal((total, bs, 1, dim), dtype=np.float32).astype(bf16),
+        "value_cache": rng.standard_normal((total, bs, 1, dim), dtype=np.float32).astype(bf16),
         "block_table": table,
         "context_lens": lens,
         "out": np.zeros((n_batch, heads, dim), dtype=np.float32),

@@ -48,6 +48,13 @@ clamped to ``[0, BS]``); the rest of ``scores`` / ``probs`` is left untouched. `
 by the grid. Summation orders differ from numpy's, so device results agree with the numpy kernels
 to float32 rounding, not bit for bit.
 
+No entry ever traps. A trap is a sticky fault: it leaves the CUDA context unusable for every
+library that shares it (torch, CuPy, other workers), not only for this kernel. So the launch
+functions refuse, at submit, every geometry the device code cannot handle (an
+``ArgumentError`` naming the entry and the limit: ``D`` past :data:`MAX_HEAD_DIM`, a grid past the
+device's limits, views of the wrong shapes), and an entry launched with a geometry its launch
+function never makes returns without writing anything.
+
 Tasks of one launch run concurrently. The ``online_update`` submits hold dependent tasks (the
 blocks of one batch fold into the same running max / sum / accumulator, in order); the runtime
 runs such a batch in levels, one launch per level, so no launch holds two tasks of one batch.
@@ -59,16 +66,23 @@ sequential answer a device would not.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 import simpler as sp
 
 from ..testing import fake_cuda
-from ..testing.fake_cuda import Launch, LaunchFailure, Region
+from ..testing.fake_cuda import Launch, Region
 
-BF16 = ml_dtypes.bfloat16
+
+def __getattr__(name: str) -> Any:
+    """``BF16``: ``ml_dtypes.bfloat16``, resolved when first read (``ml_dtypes`` is imported only
+    where a bfloat16 array is made or read, not with this module)."""
+    if name == "BF16":
+        return sp.np_dtype("bfloat16").type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: The largest head dimension ``pa_qk`` supports (a key row is held in registers, 8 per lane).
 MAX_HEAD_DIM = 256
@@ -82,6 +96,10 @@ DIM_THREADS = 128
 FLAT_THREADS = 256
 #: Threads per warp.
 WARP = 32
+#: The most blocks of a grid along x the device takes (2**31 - 1).
+MAX_GRID_X = 2**31 - 1
+#: The most blocks of a grid along y (and z) the device takes.
+MAX_GRID_Y = 65535
 
 _DEFINES = f"""
 #define PA_WARP {WARP}
@@ -139,7 +157,9 @@ struct pa_qk_row {
 extern "C" __global__ void pa_qk(const pa_qk_row* rows) {
     const pa_qk_row& r = rows[blockIdx.z];
     const long long H = r.heads, D = r.dim, BS = r.block_size;
-    if (D > PA_MAX_DIM || blockDim.x != PA_WARP) __trap();
+    /* qk_launch refuses D > PA_MAX_DIM and always makes 32-lane warps: any other geometry
+       writes nothing (never a trap: that would fault the context for every library in it). */
+    if (D > PA_MAX_DIM || blockDim.x != PA_WARP) return;
     const long long valid = pa_clamp(r.valid, BS);
     const long long t = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (t >= valid) return; /* the whole warp: t is uniform in it */
@@ -179,7 +199,7 @@ struct pa_softmax_row {
 extern "C" __global__ void pa_block_softmax(const pa_softmax_row* rows) {
     const pa_softmax_row& r = rows[blockIdx.z];
     const long long H = r.heads, BS = r.block_size;
-    if (blockDim.x != PA_WARP) __trap();
+    if (blockDim.x != PA_WARP) return; /* never made by block_softmax_launch: write nothing */
     const long long h = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (h >= H) return; /* the whole warp */
     const long long valid = pa_clamp(r.valid, BS);
@@ -255,7 +275,10 @@ struct pa_update_row {
 extern "C" __global__ void pa_online_update(const pa_update_row* rows) {
     const pa_update_row& r = rows[blockIdx.z];
     const long long H = r.heads, D = r.dim;
-    if (gridDim.y != 1 || blockDim.y != 1 || blockDim.z != 1) __trap(); /* one writer per head */
+    /* One writer per head: online_update_launch always makes a 1-D grid of 1-D blocks; any
+       other geometry writes nothing (uniform per block, so every thread leaves before the
+       __syncthreads below). */
+    if (gridDim.y != 1 || blockDim.y != 1 || blockDim.z != 1) return;
     const long long h = blockIdx.x;
     if (h >= H) return; /* the whole block */
     const float m_blk = r.stats[h], s_blk = r.stats[H + h];
@@ -331,8 +354,10 @@ def _size(shape: Sequence[int]) -> int:
 
 
 def _require(ok: bool, msg: str) -> None:
+    """Refuses a submit the device code cannot run: an ``ArgumentError`` (a ``ValueError``) with
+    ``msg``, which names the entry and the limit."""
     if not ok:
-        raise ValueError(msg)
+        raise sp.ArgumentError(msg)
 
 
 def _mat(shape: Sequence[int], what: str) -> tuple[int, int]:
@@ -357,52 +382,64 @@ def _dim_threads(dim: int) -> int:
     return min(DIM_THREADS, _cdiv(dim, WARP) * WARP)
 
 
-def qk_launch(q_shape: Sequence[int], k_shape: Sequence[int], scores_shape: Sequence[int]) -> dict:
-    """``pa_qk``: a warp per token (:data:`WARPS` per block), consts ``(H, D, BS)``."""
-    heads, dim = _mat(q_shape, "q")
-    block_size, k_dim = _kv(k_shape, "k")
-    _require(k_dim == dim, f"q {tuple(q_shape)} and k {tuple(k_shape)} differ in D")
+def _launch(
+    entry: str, grid: tuple[int, int, int], block: tuple[int, int, int], consts: tuple[int, ...]
+) -> dict:
+    """The launch dict of ``entry``, refused when its per-task grid is past the device's limits
+    (:data:`MAX_GRID_X`, :data:`MAX_GRID_Y`; the message gives the grid and the consts it
+    came from)."""
     _require(
-        _mat(scores_shape, "scores") == (heads, block_size),
-        f"scores view {tuple(scores_shape)} != [1, H, BS]",
+        grid[0] <= MAX_GRID_X and grid[1] <= MAX_GRID_Y,
+        f"{entry}: grid {grid} is past the device's limits (x <= {MAX_GRID_X}, y <= {MAX_GRID_Y}) "
+        f"for consts {consts}",
     )
-    _require(dim <= MAX_HEAD_DIM, f"pa_qk supports D <= {MAX_HEAD_DIM}, got {dim}")
-    return {
-        "grid": (_cdiv(block_size, WARPS), 1, 1),
-        "block": (WARP, WARPS, 1),
-        "shared": 0,
-        "consts": (heads, dim, block_size),
-    }
+    return {"grid": grid, "block": block, "shared": 0, "consts": consts}
+
+
+def qk_launch(q_shape: Sequence[int], k_shape: Sequence[int], scores_shape: Sequence[int]) -> dict:
+    """``pa_qk``: a warp per token (:data:`WARPS` per block), consts ``(H, D, BS)``; refuses
+    ``D > MAX_HEAD_DIM``."""
+    heads, dim = _mat(q_shape, "pa_qk: q")
+    block_size, k_dim = _kv(k_shape, "pa_qk: k")
+    _require(k_dim == dim, f"pa_qk: q {tuple(q_shape)} and k {tuple(k_shape)} differ in D")
+    _require(
+        _mat(scores_shape, "pa_qk: scores") == (heads, block_size),
+        f"pa_qk: scores view {tuple(scores_shape)} != [1, H, BS]",
+    )
+    _require(
+        dim <= MAX_HEAD_DIM,
+        f"pa_qk: head dimension D = {dim} is past the kernel's limit MAX_HEAD_DIM = {MAX_HEAD_DIM} "
+        "(a key row is held in registers)",
+    )
+    return _launch("pa_qk", (_cdiv(block_size, WARPS), 1, 1), (WARP, WARPS, 1), (heads, dim, block_size))
 
 
 def block_softmax_launch(
     scores_shape: Sequence[int], probs_shape: Sequence[int], stats_shape: Sequence[int]
 ) -> dict:
     """``pa_block_softmax``: a warp per head (:data:`WARPS` per block), consts ``(H, BS)``."""
-    heads, block_size = _mat(scores_shape, "scores")
-    _require(_mat(probs_shape, "probs") == (heads, block_size), f"probs view {tuple(probs_shape)} != scores'")
-    _require(_size(stats_shape) == 2 * heads, f"stats view {tuple(stats_shape)} is not [1, 2, H]")
-    return {
-        "grid": (_cdiv(heads, WARPS), 1, 1),
-        "block": (WARP, WARPS, 1),
-        "shared": 0,
-        "consts": (heads, block_size),
-    }
+    heads, block_size = _mat(scores_shape, "pa_block_softmax: scores")
+    _require(
+        _mat(probs_shape, "pa_block_softmax: probs") == (heads, block_size),
+        f"pa_block_softmax: probs view {tuple(probs_shape)} != scores'",
+    )
+    _require(
+        _size(stats_shape) == 2 * heads, f"pa_block_softmax: stats view {tuple(stats_shape)} is not [1, 2, H]"
+    )
+    return _launch("pa_block_softmax", (_cdiv(heads, WARPS), 1, 1), (WARP, WARPS, 1), (heads, block_size))
 
 
 def pv_launch(probs_shape: Sequence[int], v_shape: Sequence[int], block_out_shape: Sequence[int]) -> dict:
     """``pa_pv``: a thread per (:data:`PV_HEADS` heads, d), consts ``(H, D, BS)``."""
-    heads, block_size = _mat(probs_shape, "probs")
-    v_block, dim = _kv(v_shape, "v")
-    _require(v_block == block_size, f"probs {tuple(probs_shape)} and v {tuple(v_shape)} differ in BS")
-    _require(_mat(block_out_shape, "block_out") == (heads, dim), f"block_out view {tuple(block_out_shape)}")
+    heads, block_size = _mat(probs_shape, "pa_pv: probs")
+    v_block, dim = _kv(v_shape, "pa_pv: v")
+    _require(v_block == block_size, f"pa_pv: probs {tuple(probs_shape)} and v {tuple(v_shape)} differ in BS")
+    _require(
+        _mat(block_out_shape, "pa_pv: block_out") == (heads, dim),
+        f"pa_pv: block_out view {tuple(block_out_shape)} != [1, H, D]",
+    )
     bx = _dim_threads(dim)
-    return {
-        "grid": (_cdiv(heads, PV_HEADS), _cdiv(dim, bx), 1),
-        "block": (bx, 1, 1),
-        "shared": 0,
-        "consts": (heads, dim, block_size),
-    }
+    return _launch("pa_pv", (_cdiv(heads, PV_HEADS), _cdiv(dim, bx), 1), (bx, 1, 1), (heads, dim, block_size))
 
 
 def online_update_launch(
@@ -413,36 +450,39 @@ def online_update_launch(
     acc_shape: Sequence[int],
 ) -> dict:
     """``pa_online_update``: a block per head, consts ``(H, D)``."""
-    heads, dim = _mat(block_out_shape, "block_out")
-    _require(_size(stats_shape) == 2 * heads, f"stats view {tuple(stats_shape)} is not [1, 2, H]")
-    _require(_size(m_shape) == heads and _size(s_shape) == heads, f"running max / sum views != [1, {heads}]")
-    _require(_mat(acc_shape, "acc") == (heads, dim), f"acc view {tuple(acc_shape)} != block_out's")
-    return {"grid": (heads, 1, 1), "block": (_dim_threads(dim), 1, 1), "shared": 0, "consts": (heads, dim)}
+    heads, dim = _mat(block_out_shape, "pa_online_update: block_out")
+    _require(
+        _size(stats_shape) == 2 * heads,
+        f"pa_online_update: stats view {tuple(stats_shape)} is not [1, 2, H]",
+    )
+    _require(
+        _size(m_shape) == heads and _size(s_shape) == heads,
+        f"pa_online_update: running max / sum views != [1, {heads}]",
+    )
+    _require(
+        _mat(acc_shape, "pa_online_update: acc") == (heads, dim),
+        f"pa_online_update: acc view {tuple(acc_shape)} != block_out's",
+    )
+    return _launch("pa_online_update", (heads, 1, 1), (_dim_threads(dim), 1, 1), (heads, dim))
 
 
 def normalize_launch(s_shape: Sequence[int], acc_shape: Sequence[int], out_shape: Sequence[int]) -> dict:
     """``pa_normalize``: a thread per element, consts ``(H, D)``."""
-    heads, dim = _mat(acc_shape, "acc")
-    _require(_size(s_shape) == heads, f"sum view {tuple(s_shape)} != [1, {heads}]")
-    _require(_mat(out_shape, "out") == (heads, dim), f"out view {tuple(out_shape)} != acc's")
-    return {
-        "grid": (_cdiv(heads * dim, FLAT_THREADS), 1, 1),
-        "block": (FLAT_THREADS, 1, 1),
-        "shared": 0,
-        "consts": (heads, dim),
-    }
+    heads, dim = _mat(acc_shape, "pa_normalize: acc")
+    _require(_size(s_shape) == heads, f"pa_normalize: sum view {tuple(s_shape)} != [1, {heads}]")
+    _require(
+        _mat(out_shape, "pa_normalize: out") == (heads, dim),
+        f"pa_normalize: out view {tuple(out_shape)} != acc's",
+    )
+    grid = (_cdiv(heads * dim, FLAT_THREADS), 1, 1)
+    return _launch("pa_normalize", grid, (FLAT_THREADS, 1, 1), (heads, dim))
 
 
 def zero_launch(out_shape: Sequence[int]) -> dict:
     """``pa_zero``: a thread per element, consts ``(count,)``."""
     count = _size(out_shape)
-    _require(count >= 1, f"out view {tuple(out_shape)} is empty")
-    return {
-        "grid": (_cdiv(count, FLAT_THREADS), 1, 1),
-        "block": (FLAT_THREADS, 1, 1),
-        "shared": 0,
-        "consts": (count,),
-    }
+    _require(count >= 1, f"pa_zero: out view {tuple(out_shape)} is empty")
+    return _launch("pa_zero", (_cdiv(count, FLAT_THREADS), 1, 1), (FLAT_THREADS, 1, 1), (count,))
 
 
 #: Entry name -> its ``entry``, the kinds of the task scalars (in submit order) and its launch
@@ -484,20 +524,26 @@ def _reference():
 # -- host implementations for the fake libcuda --------------------------------------------------
 #
 # Each does what its entry does, task by task: it decodes the rows as the device code declares
-# them, takes the dims from the consts, covers what the launch grid covers, and fails the launch
-# where the device code traps. Tasks of one launch are checked for races (see fake_cuda).
+# them, takes the dims from the consts, covers what the launch grid covers, and writes nothing
+# where the device code returns early (a geometry the launch functions never make; no fault, as
+# on the device). Tasks of one launch are checked for races (see fake_cuda).
 
 _F32 = np.dtype(np.float32)
-_BF16 = np.dtype(BF16)
+
+
+def _bf16() -> np.dtype:
+    """bfloat16 (``ml_dtypes`` is imported at the first launch that reads or writes it)."""
+    return sp.np_dtype("bfloat16")
 
 
 def _clamp(valid: int, n: int) -> int:
     return max(0, min(valid, n))
 
 
-def _require_warp_block(launch: Launch) -> None:
-    if launch.block[0] != WARP:
-        raise LaunchFailure(f"{launch.entry}: blockDim.x {launch.block[0]} != {WARP} (the device traps)")
+def _warp_block(launch: Launch) -> bool:
+    """Whether the launch's blocks are rows of 32-lane warps, as ``pa_qk`` and
+    ``pa_block_softmax`` need (they return at once otherwise)."""
+    return launch.block[0] == WARP
 
 
 def _span(addr: int, rows: int, stride: int, cols: int, itemsize: int) -> int:
@@ -509,16 +555,16 @@ def _span(addr: int, rows: int, stride: int, cols: int, itemsize: int) -> int:
 def _host_qk(launch: Launch) -> None:
     """Host ``pa_qk``: row (q, k, scores, scale f64, valid i64, H, D, BS)."""
     rows = launch.rows(8)
-    _require_warp_block(launch)
+    if not _warp_block(launch):
+        return  # the device code returns: nothing written
     tokens_covered = launch.grid[0] * launch.block[1]
     tasks = []
     for row in rows:
         q_at, k_at, sc_at = (int(x) for x in row[:3])
         scale, valid = Launch.f64(row[3]), Launch.i64(row[4])
         heads, dim, block_size = (Launch.i64(x) for x in row[5:8])
-        if dim > MAX_HEAD_DIM:
-            raise LaunchFailure(f"pa_qk: D {dim} > {MAX_HEAD_DIM} (the device traps)")
-        n = min(_clamp(valid, block_size), tokens_covered)
+        # D past MAX_HEAD_DIM: the device code returns, so the task writes nothing.
+        n = 0 if dim > MAX_HEAD_DIM else min(_clamp(valid, block_size), tokens_covered)
         tasks.append((q_at, k_at, sc_at, scale, heads, dim, block_size, n))
     launch.check_races(
         [
@@ -531,8 +577,8 @@ def _host_qk(launch: Launch) -> None:
     for q_at, k_at, sc_at, scale, heads, dim, block_size, n in tasks:
         if n == 0:
             continue
-        q = launch.array(q_at, (heads, dim), _BF16).astype(np.float32)
-        k = launch.array(k_at, (n, dim), _BF16).astype(np.float32)
+        q = launch.array(q_at, (heads, dim), _bf16()).astype(np.float32)
+        k = launch.array(k_at, (n, dim), _bf16()).astype(np.float32)
         scores = launch.array(sc_at, (heads, block_size), _F32)
         scores[:, :n] = (q @ k.T) * np.float32(scale)
 
@@ -541,7 +587,8 @@ def _host_qk(launch: Launch) -> None:
 def _host_block_softmax(launch: Launch) -> None:
     """Host ``pa_block_softmax``: row (scores, probs, stats, valid i64, H, BS)."""
     rows = launch.rows(6)
-    _require_warp_block(launch)
+    if not _warp_block(launch):
+        return  # the device code returns: nothing written
     heads_covered = launch.grid[0] * launch.block[1]
     tasks = []
     for row in rows:
@@ -567,7 +614,7 @@ def _host_block_softmax(launch: Launch) -> None:
             stats[1, :nh] = 0.0
             continue
         sc = launch.array(sc_at, (heads, block_size), _F32)[:nh, :n]
-        pr = launch.array(pr_at, (heads, block_size), _BF16)[:nh, :n]
+        pr = launch.array(pr_at, (heads, block_size), _bf16())[:nh, :n]
         m = sc.max(axis=1)
         pr[...] = np.exp(sc - m[:, None])  # rounded to bfloat16 on the way in
         stats[0, :nh] = m
@@ -598,8 +645,8 @@ def _host_pv(launch: Launch) -> None:
     for pr_at, v_at, bo_at, heads, dim, block_size, nh, nd, n in tasks:
         if nh == 0 or nd == 0:
             continue
-        pr = launch.array(pr_at, (heads, block_size), _BF16)[:nh, :n].astype(np.float32)
-        v = launch.array(v_at, (n, dim), _BF16)[:, :nd].astype(np.float32)
+        pr = launch.array(pr_at, (heads, block_size), _bf16())[:nh, :n].astype(np.float32)
+        v = launch.array(v_at, (n, dim), _bf16())[:, :nd].astype(np.float32)
         out = launch.array(bo_at, (heads, dim), _F32)
         out[:nh, :nd] = pr @ v
 
@@ -609,7 +656,7 @@ def _host_online_update(launch: Launch) -> None:
     """Host ``pa_online_update``: row (stats, block_out, m, s, acc, first i64, H, D)."""
     rows = launch.rows(8)
     if launch.grid[1] != 1 or launch.block[1] != 1 or launch.block[2] != 1:
-        raise LaunchFailure(f"pa_online_update: grid {launch.grid} / block {launch.block} (the device traps)")
+        return  # not one writer per head: the device code returns, nothing written
     heads_covered = launch.grid[0]
     tasks = []
     for row in rows:
