@@ -2,14 +2,18 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 
-use crate::{exec, with_state, CUdevice, HostKernel};
+use crate::{
+    exec, with_state, CUdevice, CUresult, CUstream, HostKernel, CUDA_ERROR_INVALID_HANDLE,
+    CUDA_SUCCESS,
+};
 
 /// Clears the call log, pending injections, the violation count and the launch, module-load
-/// and compile counters, releases a stream hold, and re-reads the environment
+/// and compile counters, releases every stream hold, and re-reads the environment
 /// (`FAKE_CUDA_DEVICES`, `FAKE_CUDA_INJECT`, `FAKE_CUDA_REUSE`, `FAKE_CUDA_CC`,
-/// `FAKE_CUDA_STREAM_LATENCY_US`). Initialization, live allocations, registrations, retain
-/// counts, streams, events, modules, programs, sticky errors and registered host kernels are
-/// kept.
+/// `FAKE_CUDA_STREAM_LATENCY_US`, `FAKE_CUDA_HOST_PAGE`, `FAKE_CUDA_SM_COUNT`,
+/// `FAKE_CUDA_SHARED_OPTIN`, `FAKE_CUDA_TOTAL_MEM`). Initialization, live allocations,
+/// registrations, retain counts, streams, events, modules, programs, sticky errors and
+/// registered host kernels are kept.
 #[no_mangle]
 pub extern "C" fn fake_cuda_reset() {
     with_state(|st| {
@@ -19,7 +23,7 @@ pub extern "C" fn fake_cuda_reset() {
         st.launches = 0;
         st.module_loads = 0;
         st.compiles = 0;
-        exec::lock().held = false;
+        exec::lock().release_holds();
         st.apply_env();
     });
     exec::notify();
@@ -172,10 +176,11 @@ pub extern "C" fn fake_cuda_live_modules() -> u64 {
     with_state(|st| st.modules.len() as u64)
 }
 
-/// Number of live (created, not destroyed) streams.
+/// Number of live streams made by `cuStreamCreate` (not destroyed; the internal streams behind
+/// the built-in handles are not counted).
 #[no_mangle]
 pub extern "C" fn fake_cuda_live_streams() -> u64 {
-    exec::lock().streams.len() as u64
+    exec::lock().created() as u64
 }
 
 /// Number of live (created, not destroyed) events.
@@ -219,14 +224,48 @@ pub extern "C" fn fake_cuda_poisoned(dev: c_int) -> c_int {
     with_state(|st| st.poisoned(dev))
 }
 
-/// Holds (non-zero) or releases (0) every created stream: while held, queued work waits (so a
-/// test can observe what was, or was not, done at call time). Anything that waits for a held
-/// stream (synchronize, `cuMemFree_v2`, a legacy-stream call after work on a blocking stream)
-/// blocks until the hold is released from another thread.
+/// Holds (non-zero) or releases (0) every stream made by `cuStreamCreate` (not the built-in
+/// ones: hold those with `fake_cuda_hold_stream`): while held, queued work waits (so a test can
+/// observe what was, or was not, done at call time). Anything that waits for a held stream
+/// (synchronize, `cuMemFree_v2`, legacy-stream work after work on a blocking stream) blocks
+/// until the hold is released from another thread. A stream held by `fake_cuda_hold_stream`
+/// stays held when this releases.
 #[no_mangle]
 pub extern "C" fn fake_cuda_hold_streams(on: c_int) {
     exec::lock().held = on != 0;
     exec::notify();
+}
+
+/// `int fake_cuda_hold_stream(CUstream h, int on)`: holds (non-zero `on`) or releases (0) one
+/// stream, as `fake_cuda_hold_streams` does for all: while held it runs nothing and its work
+/// stays queued. A built-in handle (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`) names the
+/// calling thread's stream of its current context's device. Returns 0;
+/// `CUDA_ERROR_INVALID_HANDLE` for a handle that names no live stream;
+/// `CUDA_ERROR_INVALID_CONTEXT` for a built-in handle on a thread without an active current
+/// context. Like the global hold, it is not logged.
+#[no_mangle]
+pub extern "C" fn fake_cuda_hold_stream(h: CUstream, on: c_int) -> CUresult {
+    let h = h as usize;
+    let dev = if exec::builtin(h) {
+        match with_state(|st| st.current_device_any()) {
+            Ok(dev) => Some(dev),
+            Err(code) => return code,
+        }
+    } else {
+        None
+    };
+    let mut ex = exec::lock();
+    let s = match dev {
+        Some(dev) => ex.resolve(h, dev),
+        None if ex.stream(h).is_some() => h,
+        None => return CUDA_ERROR_INVALID_HANDLE,
+    };
+    if let Some(s) = ex.streams.get_mut(&s) {
+        s.held = on != 0;
+    }
+    drop(ex);
+    exec::notify();
+    CUDA_SUCCESS
 }
 
 /// Sets the launch latency: how long an idle stream waits before running newly queued work.

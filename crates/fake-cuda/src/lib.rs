@@ -30,27 +30,58 @@
 //!   crashes instead of silently working. Fresh memory is filled with `0xCD` (device memory is
 //!   not zeroed). A freed address is handed out again to the next allocation of the same size, as
 //!   the driver's allocator does, so a handle kept past `cuMemFree_v2` really aliases newer data.
-//! * **Streams run asynchronously** ([`exec`]). Each stream made by `cuStreamCreate` has a FIFO
-//!   queue run in order by a background thread, after the enqueuing call returned (and, by
-//!   default, after a launch latency), so a caller that forgets to synchronize sees stale data.
+//! * **Streams run asynchronously** ([`exec`]). Each stream has a FIFO queue run in order by a
+//!   background thread, after the enqueuing call returned (and, by default, after a launch
+//!   latency), so a caller that forgets to synchronize sees stale data.
 //!   `cuMemcpyHtoDAsync_v2` from a registered (pinned) range reads the host bytes when it runs,
 //!   as DMA does; from pageable memory it copies them at call time. `cuMemcpyDtoHAsync_v2`
-//!   writes the host buffer when it runs. The NULL/legacy stream (`0`, `CU_STREAM_LEGACY`) and
-//!   `CU_STREAM_PER_THREAD` run each operation before the call returns; the legacy stream, and
-//!   the synchronous `cuMemcpyHtoD_v2`/`cuMemcpyDtoH_v2`/`cuMemsetD8_v2`, first wait for the
-//!   device's *blocking* streams (flags 0), as the legacy stream does, but never for
-//!   `CU_STREAM_NON_BLOCKING` ones: mixing those with synchronous calls races here as on a GPU.
-//!   `cuMemFree_v2` waits until every stream is idle; `cuStreamDestroy_v2` drains the stream
-//!   first. Events record a point in a stream; `cuStreamWaitEvent` makes later work wait for it
-//!   (also across devices); a never-recorded event is complete.
+//!   writes the host buffer when it runs. The built-in streams are queues too, as on a GPU
+//!   (never handed out, not counted as live streams): `0` and `CU_STREAM_LEGACY` name the
+//!   legacy default stream of the calling thread's current device, `CU_STREAM_PER_THREAD` a
+//!   blocking per-thread stream of that thread and device; launches, async copies, memsets,
+//!   event records and waits on them return at once. Legacy synchronization as in the CUDA
+//!   Driver API's "Stream synchronization behavior": work on the legacy stream first waits for
+//!   the work already queued on the device's *blocking* streams (flags 0, the per-thread ones
+//!   included), work on a blocking stream for the legacy stream's work queued before it, and a
+//!   `CU_STREAM_NON_BLOCKING` stream never synchronizes with it — so a library writing on the
+//!   legacy stream is *not* ordered before work on a non-blocking stream that did not wait for
+//!   an event recorded after the write. The synchronous `cuMemcpyHtoD_v2`, `cuMemcpyDtoH_v2`
+//!   and `cuMemsetD8_v2` are legacy-stream work that returns as the Driver API's "API
+//!   synchronization behavior" says: a copy back, or from a pinned range, once it ran; a copy
+//!   from pageable memory once its bytes are staged (before it ran); a memset at once.
+//!   `cuStreamSynchronize`/`cuStreamQuery` on the legacy stream cover the device's blocking
+//!   streams; `cuCtxSynchronize` and `cuMemFree_v2` wait for every stream (of the device; of
+//!   every device); `cuStreamDestroy_v2` drains the stream first. Events record a point in a
+//!   stream (on the legacy stream, after its implicit waits); `cuStreamWaitEvent` queues a wait
+//!   for it (also across devices); a never-recorded event is complete.
+//! * **Timing events.** An event made without `CU_EVENT_DISABLE_TIMING` queues, at each
+//!   recording, a marker that stamps the host's monotonic clock when the stream reaches it;
+//!   `cuEventElapsedTime` (and its `_v2` name) answers the difference in milliseconds,
+//!   `CUDA_ERROR_NOT_READY` while either marker has not run, `CUDA_ERROR_INVALID_HANDLE` for an
+//!   event without timing or never recorded.
 //! * **Modules and launches** ([`api::module`]). `cuModuleLoadData` accepts only images of the
-//!   fake NVRTC ([`image`]), built for an architecture the device can run. `cuLaunchKernel`
-//!   validates the launch and copies the parameter values at call time (each parameter is read
-//!   as 8 bytes — a limit of the fake), then runs, in stream order, the host function a test
+//!   fake NVRTC ([`image`]); one compiled by an NVRTC newer than the driver
+//!   (`FAKE_CUDA_DRIVER_VERSION`) fails with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` — PTX newer by
+//!   major.minor, a cubin newer by major (a newer minor's cubin loads: minor version
+//!   compatibility) — and one the device cannot run with `CUDA_ERROR_NO_BINARY_FOR_GPU`: a
+//!   cubin `sm_NN` only on the same major capability and at least `NN` (`sm_80` runs on 8.6,
+//!   not on 9.0), PTX `compute_NN` on any capability at least `NN`, an `a` suffix only on
+//!   exactly `NN`, an `f` suffix on the same major and at least `NN`. A function has limits of
+//!   its own (`cuFuncGetAttribute`, `cuFuncSetAttribute`): its `__launch_bounds__` (else 1024
+//!   threads), and 48 KiB of dynamic shared memory until it opts in to more (up to the device's
+//!   opt-in limit). `cuLaunchKernel` validates the launch at call time — more threads than the
+//!   function's limit is `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES` (not sticky), more shared memory
+//!   `CUDA_ERROR_INVALID_VALUE` — and copies the parameter values (each parameter is read as 8
+//!   bytes — a limit of the fake), then runs, in stream order, the host function a test
 //!   registered for the entry (`fake_cuda_register_kernel`), on the stream's thread, with no
 //!   lock of the fake held; it reaches device memory through `fake_cuda_translate`. A host
 //!   kernel must not call the driver (device code cannot): such calls fail with
 //!   `CUDA_ERROR_NOT_PERMITTED`.
+//! * **Device facts.** `cuDeviceGetAttribute` answers an H200's limits (1024 threads a block,
+//!   48 KiB of shared memory, 227 KiB opt-in, 132 multiprocessors, clocks, a 6144-bit memory
+//!   bus) and the compute capability, `cuDeviceGetName` "Fake CUDA device (H200-like)",
+//!   `cuDeviceTotalMem_v2` the device's memory, which `cuMemAlloc_v2` never exceeds
+//!   (`CUDA_ERROR_OUT_OF_MEMORY`).
 //! * **Sticky errors.** A host kernel returning non-zero (or an operation reaching memory freed
 //!   meanwhile) is a device fault: `CUDA_ERROR_ILLEGAL_ADDRESS` (700) when it returned 700,
 //!   else `CUDA_ERROR_LAUNCH_FAILED` (719); an entry without a host function faults with 719.
@@ -60,7 +91,10 @@
 //!   `cuStreamDestroy_v2`, `cuEventDestroy_v2`, `cuModuleUnload`) return it too but still
 //!   release their object, so a driver's cleanup path leaves nothing behind. `cuCtxGetCurrent`,
 //!   `cuCtxSetCurrent` and `cuDevicePrimaryCtxRelease_v2` keep working; when the retain count
-//!   drops to 0 the poison is cleared (the next retain makes a fresh context).
+//!   drops to 0 the poison is cleared (the next retain makes a fresh context): another holder
+//!   of the primary context (torch retains it too) keeps it, poisoned, alive after ours were
+//!   released, and a new retain gets it back poisoned. `cuDevicePrimaryCtxGetState` says
+//!   whether it is retained.
 //!   An injected sticky code (700, 702, 710, 714-719) on a call made with an active current
 //!   context poisons that context too, as a fault the call reported would.
 //! * **Pinning granularity.** The driver page-locks whole host pages: a registration covers
@@ -71,10 +105,17 @@
 //!   priced (`fake_cuda_lifecycle`): the first `cuInit`, a primary context's creation (its first
 //!   retain) and its destruction (the last release). The prices are assumed orders of magnitude;
 //!   what a benchmark compares is how many of each event a workload causes.
-//! * **NVRTC** ([`nvrtc`]). "Compiling" finds the `extern "C" __global__` entries of the source
-//!   and counts their parameters; `#error` fails the compile with its message in the log; the
-//!   output is a module image for `cuModuleLoadData`. A CUBIN exists only for a real `sm_NN`
-//!   target, as in NVRTC.
+//! * **NVRTC** ([`nvrtc`]). "Compiling" finds the `extern "C" __global__` entries of the source,
+//!   counts their parameters and reads their `__launch_bounds__` (whose first argument must be
+//!   an integer literal, or a name given one by `#define` or a `const`/`constexpr` initializer:
+//!   the fake evaluates nothing else, and fails the compile saying so); `#error` fails the compile
+//!   with its message in the log; the output is a module image for `cuModuleLoadData` that
+//!   records the architecture and the compiler's version. A CUBIN exists only for a real
+//!   `sm_NN` target, as in NVRTC. The version is the library's own file name's when it was
+//!   loaded as `libnvrtc.so.<major>[.<minor>]` (so two copies under two names are two NVRTCs),
+//!   else `FAKE_NVRTC_VERSION`, else 13.0; it decides the architectures NVRTC compiles for
+//!   (`nvrtcGetNumSupportedArchs`, `nvrtcGetSupportedArchs`): another `--gpu-architecture`
+//!   fails with `NVRTC_ERROR_INVALID_OPTION`.
 //! * **Fault injection.** The `nth` next call of a named export (driver or NVRTC) returns a
 //!   chosen code without doing anything, so error paths can be tested.
 //! * **Stricter-than-real checks.** Freeing, copying to/from or setting an allocation while the
@@ -90,15 +131,26 @@
 //! * `FAKE_CUDA_DEVICES` (default 2): number of devices; ordinals at or past it are invalid.
 //! * `FAKE_CUDA_INJECT=name:nth:code[,name:nth:code...]`: the `nth` next call of the named
 //!   function (its exact C name, e.g. `cuMemAlloc_v2` or `nvrtcCompileProgram`) returns `code`.
-//! * `FAKE_CUDA_DRIVER_VERSION` (default 13000): what `cuDriverGetVersion` answers.
+//! * `FAKE_CUDA_DRIVER_VERSION` (default 13000, read at each call): what `cuDriverGetVersion`
+//!   answers, and the version `cuModuleLoadData` checks images against.
+//! * `FAKE_NVRTC_VERSION` (e.g. `12.4`; read at each call): NVRTC's version when its file name
+//!   gives none (default 13.0).
 //! * `FAKE_CUDA_REUSE` (default on): `0`/`off` stops freed addresses from being reused.
 //! * `FAKE_CUDA_CC` (default `9.0`): the compute capability every device reports.
 //! * `FAKE_CUDA_STREAM_LATENCY_US` (default 200): how long a stream that was idle waits before
-//!   it runs newly queued work (a launch latency, so a forgotten synchronize shows up).
+//!   it runs newly queued work (a launch latency, so a forgotten synchronize shows up); the
+//!   built-in streams included.
+//! * `FAKE_CUDA_HOST_PAGE` (default 4096): the host page size registrations are counted in.
+//! * `FAKE_CUDA_SM_COUNT` (default 132): `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
+//! * `FAKE_CUDA_SHARED_OPTIN` (default 232448):
+//!   `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, the most dynamic shared memory
+//!   `cuFuncSetAttribute` lets a function opt in to.
+//! * `FAKE_CUDA_TOTAL_MEM` (default 150754820096): each device's memory
+//!   (`cuDeviceTotalMem_v2`); allocations beyond it fail.
 //!
 //! Controls for tests (C ABI, see [`control`]): `fake_cuda_reset` (clears the call log, pending
-//! injections, the violation count and the launch/load/compile counters, releases a stream hold,
-//! re-reads the environment; keeps live allocations, registrations, retain counts, streams,
+//! injections, the violation count and the launch/load/compile counters, releases every stream
+//! hold, re-reads the environment; keeps live allocations, registrations, retain counts, streams,
 //! events, modules, programs, sticky errors and registered host kernels), `fake_cuda_inject`,
 //! `fake_cuda_call_log` (one text line per call: `name args -> code`, the device address or
 //! handle as the second word where there is one, injected failures marked ` (injected)`, and
@@ -107,9 +159,12 @@
 //! `fake_cuda_violations`, `fake_cuda_alloc_device`, `fake_cuda_set_devices`,
 //! `fake_cuda_set_reuse`, `fake_cuda_register_kernel`, `fake_cuda_translate`,
 //! `fake_cuda_launch_count`, `fake_cuda_module_loads`, `fake_cuda_live_modules`,
-//! `fake_cuda_live_streams`, `fake_cuda_live_events`, `fake_cuda_poisoned`,
-//! `fake_cuda_hold_streams`, `fake_cuda_set_stream_latency_us`, `fake_nvrtc_compile_count` and
-//! `fake_nvrtc_live_programs`.
+//! `fake_cuda_live_streams` (streams made by `cuStreamCreate`), `fake_cuda_live_events`,
+//! `fake_cuda_poisoned`, `fake_cuda_hold_streams` (every stream made by `cuStreamCreate`),
+//! `int fake_cuda_hold_stream(CUstream h, int on)` (one stream, a built-in handle naming the
+//! calling thread's stream of its current device: 0, or `CUDA_ERROR_INVALID_HANDLE` /
+//! `CUDA_ERROR_INVALID_CONTEXT`), `fake_cuda_set_stream_latency_us`, `fake_cuda_lifecycle`,
+//! `fake_cuda_set_host_page`, `fake_nvrtc_compile_count` and `fake_nvrtc_live_programs`.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -170,10 +225,12 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: CUresult = 222;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
 pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
 pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
@@ -198,6 +255,25 @@ const DEFAULT_CC: (c_int, c_int) = (9, 0);
 const DEFAULT_LATENCY_US: u64 = 200;
 /// Host page size when `FAKE_CUDA_HOST_PAGE` is unset.
 const DEFAULT_HOST_PAGE: u64 = 4096;
+/// Multiprocessors a device has when `FAKE_CUDA_SM_COUNT` is unset (an H200's).
+const DEFAULT_SM_COUNT: c_int = 132;
+/// Shared memory a block may opt in to when `FAKE_CUDA_SHARED_OPTIN` is unset (227 KiB, an
+/// H200's `MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`).
+const DEFAULT_SHARED_OPTIN: u32 = 232_448;
+/// Device memory when `FAKE_CUDA_TOTAL_MEM` is unset (an H200's).
+const DEFAULT_TOTAL_MEM: u64 = 150_754_820_096;
+/// The driver version when `FAKE_CUDA_DRIVER_VERSION` is unset (CUDA 13.0).
+const DEFAULT_DRIVER_VERSION: c_int = 13000;
+
+/// The driver's version (`1000 * major + 10 * minor`): `FAKE_CUDA_DRIVER_VERSION`, read at each
+/// call (so a test may change it while the library is loaded), else 13000.
+fn driver_version() -> c_int {
+    std::env::var("FAKE_CUDA_DRIVER_VERSION")
+        .ok()
+        .and_then(|v| v.trim().parse::<c_int>().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(DEFAULT_DRIVER_VERSION)
+}
 
 /// Modeled lifecycle costs in nanoseconds (assumed, see the module docs): the first `cuInit`,
 /// a primary context's creation and its destruction.
@@ -293,6 +369,12 @@ struct State {
     violations: u64,
     /// The host page size registrations are counted in.
     host_page: u64,
+    /// Multiprocessors of every device.
+    sm_count: c_int,
+    /// The most dynamic shared memory a function may opt in to.
+    shared_optin: u32,
+    /// Memory of every device, in bytes.
+    total_mem: u64,
     lifecycle: Lifecycle,
 }
 
@@ -319,6 +401,9 @@ impl State {
             log: CallLog::default(),
             violations: 0,
             host_page: DEFAULT_HOST_PAGE,
+            sm_count: DEFAULT_SM_COUNT,
+            shared_optin: DEFAULT_SHARED_OPTIN,
+            total_mem: DEFAULT_TOTAL_MEM,
             lifecycle: Lifecycle::default(),
         };
         st.apply_env();
@@ -364,6 +449,27 @@ impl State {
             match v.trim().parse::<u64>() {
                 Ok(p) if p.is_power_of_two() => self.host_page = p,
                 _ => self.config_error(&format!("FAKE_CUDA_HOST_PAGE={v:?}")),
+            }
+        }
+        self.sm_count = DEFAULT_SM_COUNT;
+        if let Ok(v) = std::env::var("FAKE_CUDA_SM_COUNT") {
+            match v.trim().parse::<c_int>() {
+                Ok(n) if n > 0 => self.sm_count = n,
+                _ => self.config_error(&format!("FAKE_CUDA_SM_COUNT={v:?}")),
+            }
+        }
+        self.shared_optin = DEFAULT_SHARED_OPTIN;
+        if let Ok(v) = std::env::var("FAKE_CUDA_SHARED_OPTIN") {
+            match v.trim().parse::<u32>() {
+                Ok(n) if c_int::try_from(n).is_ok() => self.shared_optin = n,
+                _ => self.config_error(&format!("FAKE_CUDA_SHARED_OPTIN={v:?}")),
+            }
+        }
+        self.total_mem = DEFAULT_TOTAL_MEM;
+        if let Ok(v) = std::env::var("FAKE_CUDA_TOTAL_MEM") {
+            match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => self.total_mem = n,
+                _ => self.config_error(&format!("FAKE_CUDA_TOTAL_MEM={v:?}")),
             }
         }
         if let Ok(v) = std::env::var("FAKE_CUDA_INJECT") {

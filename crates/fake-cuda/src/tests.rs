@@ -3,8 +3,10 @@
 //! checked in one test, in order; streams, kernels and NVRTC have rooms of their own.
 
 use std::ffi::{c_char, c_void, CStr};
+use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::{Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use crate::api::*;
 use crate::control::*;
@@ -15,6 +17,61 @@ mod nvrtc_api;
 mod streams;
 
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The newest modification time of the files under `dir`.
+fn newest(dir: &Path) -> SystemTime {
+    let mut t = SystemTime::UNIX_EPOCH;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let m = if p.is_dir() {
+            newest(&p)
+        } else {
+            e.metadata().and_then(|m| m.modified()).unwrap_or(t)
+        };
+        t = t.max(m);
+    }
+    t
+}
+
+/// This crate's library (`libfake_cuda.so`), for tests that load copies of it: the one beside
+/// the test executable when it is newer than the sources, else built with `cargo build -p
+/// fake-cuda` into a target directory of its own (so the build never waits for the lock of the
+/// `cargo test` running us).
+fn library() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.as_ref() {
+        return p.clone();
+    }
+    let file = "libfake_cuda.so";
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crates = manifest.parent().unwrap();
+    let sources = newest(manifest).max(newest(&crates.join("fake-vendor")));
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test-exe> -> target/<profile>
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let beside = profile.join(file);
+    let fresh = std::fs::metadata(&beside)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= sources);
+    let so = if fresh {
+        beside
+    } else {
+        let target = profile.parent().unwrap().join("fake-cuda-selftest");
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "fake-cuda", "--target-dir"])
+            .arg(&target)
+            .current_dir(manifest)
+            .status()
+            .unwrap_or_else(|e| panic!("running `{cargo} build -p fake-cuda`: {e}"));
+        assert!(status.success(), "`cargo build -p fake-cuda` failed");
+        target.join("debug").join(file)
+    };
+    assert!(so.is_file(), "{} missing", so.display());
+    *built = Some(so.clone());
+    so
+}
 
 /// The test lock (a failed test does not poison it for the others).
 fn serial() -> MutexGuard<'static, ()> {
@@ -368,6 +425,8 @@ extern "C" __global__ void gate(void) {}
 extern "C" __global__ void slow_write(unsigned long long *p, unsigned long long v) {}
 extern "C" __global__ void boom(unsigned long long code) {}
 extern "C" __global__ void orphan() {}
+extern "C" __global__ void __launch_bounds__(128, 2)
+bounded(unsigned char *p, unsigned long long n, unsigned long long v) {}
 "#;
 
 /// Compiles `src` with `opts` through the fake NVRTC: its PTX, or the code and log.

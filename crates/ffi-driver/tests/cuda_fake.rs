@@ -1314,8 +1314,9 @@ fn nvrtc_compiles_what_the_device_loads_and_reports_the_log() {
     let img = nv.compile(src, "two.cu", &[], sm90).unwrap();
     assert_eq!(img.kind, simpler_driver::nvrtc::ImageKind::Cubin);
     assert!(
-        img.bytes
-            .starts_with(b"FAKECUDA-MODULE 1\narch sm_90\nentry scale 3\nentry add_one 1\n"),
+        img.bytes.starts_with(
+            b"FAKECUDA-MODULE 1\narch sm_90\ncuda 13.0\nentry scale 3\nentry add_one 1\n"
+        ),
         "{}",
         String::from_utf8_lossy(&img.bytes)
     );

@@ -1,21 +1,35 @@
 //! Device memory: allocation, synchronous and asynchronous copies and memsets, host
 //! registration.
+//!
+//! The synchronous copies and memsets are work of the legacy stream (so they are ordered after
+//! the device's blocking streams, never after `CU_STREAM_NON_BLOCKING` ones), and return as the
+//! CUDA Driver API's "API synchronization behavior" says: a copy to the host or from a pinned
+//! (registered) range returns once it ran; a copy from pageable memory once the bytes are staged
+//! (copied at call time), before the copy ran; a memset of device memory at once.
 
 use std::ffi::{c_uint, c_void};
 
-use super::stream::{finish, submit};
-use crate::exec::{self, Op, Source, Work};
+use super::stream::{queue, settle, submit};
+use crate::exec::{self, Op, Point, Source, Work, CU_STREAM_LEGACY};
 use crate::{
-    current_ctx, device_of_ctx, export, with_state, CUdeviceptr, CUresult, CUstream, ALIGN,
+    export, with_state, CUdevice, CUdeviceptr, CUresult, CUstream, ALIGN,
     CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, FILL,
 };
 
-/// What the synchronous copies and memsets do first, as work of the legacy stream: wait for the
-/// blocking streams of the current context's device (never for non-blocking ones).
-fn legacy_barrier() {
-    if let Some(dev) = device_of_ctx(current_ctx()) {
-        exec::wait_device(Some(dev), true);
+/// The bytes `n` at `src` as an HtoD source: read when the copy runs from a registered range
+/// (`pinned`), else copied now.
+///
+/// # Safety
+/// `src` must be valid for reads of `n` bytes (when `n > 0`).
+unsafe fn host_source(src: *const c_void, n: usize, pinned: bool) -> Source {
+    if pinned {
+        Source::Host(src as usize)
+    } else if n == 0 {
+        Source::Copied(Vec::new())
+    } else {
+        // SAFETY: `src` is valid for `n` bytes per the caller.
+        Source::Copied(unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) }.to_vec())
     }
 }
 
@@ -31,6 +45,19 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
         let dev = st.enter(name, &args)?;
         if dptr.is_null() || bytesize == 0 {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
+        }
+        let used: u64 = st
+            .heap
+            .blocks()
+            .filter(|(_, b)| b.meta == dev)
+            .map(|(_, b)| b.size)
+            .sum();
+        if used.saturating_add(bytesize as u64) > st.total_mem {
+            let args = format!(
+                "{args} (device {dev} has {used} of {} bytes in use)",
+                st.total_mem
+            );
+            return Err(st.ret(name, &args, CUDA_ERROR_OUT_OF_MEMORY));
         }
         let Some(addr) = st.heap.alloc(bytesize as u64, ALIGN, FILL, dev) else {
             return Err(st.ret(name, &args, CUDA_ERROR_OUT_OF_MEMORY));
@@ -61,41 +88,10 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     })
 }
 
-/// A synchronous copy of `n` bytes between `host` and `[dptr, dptr + n)`: from `host` when
-/// `to_device`, else into it. Waits for the blocking streams first (see `legacy_barrier`).
-///
-/// # Safety
-/// `host` must be valid for reads (`to_device`) or writes of `n` bytes.
-unsafe fn copy_sync(
-    (name, args): (&str, &str),
-    host: *mut c_void,
-    dptr: CUdeviceptr,
-    n: usize,
-    to_device: bool,
-) -> CUresult {
-    legacy_barrier();
-    export(|st| {
-        let dev = st.enter(name, args)?;
-        let device = st.host_copy_range((name, args), host, dptr, n, dev)?;
-        if n > 0 {
-            let host = host.cast::<u8>();
-            let (from, to) = if to_device {
-                (host.cast_const(), device)
-            } else {
-                (device.cast_const(), host)
-            };
-            // SAFETY: `device` has `n` bytes of a live backing block behind it (checked by
-            // `device_range`); `host` is valid for `n` bytes in this direction per the caller;
-            // caller memory cannot overlap the fake's private backing block.
-            unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
-        }
-        Ok(st.ret(name, args, CUDA_SUCCESS))
-    })
-}
-
 /// `CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)` (the
-/// `_v2` entry point). Synchronous; waits for the blocking streams first (see
-/// `legacy_barrier`).
+/// `_v2` entry point): work of the legacy stream. From a registered (pinned) range the call
+/// returns once the copy ran; from pageable memory the bytes are staged (copied) now and the
+/// call returns at once, before the copy ran. Logged with `pinned` or `pageable`.
 ///
 /// # Safety
 /// `src_host` must be valid for reads of `byte_count` bytes.
@@ -105,14 +101,49 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src_host: *const c_void,
     byte_count: usize,
 ) -> CUresult {
-    let args = format!("{dst_device:#x} {byte_count} src={:#x}", src_host as usize);
-    let call = ("cuMemcpyHtoD_v2", args.as_str());
-    // SAFETY: `src_host` is valid for reads of `byte_count` bytes per the caller, and read only.
-    unsafe { copy_sync(call, src_host.cast_mut(), dst_device, byte_count, true) }
+    let name = "cuMemcpyHtoD_v2";
+    let src = src_host as usize;
+    let mut args = format!("{dst_device:#x} {byte_count} src={src:#x}");
+    let r = with_state(|st| {
+        let dev = st.enter(name, &args)?;
+        st.host_copy_range((name, &args), src_host, dst_device, byte_count, dev)?;
+        let pinned = byte_count > 0 && st.pinned(src as u64, byte_count as u64);
+        args.push_str(if pinned { " pinned" } else { " pageable" });
+        let op = Op {
+            dev,
+            what: format!("{name} {dst_device:#x} {byte_count}"),
+            work: Work::HtoD {
+                dst: dst_device,
+                // SAFETY: `src_host` is non-null (checked) and valid for `byte_count` bytes per
+                // the caller; a pinned range is read before this call returns (it waits).
+                src: unsafe { host_source(src_host, byte_count, pinned) },
+                n: byte_count,
+            },
+        };
+        let point = queue(st, (name, &args), CU_STREAM_LEGACY, op)?;
+        if pinned {
+            Ok(Some((dev, point)))
+        } else {
+            st.ret(name, &args, CUDA_SUCCESS);
+            Ok(None)
+        }
+    });
+    waited(name, &args, r)
+}
+
+/// Ends a synchronous call: waits for its operation's point when it has to (`Some`), then
+/// returns the context's sticky error or success.
+fn waited(name: &str, args: &str, r: Result<Option<(CUdevice, Point)>, CUresult>) -> CUresult {
+    match r {
+        Err(code) => code,
+        Ok(None) => CUDA_SUCCESS,
+        Ok(Some((dev, point))) => settle(name, args, dev, || exec::wait_point(point)),
+    }
 }
 
 /// `CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)` (the `_v2`
-/// entry point). Synchronous; waits for the blocking streams first.
+/// entry point): work of the legacy stream; returns once the copy ran (with the context's
+/// sticky error when it, or earlier work, faulted).
 ///
 /// # Safety
 /// `dst_host` must be valid for writes of `byte_count` bytes.
@@ -122,26 +153,47 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
     src_device: CUdeviceptr,
     byte_count: usize,
 ) -> CUresult {
-    let args = format!("{src_device:#x} {byte_count} dst={:#x}", dst_host as usize);
-    let call = ("cuMemcpyDtoH_v2", args.as_str());
-    // SAFETY: `dst_host` is valid for writes of `byte_count` bytes per the caller.
-    unsafe { copy_sync(call, dst_host, src_device, byte_count, false) }
+    let name = "cuMemcpyDtoH_v2";
+    let dst = dst_host as usize;
+    let args = format!("{src_device:#x} {byte_count} dst={dst:#x}");
+    let r = with_state(|st| {
+        let dev = st.enter(name, &args)?;
+        st.host_copy_range((name, &args), dst_host, src_device, byte_count, dev)?;
+        let op = Op {
+            dev,
+            what: format!("{name} {src_device:#x} {byte_count}"),
+            work: Work::DtoH {
+                dst,
+                src: src_device,
+                n: byte_count,
+            },
+        };
+        let point = queue(st, (name, &args), CU_STREAM_LEGACY, op)?;
+        Ok(Some((dev, point)))
+    });
+    waited(name, &args, r)
 }
 
 /// `CUresult cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)` (the `_v2` entry
-/// point). Synchronous; waits for the blocking streams first.
+/// point): work of the legacy stream; the range is checked now, the call returns at once (a
+/// memset of device memory is asynchronous with respect to the host).
 #[no_mangle]
 pub extern "C" fn cuMemsetD8_v2(dst_device: CUdeviceptr, uc: u8, n: usize) -> CUresult {
-    legacy_barrier();
     export(|st| {
         let name = "cuMemsetD8_v2";
         let args = format!("{dst_device:#x} {n} value={uc}");
         let dev = st.enter(name, &args)?;
-        let to = st.live_range((name, &args), dst_device, n as u64, dev)?;
-        // SAFETY: `to` has `n` bytes of a live backing block behind it (checked by
-        // `device_range`).
-        unsafe { std::ptr::write_bytes(to, uc, n) };
-        Ok(st.ret(name, &args, CUDA_SUCCESS))
+        st.live_range((name, &args), dst_device, n as u64, dev)?;
+        let op = Op {
+            dev,
+            what: format!("{name} {dst_device:#x} {n}"),
+            work: Work::Memset {
+                dst: dst_device,
+                value: uc,
+                n,
+            },
+        };
+        submit(st, name, &args, CU_STREAM_LEGACY, op)
     })
 }
 
@@ -215,20 +267,13 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     let h = h_stream as usize;
     let src = src_host as usize;
     let mut args = format!("{dst_device:#x} {byte_count} src={src:#x} stream={h:#x}");
-    let r = with_state(|st| {
+    export(|st| {
         let dev = st.enter(name, &args)?;
         st.host_copy_range((name, &args), src_host, dst_device, byte_count, dev)?;
         let pinned = byte_count > 0 && st.pinned(src as u64, byte_count as u64);
-        let source = if pinned {
-            Source::Pinned(src)
-        } else if byte_count == 0 {
-            Source::Copied(Vec::new())
-        } else {
-            // SAFETY: `src_host` is non-null and valid for `byte_count` bytes per the caller.
-            Source::Copied(
-                unsafe { std::slice::from_raw_parts(src_host.cast::<u8>(), byte_count) }.to_vec(),
-            )
-        };
+        // SAFETY: `src_host` is non-null (checked) and valid for `byte_count` bytes per the
+        // caller, until the copy ran when pinned.
+        let source = unsafe { host_source(src_host, byte_count, pinned) };
         args.push_str(if pinned { " pinned" } else { " pageable" });
         let op = Op {
             dev,
@@ -240,8 +285,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
             },
         };
         submit(st, name, &args, h, op)
-    });
-    finish(name, &args, h, r)
+    })
 }
 
 /// `CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream
@@ -261,7 +305,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     let h = h_stream as usize;
     let dst = dst_host as usize;
     let args = format!("{src_device:#x} {byte_count} dst={dst:#x} stream={h:#x}");
-    let r = with_state(|st| {
+    export(|st| {
         let dev = st.enter(name, &args)?;
         st.host_copy_range((name, &args), dst_host, src_device, byte_count, dev)?;
         let op = Op {
@@ -274,8 +318,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
             },
         };
         submit(st, name, &args, h, op)
-    });
-    finish(name, &args, h, r)
+    })
 }
 
 /// `CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream
@@ -290,7 +333,7 @@ pub extern "C" fn cuMemsetD8Async(
     let name = "cuMemsetD8Async";
     let h = h_stream as usize;
     let args = format!("{dst_device:#x} {n} value={uc} stream={h:#x}");
-    let r = with_state(|st| {
+    export(|st| {
         let dev = st.enter(name, &args)?;
         st.live_range((name, &args), dst_device, n as u64, dev)?;
         let op = Op {
@@ -303,6 +346,5 @@ pub extern "C" fn cuMemsetD8Async(
             },
         };
         submit(st, name, &args, h, op)
-    });
-    finish(name, &args, h, r)
+    })
 }

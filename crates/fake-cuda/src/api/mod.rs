@@ -13,10 +13,10 @@ use crate::{
     CUdevice_attribute, CUresult, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
     CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_INVALID_CONTEXT,
     CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_IMAGE,
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_READY,
-    CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OUT_OF_MEMORY,
-    CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+    CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_PERMITTED,
+    CUDA_ERROR_NOT_READY, CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_NO_DEVICE,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_SUCCESS,
 };
 
 pub mod memory;
@@ -47,7 +47,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
 }
 
 /// `CUresult cuDriverGetVersion(int *driverVersion)`: 13000 (CUDA 13.0), or
-/// `FAKE_CUDA_DRIVER_VERSION`. Works before `cuInit`, as in the driver.
+/// `FAKE_CUDA_DRIVER_VERSION` (read at each call). Works before `cuInit`, as in the driver.
 ///
 /// # Safety
 /// `version` must be null or valid for a write of one `int`.
@@ -63,10 +63,7 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
         if version.is_null() {
             return st.ret("cuDriverGetVersion", "", CUDA_ERROR_INVALID_VALUE);
         }
-        let v = std::env::var("FAKE_CUDA_DRIVER_VERSION")
-            .ok()
-            .and_then(|v| v.trim().parse::<c_int>().ok())
-            .unwrap_or(13000);
+        let v = crate::driver_version();
         // SAFETY: `version` is non-null and, per the caller, valid for this write.
         unsafe { version.write(v) };
         st.ret("cuDriverGetVersion", &v.to_string(), CUDA_SUCCESS)
@@ -157,6 +154,35 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     })
 }
 
+/// `CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)`:
+/// `flags` 0 (none is ever set), `active` 1 while the primary context is retained (poisoned or
+/// not), else 0. Needs no context, as in the driver.
+///
+/// # Safety
+/// `flags` and `active` must be null or valid for a write of one `unsigned int` / `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    export(|st| {
+        let name = "cuDevicePrimaryCtxGetState";
+        let args = dev.to_string();
+        st.enter_device(name, &args, dev)?;
+        if flags.is_null() || active.is_null() {
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
+        }
+        let on = c_int::from(st.retain_count(dev) > 0);
+        // SAFETY: both are non-null and, per the caller, valid for these writes.
+        unsafe {
+            flags.write(0);
+            active.write(on);
+        }
+        Ok(st.ret(name, &format!("{args} flags=0 active={on}"), CUDA_SUCCESS))
+    })
+}
+
 /// `CUresult cuCtxGetCurrent(CUcontext *pctx)`: the calling thread's current context (null when
 /// none; a released context's handle stays current, dangling).
 ///
@@ -211,10 +237,18 @@ const ERROR_NAMES: &[(CUresult, &CStr)] = &[
         CUDA_ERROR_NO_BINARY_FOR_GPU,
         c"CUDA_ERROR_NO_BINARY_FOR_GPU",
     ),
+    (
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+        c"CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    ),
     (CUDA_ERROR_INVALID_HANDLE, c"CUDA_ERROR_INVALID_HANDLE"),
     (CUDA_ERROR_NOT_FOUND, c"CUDA_ERROR_NOT_FOUND"),
     (CUDA_ERROR_NOT_READY, c"CUDA_ERROR_NOT_READY"),
     (CUDA_ERROR_ILLEGAL_ADDRESS, c"CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (
+        CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES,
+        c"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+    ),
     (
         CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
         c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
@@ -255,27 +289,36 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, pstr: *mut *const c_cha
     })
 }
 
-/// `CU_DEVICE_ATTRIBUTE_*` values the fake answers: the compute capability (`FAKE_CUDA_CC`), the
-/// multiprocessor count, and the launch limits `cuLaunchKernel` enforces.
-fn attribute(attrib: CUdevice_attribute, cc: (c_int, c_int)) -> Option<c_int> {
+/// `CU_DEVICE_ATTRIBUTE_*` values the fake answers: the compute capability (`FAKE_CUDA_CC`),
+/// the launch limits `cuLaunchKernel` enforces, the shared memory limits (the opt-in from
+/// `FAKE_CUDA_SHARED_OPTIN`), the multiprocessor count (`FAKE_CUDA_SM_COUNT`) and an H200's
+/// clocks and memory bus.
+fn attribute(attrib: CUdevice_attribute, st: &crate::State) -> Option<c_int> {
     Some(match attrib {
-        1 => 1024,      // MAX_THREADS_PER_BLOCK
-        2 | 3 => 1024,  // MAX_BLOCK_DIM_X, _Y
-        4 => 64,        // MAX_BLOCK_DIM_Z
-        5 => i32::MAX,  // MAX_GRID_DIM_X
-        6 | 7 => 65535, // MAX_GRID_DIM_Y, _Z
-        8 => 48 << 10,  // MAX_SHARED_MEMORY_PER_BLOCK
-        10 => 32,       // WARP_SIZE
-        16 => 132,      // MULTIPROCESSOR_COUNT
-        75 => cc.0,     // COMPUTE_CAPABILITY_MAJOR
-        76 => cc.1,     // COMPUTE_CAPABILITY_MINOR
+        1 => 1024,                                    // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,                                // MAX_BLOCK_DIM_X, _Y
+        4 => 64,                                      // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,                                // MAX_GRID_DIM_X
+        6 | 7 => 65535,                               // MAX_GRID_DIM_Y, _Z
+        8 => 48 << 10,                                // MAX_SHARED_MEMORY_PER_BLOCK
+        10 => 32,                                     // WARP_SIZE
+        13 => 1_980_000,                              // CLOCK_RATE (kHz)
+        16 => st.sm_count,                            // MULTIPROCESSOR_COUNT
+        36 => 2_619_000,                              // MEMORY_CLOCK_RATE (kHz)
+        37 => 6144,                                   // GLOBAL_MEMORY_BUS_WIDTH (bits)
+        75 => st.cc.0,                                // COMPUTE_CAPABILITY_MAJOR
+        76 => st.cc.1,                                // COMPUTE_CAPABILITY_MINOR
+        97 => c_int::try_from(st.shared_optin).ok()?, // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         _ => return None,
     })
 }
 
 /// `CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)`: answers
-/// the compute capability (75, 76; `FAKE_CUDA_CC`, default 9.0), `MULTIPROCESSOR_COUNT` (16:
-/// 132) and the launch limits (1-8, 10); any other attribute is `CUDA_ERROR_INVALID_VALUE`.
+/// the launch limits (1-8, 10), `CLOCK_RATE` (13: 1980000 kHz), `MULTIPROCESSOR_COUNT` (16:
+/// `FAKE_CUDA_SM_COUNT`, default 132), `MEMORY_CLOCK_RATE` (36: 2619000 kHz),
+/// `GLOBAL_MEMORY_BUS_WIDTH` (37: 6144), the compute capability (75, 76: `FAKE_CUDA_CC`,
+/// default 9.0) and `MAX_SHARED_MEMORY_PER_BLOCK_OPTIN` (97: `FAKE_CUDA_SHARED_OPTIN`, default
+/// 232448); any other attribute is `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
 /// `pi` must be null or valid for a write of one `int`.
@@ -289,7 +332,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         let name = "cuDeviceGetAttribute";
         let args = format!("{attrib} dev={dev}");
         st.enter_device(name, &args, dev)?;
-        let Some(value) = attribute(attrib, st.cc).filter(|_| !pi.is_null()) else {
+        let Some(value) = attribute(attrib, st).filter(|_| !pi.is_null()) else {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         };
         // SAFETY: `pi` is non-null and, per the caller, valid for this write.
@@ -298,11 +341,35 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     })
 }
 
-/// The name every fake device reports.
-const DEVICE_NAME: &[u8] = b"Fake CUDA Device";
+/// `CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev)` (the `_v2` entry point): the
+/// device's memory, `FAKE_CUDA_TOTAL_MEM` (default 150754820096, an H200's); `cuMemAlloc_v2`
+/// refuses to hand out more.
+///
+/// # Safety
+/// `bytes` must be null or valid for a write of one `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    export(|st| {
+        let name = "cuDeviceTotalMem_v2";
+        let args = format!("dev={dev}");
+        st.enter_device(name, &args, dev)?;
+        let Some(total) = usize::try_from(st.total_mem)
+            .ok()
+            .filter(|_| !bytes.is_null())
+        else {
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
+        };
+        // SAFETY: `bytes` is non-null and, per the caller, valid for this write.
+        unsafe { bytes.write(total) };
+        Ok(st.ret(name, &format!("{args} bytes={total}"), CUDA_SUCCESS))
+    })
+}
 
-/// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`: "Fake CUDA Device",
-/// NUL-terminated, truncated to `len - 1` characters.
+/// The name every fake device reports.
+const DEVICE_NAME: &[u8] = b"Fake CUDA device (H200-like)";
+
+/// `CUresult cuDeviceGetName(char *name, int len, CUdevice dev)`: "Fake CUDA device
+/// (H200-like)", NUL-terminated, truncated to `len - 1` characters.
 ///
 /// # Safety
 /// `name` must be null or valid for writes of `len` bytes.

@@ -2,23 +2,21 @@
 //!
 //! Every call here needs the current context; a stream or event of another device than the
 //! current context's is refused with `CUDA_ERROR_INVALID_HANDLE` and counted as a violation
-//! (the event of `cuStreamWaitEvent` excepted). Calls that block (synchronize, destroy) check
-//! their arguments under the state lock, wait with no lock held, then log the outcome.
+//! (the event of `cuStreamWaitEvent` excepted). The built-in handles (`0`, `CU_STREAM_LEGACY`,
+//! `CU_STREAM_PER_THREAD`) resolve to the calling thread's internal streams of the current
+//! device ([`Exec::resolve`]). Calls that block (synchronize, destroy) check their arguments
+//! under the state lock, wait with no lock held, then log the outcome.
 
-use std::ffi::c_uint;
+use std::ffi::{c_float, c_uint};
 
-use crate::exec::{self, Exec, Op, Point, Work, CU_STREAM_NON_BLOCKING, DONE};
+use crate::exec::{self, Exec, Op, Point, Work, CU_STREAM_NON_BLOCKING};
 use crate::{
     export, with_state, CUdevice, CUevent, CUresult, CUstream, State, CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
 };
 
-/// An asynchronous call that passed its checks: queued on a created stream (and logged), or to
-/// run on the calling thread once the state lock is released (a built-in stream).
-pub(crate) enum Submitted {
-    Queued,
-    Inline(Op),
-}
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 
 /// Checks that `h` is a live stream of `dev` (built-in streams always are); logs a failure.
 fn own_stream(
@@ -60,44 +58,36 @@ fn own_event(
     }
 }
 
-/// Queues `op` on stream `h` (whose handle it checks), or hands it back for a built-in stream.
+/// Queues `op` on stream `h` (whose handle it checks; a built-in handle resolves to the calling
+/// thread's internal stream of `op.dev`). Returns the point just past `op`; logs a failure only.
+pub(crate) fn queue(
+    st: &mut State,
+    (name, args): (&str, &str),
+    h: usize,
+    op: Op,
+) -> Result<Point, CUresult> {
+    let mut ex = exec::lock();
+    own_stream(st, &ex, (name, args), h, op.dev)?;
+    let s = ex.resolve(h, op.dev);
+    ex.enqueue(s, op).map_err(|code| st.ret(name, args, code))?;
+    Ok(ex.point_of(s))
+}
+
+/// [`queue`] for an asynchronous call, which returns at once: logs the success too.
 pub(crate) fn submit(
     st: &mut State,
     name: &str,
     args: &str,
     h: usize,
     op: Op,
-) -> Result<Submitted, CUresult> {
-    if exec::builtin(h) {
-        return Ok(Submitted::Inline(op));
-    }
-    let mut ex = exec::lock();
-    own_stream(st, &ex, (name, args), h, op.dev)?;
-    match ex.enqueue(h, op) {
-        Ok(()) => {
-            st.ret(name, args, CUDA_SUCCESS);
-            Ok(Submitted::Queued)
-        }
-        Err(code) => Err(st.ret(name, args, code)),
-    }
-}
-
-/// Completes an asynchronous call: runs a built-in stream's operation now (no lock held) and
-/// logs its outcome, a device fault's code included.
-pub(crate) fn finish(name: &str, args: &str, h: usize, r: Result<Submitted, CUresult>) -> CUresult {
-    match r {
-        Err(code) => code,
-        Ok(Submitted::Queued) => CUDA_SUCCESS,
-        Ok(Submitted::Inline(op)) => {
-            let code = exec::run_inline(h, op);
-            with_state(|st| st.ret(name, args, code))
-        }
-    }
+) -> Result<CUresult, CUresult> {
+    queue(st, (name, args), h, op)?;
+    Ok(st.ret(name, args, CUDA_SUCCESS))
 }
 
 /// Waits with no lock held for what `wait` says, then logs and returns the device's sticky
 /// error (or success).
-fn settle(name: &str, args: &str, dev: CUdevice, wait: impl FnOnce()) -> CUresult {
+pub(crate) fn settle(name: &str, args: &str, dev: CUdevice, wait: impl FnOnce()) -> CUresult {
     wait();
     with_state(|st| {
         let code = st.poisoned(dev);
@@ -105,13 +95,10 @@ fn settle(name: &str, args: &str, dev: CUdevice, wait: impl FnOnce()) -> CUresul
     })
 }
 
-/// Waits for what work on built-in or created stream `h` of `dev` waits for.
-fn wait_stream(h: usize, dev: CUdevice) {
-    if exec::legacy(h) {
-        exec::wait_device(Some(dev), true);
-    } else if !exec::builtin(h) {
-        exec::wait_stream(h);
-    }
+/// What synchronizing built-in or created stream `h` of `dev` waits for: the legacy stream
+/// covers every blocking stream of the device (`None`); another stream, its own queue.
+fn sync_target(h: usize, dev: CUdevice) -> Option<usize> {
+    (!exec::legacy(h)).then(|| exec::lock().resolve(h, dev))
 }
 
 /// `CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)`: `Flags` is 0 or
@@ -166,8 +153,9 @@ pub extern "C" fn cuStreamDestroy_v2(h_stream: CUstream) -> CUresult {
     })
 }
 
-/// `CUresult cuStreamSynchronize(CUstream hStream)`: waits until the stream's work ran; returns
-/// the context's sticky error if there is (or comes to be) one.
+/// `CUresult cuStreamSynchronize(CUstream hStream)`: waits until the stream's work ran (on the
+/// legacy stream: the work of every blocking stream of the device); returns the context's sticky
+/// error if there is (or comes to be) one.
 #[no_mangle]
 pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
     let name = "cuStreamSynchronize";
@@ -179,13 +167,16 @@ pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
         Ok(dev)
     });
     match checked {
-        Ok(dev) => settle(name, &args, dev, || wait_stream(h, dev)),
+        Ok(dev) => settle(name, &args, dev, || match sync_target(h, dev) {
+            None => exec::wait_device(Some(dev), true),
+            Some(s) => exec::wait_stream(s),
+        }),
         Err(code) => code,
     }
 }
 
-/// `CUresult cuStreamQuery(CUstream hStream)`: `CUDA_SUCCESS` when the stream is idle,
-/// `CUDA_ERROR_NOT_READY` otherwise.
+/// `CUresult cuStreamQuery(CUstream hStream)`: `CUDA_SUCCESS` when the stream is idle (the
+/// legacy stream: every blocking stream of the device), `CUDA_ERROR_NOT_READY` otherwise.
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
     export(|st| {
@@ -193,12 +184,13 @@ pub extern "C" fn cuStreamQuery(h_stream: CUstream) -> CUresult {
         let h = h_stream as usize;
         let args = format!("{h:#x}");
         let dev = st.enter(name, &args)?;
-        let ex = exec::lock();
+        let mut ex = exec::lock();
         own_stream(st, &ex, (name, &args), h, dev)?;
         let idle = if exec::legacy(h) {
             ex.idle(Some(dev), true)
         } else {
-            ex.stream(h).is_none_or(exec::Stream::idle)
+            let s = ex.resolve(h, dev);
+            ex.streams.get(&s).is_none_or(exec::Stream::idle)
         };
         let code = if idle {
             CUDA_SUCCESS
@@ -223,7 +215,8 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 
 /// `CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)`: `Flags` from
 /// `CU_EVENT_BLOCKING_SYNC` (1) and `CU_EVENT_DISABLE_TIMING` (2); interprocess events are not
-/// modelled.
+/// modelled. Without `CU_EVENT_DISABLE_TIMING` the event is a timing event (see
+/// [`cuEventElapsedTime`]).
 ///
 /// # Safety
 /// `ph_event` must be null or valid for a write of one `CUevent`.
@@ -237,8 +230,8 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let e = crate::new_handle(crate::EVENT_BASE);
-        let ev = exec::Event { dev, point: None };
-        exec::lock().events.insert(e, ev);
+        let timing = flags & CU_EVENT_DISABLE_TIMING == 0;
+        exec::lock().events.insert(e, exec::Event::new(dev, timing));
         // SAFETY: `ph_event` is non-null and, per the caller, valid for this write.
         unsafe { ph_event.write(e as CUevent) };
         Ok(st.ret(name, &format!("{e:#x} flags={flags}"), CUDA_SUCCESS))
@@ -246,54 +239,40 @@ pub unsafe extern "C" fn cuEventCreate(ph_event: *mut CUevent, flags: c_uint) ->
 }
 
 /// `CUresult cuEventRecord(CUevent hEvent, CUstream hStream)`: the event now stands for the
-/// stream's work queued so far (on the legacy stream: once the blocking streams are idle,
-/// which the call waits for).
+/// stream's work queued so far (on the legacy stream, or a blocking one, the implicit waits of
+/// legacy synchronization included); the call never waits. A timing event's recording queues
+/// a marker that stamps the time the stream reaches it.
 #[no_mangle]
 pub extern "C" fn cuEventRecord(h_event: CUevent, h_stream: CUstream) -> CUresult {
-    let name = "cuEventRecord";
-    let (e, h) = (h_event as usize, h_stream as usize);
-    let args = format!("{e:#x} stream={h:#x}");
-    let checked = with_state(|st| {
+    export(|st| {
+        let name = "cuEventRecord";
+        let (e, h) = (h_event as usize, h_stream as usize);
+        let args = format!("{e:#x} stream={h:#x}");
         let dev = st.enter(name, &args)?;
         let mut ex = exec::lock();
         own_event(st, &ex, (name, &args), e, Some(dev))?;
         own_stream(st, &ex, (name, &args), h, dev)?;
-        if exec::builtin(h) {
-            return Ok(Some(dev));
-        }
-        let point = ex.point_of(h);
-        if let Some(ev) = ex.events.get_mut(&e) {
-            ev.point = Some(point);
-        }
-        st.ret(name, &args, CUDA_SUCCESS);
-        Ok(None)
-    });
-    match checked {
-        Ok(None) => CUDA_SUCCESS,
-        Ok(Some(dev)) => settle(name, &args, dev, || {
-            wait_stream(h, dev);
-            if let Some(ev) = exec::lock().events.get_mut(&e) {
-                ev.point = Some(DONE);
-            }
-        }),
-        Err(code) => code,
-    }
+        let s = ex.resolve(h, dev);
+        ex.record(e, s, dev)
+            .map_err(|code| st.ret(name, &args, code))?;
+        Ok(st.ret(name, &args, CUDA_SUCCESS))
+    })
 }
 
 /// `CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)`: later
-/// work of the stream waits until the event's last recorded point (taken now) ran; the event
-/// may be of any device. A never-recorded event is no wait. On a built-in stream the call
-/// itself waits. `Flags` must be 0.
+/// work of the stream (a built-in one included) waits until the event's last recorded point
+/// (taken now) ran; the event may be of any device. A never-recorded event is no wait. The call
+/// itself never waits. `Flags` must be 0.
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(
     h_stream: CUstream,
     h_event: CUevent,
     flags: c_uint,
 ) -> CUresult {
-    let name = "cuStreamWaitEvent";
-    let (h, e) = (h_stream as usize, h_event as usize);
-    let args = format!("{h:#x} event={e:#x} flags={flags}");
-    let r = with_state(|st| {
+    export(|st| {
+        let name = "cuStreamWaitEvent";
+        let (h, e) = (h_stream as usize, h_event as usize);
+        let args = format!("{h:#x} event={e:#x} flags={flags}");
         let dev = st.enter(name, &args)?;
         if flags != 0 {
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
@@ -311,8 +290,7 @@ pub extern "C" fn cuStreamWaitEvent(
             work: Work::Wait(point),
         };
         submit(st, name, &args, h, op)
-    });
-    finish(name, &args, h, r)
+    })
 }
 
 /// Checks an event call's context and handle: the event's point, and the current device.
@@ -378,5 +356,81 @@ pub extern "C" fn cuEventDestroy_v2(h_event: CUevent) -> CUresult {
     };
     settle(name, &args, dev, || {
         exec::lock().events.remove(&e);
+    })
+}
+
+/// `CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)`: the time
+/// between the two recordings' markers, in milliseconds, as stamped by the host's monotonic
+/// clock when each stream reached them. `CUDA_ERROR_INVALID_HANDLE` when either event was made
+/// with `CU_EVENT_DISABLE_TIMING` or never recorded (or is not the current device's);
+/// `CUDA_ERROR_NOT_READY` when either recording has not completed.
+///
+/// # Safety
+/// `ms` must be null or valid for a write of one `float`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut c_float,
+    h_start: CUevent,
+    h_end: CUevent,
+) -> CUresult {
+    // SAFETY: forwarded caller guarantee.
+    unsafe { elapsed("cuEventElapsedTime", ms, h_start, h_end) }
+}
+
+/// `CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)` (the
+/// name `cuda.h` 12.8 and later use): as [`cuEventElapsedTime`].
+///
+/// # Safety
+/// `ms` must be null or valid for a write of one `float`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut c_float,
+    h_start: CUevent,
+    h_end: CUevent,
+) -> CUresult {
+    // SAFETY: forwarded caller guarantee.
+    unsafe { elapsed("cuEventElapsedTime_v2", ms, h_start, h_end) }
+}
+
+/// The elapsed-time exports (`name` is the one called).
+///
+/// # Safety
+/// `ms` must be null or valid for a write of one `float`.
+unsafe fn elapsed(name: &str, ms: *mut c_float, h_start: CUevent, h_end: CUevent) -> CUresult {
+    export(|st| {
+        let (a, b) = (h_start as usize, h_end as usize);
+        let args = format!("{a:#x} {b:#x}");
+        let dev = st.enter(name, &args)?;
+        if ms.is_null() {
+            return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
+        }
+        let ex = exec::lock();
+        let mut stamps = Vec::with_capacity(2);
+        for e in [a, b] {
+            own_event(st, &ex, (name, &args), e, Some(dev))?;
+            let ev = &ex.events[&e];
+            let Some(point) = ev.point.filter(|_| ev.timing) else {
+                let why = if ev.timing {
+                    "never recorded"
+                } else {
+                    "made with CU_EVENT_DISABLE_TIMING"
+                };
+                let args = format!("{args} ({e:#x} {why})");
+                return Err(st.ret(name, &args, CUDA_ERROR_INVALID_HANDLE));
+            };
+            match ev.stamp.filter(|_| ex.complete(point)) {
+                Some(t) => stamps.push(t),
+                None => return Err(st.ret(name, &args, CUDA_ERROR_NOT_READY)),
+            }
+        }
+        let (start, end) = (stamps[0], stamps[1]);
+        let millis = if end >= start {
+            (end - start).as_secs_f64() * 1e3
+        } else {
+            -((start - end).as_secs_f64() * 1e3)
+        };
+        // SAFETY: `ms` is non-null and, per the caller, valid for this write.
+        unsafe { ms.write(millis as c_float) };
+        Ok(st.ret(name, &format!("{args} ms={millis:.3}"), CUDA_SUCCESS))
     })
 }

@@ -7,15 +7,22 @@
 //! duplicate entry or an `#error` directive (even one `#if` would skip: there is no
 //! preprocessor) fails with `NVRTC_ERROR_COMPILATION` and a log saying why; headers are
 //! accepted but never read. The output is a module image ([`crate::image`]) for the recorded
-//! `--gpu-architecture`/`-arch`; it is the PTX, and the CUBIN too when the architecture is a
-//! real `sm_NN` target (otherwise `nvrtcGetCUBIN*` answer `NVRTC_ERROR_INVALID_INPUT`, as
-//! NVRTC does). Output getters before a successful compile answer
-//! `NVRTC_ERROR_INVALID_PROGRAM`; the log getters work at any time.
+//! `--gpu-architecture`/`-arch`, stamped with the NVRTC version; it is the PTX, and the CUBIN
+//! too when the architecture is a real `sm_NN` target (otherwise `nvrtcGetCUBIN*` answer
+//! `NVRTC_ERROR_INVALID_INPUT`, as NVRTC does). Output getters before a successful compile
+//! answer `NVRTC_ERROR_INVALID_PROGRAM`; the log getters work at any time.
+//!
+//! The version (`version`) comes from the library's own file name when it was loaded as
+//! `libnvrtc.so.<major>[.<minor>[.<patch>]]`, else from `FAKE_NVRTC_VERSION`, else 13.0; so a
+//! test can load two copies of this file under two names and get two NVRTCs. It decides the
+//! architectures `nvrtcCompileProgram` accepts ([`compile::supported_archs`]); any other
+//! `--gpu-architecture` fails with `NVRTC_ERROR_INVALID_OPTION`.
 //!
 //! Every call is logged as `name args -> code` and can be failed by injection (by its C name);
 //! NVRTC needs no `cuInit`.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
 
 use crate::image::{arch_version, Image};
 use crate::{with_state, State};
@@ -46,15 +53,87 @@ pub struct Program {
     log: String,
 }
 
-/// The version the fake NVRTC reports.
-const VERSION: (c_int, c_int) = (13, 0);
+/// The version the fake NVRTC reports when neither its file name nor `FAKE_NVRTC_VERSION` says.
+const DEFAULT_VERSION: (c_int, c_int) = (13, 0);
+
+/// `Dl_info` (`dlfcn.h`).
+#[repr(C)]
+struct DlInfo {
+    dli_fname: *const c_char,
+    dli_fbase: *mut c_void,
+    dli_sname: *const c_char,
+    dli_saddr: *mut c_void,
+}
+
+extern "C" {
+    /// `int dladdr(const void *addr, Dl_info *info)` (`dlfcn.h`).
+    fn dladdr(addr: *const c_void, info: *mut DlInfo) -> c_int;
+}
+
+/// The version a file name `libnvrtc.so.<major>[.<minor>[.<patch>]]` (any folder) says.
+pub fn version_of_file(path: &str) -> Option<(c_int, c_int)> {
+    let file = path.rsplit('/').next()?;
+    let mut parts = file.strip_prefix("libnvrtc.so.")?.split('.');
+    let major = parts.next()?.parse::<c_int>().ok()?;
+    let minor = match parts.next() {
+        Some(m) => m.parse::<c_int>().ok()?,
+        None => 0,
+    };
+    match parts.next() {
+        Some(p) if p.parse::<u32>().is_err() => return None,
+        _ => {}
+    }
+    parts.next().is_none().then_some((major, minor))
+}
+
+/// The version this copy's file name says (found with `dladdr`), once.
+fn file_version() -> Option<(c_int, c_int)> {
+    static FOUND: OnceLock<Option<(c_int, c_int)>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let mut info = DlInfo {
+            dli_fname: std::ptr::null(),
+            dli_fbase: std::ptr::null_mut(),
+            dli_sname: std::ptr::null(),
+            dli_saddr: std::ptr::null_mut(),
+        };
+        let addr = nvrtcVersion as *const c_void;
+        // SAFETY: `addr` is a function of this object; `info` is a valid out pointer.
+        if unsafe { dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        // SAFETY: `dladdr` set `dli_fname` to the object's NUL-terminated path name, which
+        // lives as long as the object is loaded.
+        let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+        version_of_file(&path)
+    })
+}
+
+/// The version this NVRTC is: its file name's, else `FAKE_NVRTC_VERSION`'s (`"12.4"` or `"12"`,
+/// read at each call; an invalid value is logged and ignored), else 13.0.
+pub(crate) fn version(st: &mut State) -> (c_int, c_int) {
+    if let Some(v) = file_version() {
+        return v;
+    }
+    let Ok(v) = std::env::var("FAKE_NVRTC_VERSION") else {
+        return DEFAULT_VERSION;
+    };
+    let t = v.trim();
+    let (a, b) = t.split_once('.').unwrap_or((t, "0"));
+    match (a.parse::<c_int>(), b.parse::<c_int>()) {
+        (Ok(a), Ok(b)) if a > 0 && b >= 0 => (a, b),
+        _ => {
+            st.config_error(&format!("FAKE_NVRTC_VERSION={v:?}"));
+            DEFAULT_VERSION
+        }
+    }
+}
 
 /// The injected failure of this call, if any (logged).
 fn gate(st: &mut State, name: &str, args: &str) -> Option<nvrtcResult> {
     st.injections.take_logged(&mut st.log, name, args)
 }
 
-/// `nvrtcResult nvrtcVersion(int *major, int *minor)`: 13.0.
+/// `nvrtcResult nvrtcVersion(int *major, int *minor)`: see the module docs.
 ///
 /// # Safety
 /// `major` and `minor` must be null or valid for a write of one `int`.
@@ -62,7 +141,8 @@ fn gate(st: &mut State, name: &str, args: &str) -> Option<nvrtcResult> {
 pub unsafe extern "C" fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> nvrtcResult {
     with_state(|st| {
         let name = "nvrtcVersion";
-        let args = format!("{}.{}", VERSION.0, VERSION.1);
+        let v = version(st);
+        let args = format!("{}.{}", v.0, v.1);
         if let Some(code) = gate(st, name, &args) {
             return code;
         }
@@ -71,9 +151,56 @@ pub unsafe extern "C" fn nvrtcVersion(major: *mut c_int, minor: *mut c_int) -> n
         }
         // SAFETY: both are non-null and, per the caller, valid for these writes.
         unsafe {
-            major.write(VERSION.0);
-            minor.write(VERSION.1);
+            major.write(v.0);
+            minor.write(v.1);
         }
+        st.ret(name, &args, NVRTC_SUCCESS)
+    })
+}
+
+/// `nvrtcResult nvrtcGetNumSupportedArchs(int *numArchs)`: how many architectures this
+/// version compiles for ([`compile::supported_archs`]).
+///
+/// # Safety
+/// `num_archs` must be null or valid for a write of one `int`.
+#[no_mangle]
+pub unsafe extern "C" fn nvrtcGetNumSupportedArchs(num_archs: *mut c_int) -> nvrtcResult {
+    with_state(|st| {
+        let name = "nvrtcGetNumSupportedArchs";
+        let archs = compile::supported_archs(version(st));
+        let args = archs.len().to_string();
+        if let Some(code) = gate(st, name, &args) {
+            return code;
+        }
+        if num_archs.is_null() {
+            return st.ret(name, &args, NVRTC_ERROR_INVALID_INPUT);
+        }
+        // SAFETY: non-null and, per the caller, valid for this write.
+        unsafe { num_archs.write(archs.len() as c_int) };
+        st.ret(name, &args, NVRTC_SUCCESS)
+    })
+}
+
+/// `nvrtcResult nvrtcGetSupportedArchs(int *supportedArchs)`: the architectures this version
+/// compiles for, ascending (`NN` of `sm_NN`: 90 for 9.0).
+///
+/// # Safety
+/// `supported_archs` must be null or valid for writes of `nvrtcGetNumSupportedArchs` `int`s.
+#[no_mangle]
+pub unsafe extern "C" fn nvrtcGetSupportedArchs(supported_archs: *mut c_int) -> nvrtcResult {
+    with_state(|st| {
+        let name = "nvrtcGetSupportedArchs";
+        let archs = compile::supported_archs(version(st));
+        let shown: Vec<String> = archs.iter().map(i32::to_string).collect();
+        let args = shown.join(",");
+        if let Some(code) = gate(st, name, &args) {
+            return code;
+        }
+        if supported_archs.is_null() {
+            return st.ret(name, &args, NVRTC_ERROR_INVALID_INPUT);
+        }
+        // SAFETY: non-null and, per the caller, valid for `archs.len()` writes.
+        unsafe { std::ptr::copy_nonoverlapping(archs.as_ptr(), supported_archs, archs.len()) };
         st.ret(name, &args, NVRTC_SUCCESS)
     })
 }
@@ -210,14 +337,18 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
         if let Some(code) = gate(st, name, &args) {
             return code;
         }
-        let Some(p) = st.programs.get_mut(&h) else {
+        if !st.programs.contains_key(&h) {
             return st.ret(name, &args, NVRTC_ERROR_INVALID_PROGRAM);
-        };
+        }
         let Some(opts) = opts else {
             return st.ret(name, &args, NVRTC_ERROR_INVALID_INPUT);
         };
+        let v = version(st);
+        let Some(p) = st.programs.get_mut(&h) else {
+            return st.ret(name, &args, NVRTC_ERROR_INVALID_PROGRAM);
+        };
         p.image = None;
-        let arch = match compile::parse_options(&opts) {
+        let arch = match compile::parse_options(&opts, compile::supported_archs(v)) {
             Ok(arch) => arch,
             Err(log) => {
                 p.log = log;
@@ -227,7 +358,14 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
         match compile::compile(&p.name, &p.src) {
             Ok(entries) => {
                 p.log.clear();
-                p.image = Some(Image { arch, entries });
+                p.image = Some(Image {
+                    arch,
+                    cuda: Some((
+                        u32::try_from(v.0).unwrap_or(0),
+                        u32::try_from(v.1).unwrap_or(0),
+                    )),
+                    entries,
+                });
                 st.compiles += 1;
                 st.ret(name, &args, NVRTC_SUCCESS)
             }
