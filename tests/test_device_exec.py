@@ -472,16 +472,6 @@ def test_reading_an_export_while_another_thread_waits_for_the_device_does_not_ha
     gc.collect()
 
 
-def test_shared_memory_past_48_kib_is_refused_at_submit(cuda):
-    big = sp.CudaCode(SAXPY, entry="t_saxpy", launch=sp.Launch(1, 32, shared_bytes=64 * 1024))
-    k = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], cuda=big)
-    x, y = np.ones(4, np.float32), np.zeros(4, np.float32)
-    with pytest.raises(
-        sp.ArgumentError, match="65536 bytes of dynamic shared memory, and `t_saxpy` may use at most 49152"
-    ):
-        cuda.run(sp.Callable(lambda o, x, y: o.submit(k, x, y, 1.0), [sp.IN, sp.INOUT]), [x, y])
-
-
 def test_an_nvrtc_newer_than_the_driver_is_refused_with_the_fix(cuda, monkeypatch):
     monkeypatch.setenv("FAKE_CUDA_DRIVER_VERSION", "12040")
     k = saxpy_kernel(SAXPY + "\n// compiled for the CUDA 12.4 driver\n")

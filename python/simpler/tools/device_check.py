@@ -48,13 +48,16 @@ The checks (``--platform cuda``, the default):
   platform (``h200`` on cuda, ``ascend-a3`` on ascend), printed beside the measured phases (every
   phase, the dispatch path and the round) with the ratio measured / modeled, figures
   ``model.<arm>.<row>.<model>`` (``docs/cost-model.md`` keeps them per platform).
-* ``export.torch_side_stream`` — a torch side stream reads a :class:`~simpler.DeviceTensor`
-  right after ``Buffer.copy_to`` wrote new data, many times, through ``torch.from_dlpack`` (the
-  capsule made for the side stream, and torch asking itself) and through
-  ``__cuda_array_interface__`` (the side stream waiting for the interface's ``stream``, as CAI v3
-  asks of a consumer): every read sees the new data. ``torch.as_tensor`` without that wait is
-  counted (stale reads, a figure) but not judged: it shows the race the protocol prevents.
-  Skipped without torch, without a CUDA device torch can see, and on the fake libcuda.
+* ``export.queued_work`` — a consumer reads a :class:`~simpler.DeviceTensor` while the memsets
+  that write it are still queued on the worker's stream (:mod:`simpler.tools.export_check`; on the
+  fake libcuda the stream is held instead): through DLPack (a capsule for the consumer's stream),
+  through ``__cuda_array_interface__`` (the consumer waits for its ``stream``, as CAI v3 asks), and
+  with torch on a real GPU through ``torch.from_dlpack`` under a side stream: every such read sees
+  the new bytes. A read that does not wait is counted; it must have seen stale bytes at least
+  once, or the race never happened and the check fails for proving nothing.
+* ``compile.kernel_resources`` — every shipped CUDA source compiled for the device's
+  architecture with the NVRTC chosen for its driver (:func:`simpler.compile_cuda`): registers,
+  stack and spills per entry from ptxas' report; a spill fails the check.
 * ``launches`` — the ``launches`` benchmark (:func:`simpler.tools.benchmarks.bench_launches`):
   N single submits vs one ``submit_many``, per task; on cuda one launch per single submit and one
   per ``submit_many``, every task on the device.
@@ -68,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import importlib.util
 import json
 import logging
@@ -604,7 +606,7 @@ def _case_check(case_name: str, per_task: bool = False) -> Check:
             cls = PerTask
         rounds = 3
         reports = run_case(cls, case_name, ctx.platform, rounds)
-        figures: Figures = {"rounds": rounds}
+        figures: Figures = {"rounds": rounds, "warm_rounds": max(rounds - 1, 1)}
         for r, rep in enumerate(reports, 1):
             c = rep.counters
             if not rep.ok:
@@ -639,7 +641,16 @@ def _bench_check(case: str) -> Check:
 
         rounds = 3 if ctx.quick else 5
         opts = BenchOptions(workload="paged_attention", rounds=rounds, platform=ctx.platform, cases=[case])
-        records, failures = bench_records(opts, progress=False)
+        # The device's part of execute, timed with events around each batch of launches.
+        before = os.environ.get("SIMPLER_DEVICE_TIMING")
+        os.environ["SIMPLER_DEVICE_TIMING"] = "1"
+        try:
+            records, failures = bench_records(opts, progress=False)
+        finally:
+            if before is None:
+                os.environ.pop("SIMPLER_DEVICE_TIMING", None)
+            else:
+                os.environ["SIMPLER_DEVICE_TIMING"] = before
         if records:
             with open(ctx.out / f"bench_{case}.jsonl", "w", encoding="utf-8") as f:
                 for rec in records:
@@ -650,7 +661,7 @@ def _bench_check(case: str) -> Check:
         by_arm: dict[str, list[dict[str, Any]]] = {}
         for rec in records:
             by_arm.setdefault(rec["arm"], []).append(rec)
-        figures: Figures = {"rounds": rounds}
+        figures: Figures = {"rounds": rounds, "warm_rounds": max(rounds - 1, 1)}
         dispatch: dict[str, float] = {}
         for arm, recs in by_arm.items():
             recs.sort(key=lambda r: r["round"])
@@ -667,6 +678,14 @@ def _bench_check(case: str) -> Check:
             dispatch[arm] = median(r["dispatch_ns"] for r in warm)
             figures[f"{arm}.dispatch_ms"] = round(dispatch[arm] / 1e6, 4)
             figures[f"{arm}.execute_ms_per_round"] = [round(r["phases"]["execute"] / 1e6, 4) for r in recs]
+            # Execute split as measured: the device's part (events), the host's wait for it, and
+            # the rest, the host's own work (planning, row upload, launch calls).
+            wait = median(r["counters"]["execute_wait_ns"] for r in warm)
+            figures[f"{arm}.device_ms"] = round(median(r["counters"]["device_ns"] for r in warm) / 1e6, 4)
+            figures[f"{arm}.execute_wait_ms"] = round(wait / 1e6, 4)
+            figures[f"{arm}.execute_host_ms"] = round(
+                median(r["phases"]["execute"] - r["counters"]["execute_wait_ns"] for r in warm) / 1e6, 4
+            )
             figures[f"{arm}.bytes_per_round"] = warm[-1]["bytes_moved"]
             figures[f"{arm}.tasks"] = warm[-1]["counters"]["tasks"]
             figures[f"{arm}.device_launches"] = warm[-1]["counters"]["device_launches"]
@@ -724,67 +743,79 @@ def _model_error(ctx: Context, case: str, measured: list[dict[str, Any]]) -> Fig
     }
 
 
-# -- d: exports read from a torch side stream --------------------------------------------------------
+# -- d: exports while work is still queued --------------------------------------------------------------
 
 
-def check_export_race(ctx: Context) -> Figures:
-    """A torch side stream reads a device tensor right after ``copy_to`` wrote new data (see the
-    module doc); every read that follows the protocol sees the new data."""
+def check_export_queued(ctx: Context) -> Figures:
+    """A consumer reads a device tensor while the work that writes it is still queued on the
+    worker's stream (:mod:`simpler.tools.export_check`): the reads that wait as DLPack and the
+    CUDA Array Interface ask see the new bytes, every time; a read that does not wait must have
+    seen stale bytes at least once, or the check proved nothing. With torch on a real GPU,
+    ``torch.from_dlpack`` under a side stream is judged too."""
+    from . import export_check
+
     _need_cuda(ctx)
-    if ctx.fake:
-        raise Skip("the fake libcuda: torch needs a real GPU")
+    use_torch = False
+    if not ctx.fake:
+        try:
+            import torch
+
+            use_torch = bool(torch.cuda.is_available())
+        except ImportError:
+            use_torch = False
+    nbytes = (16 << 20) if ctx.quick else (256 << 20)
+    iterations = 5 if ctx.quick else 50
+    with ctx.worker() as w:
+        figures = export_check.run_export_check(w, iterations, nbytes, use_torch)
+    figures["torch"] = use_torch
+    return figures
+
+
+# -- the shipped kernels' resources ------------------------------------------------------------------
+
+
+def _shipped_cuda_sources() -> list[tuple[str, str]]:
+    """Every CUDA source the package ships, by name."""
+    from .benchmarks import LAUNCH_SOURCE
+
+    sources = [("launches_benchmark", LAUNCH_SOURCE), ("device_check_nothing", NOTHING_SOURCE)]
     try:
-        import torch
-    except ImportError:
-        raise Skip("torch is not installed") from None
-    if not torch.cuda.is_available():
-        raise Skip("torch sees no CUDA device")
-    n = (4 << 20) // 4 if ctx.quick else (64 << 20) // 4
-    iters = 20 if ctx.quick else 100
-    side = torch.cuda.Stream()
-    methods = ("dlpack_capsule_side_stream", "from_dlpack", "cai_wait_stream", "cai_unsynced")
-    stale = {m: 0 for m in methods}
-    host = np.empty(n, np.float32)
-    value = 0.0
-    w = ctx.worker()
-    try:
-        buf = w.malloc(n * 4)
-        for _ in range(iters):
-            for m in methods:
-                value += 1.0
-                host.fill(value)
-                t = buf.tensor((n,), "float32")
-                buf.copy_to(host)  # new data, ordered on the worker's stream
-                with torch.cuda.stream(side):
-                    if m == "dlpack_capsule_side_stream":
-                        x = torch.from_dlpack(t.__dlpack__(stream=side.cuda_stream))
-                    elif m == "from_dlpack":
-                        x = torch.from_dlpack(t)  # torch hands its current stream (side)
-                    else:
-                        cai = t.__cuda_array_interface__
-                        s = cai.get("stream")
-                        if m == "cai_wait_stream" and s:  # CAI v3: 1, 2 are the default streams
-                            ext = torch.cuda.ExternalStream(s) if s > 2 else torch.cuda.default_stream()
-                            side.wait_stream(ext)
-                        x = torch.as_tensor(t, device="cuda")
-                    lo_hi = torch.stack(list(torch.aminmax(x)))
-                side.synchronize()
-                lo, hi = lo_hi.tolist()
-                if lo != value or hi != value:
-                    stale[m] += 1
-                del x, lo_hi, t
-        torch.cuda.synchronize()
-        gc.collect()
-        buf.free()
-    finally:
-        gc.collect()
-        w.close()
-    judged = {m: k for m, k in stale.items() if m != "cai_unsynced"}
-    figures: Figures = {"iterations": iters, "bytes": n * 4, "torch": torch.__version__}
-    figures.update({f"stale_reads.{m}": k for m, k in stale.items()})
-    figures["device"] = torch.cuda.get_device_name()
-    if any(judged.values()):
-        raise AssertionError(f"stale reads after copy_to (of {iters} each): {judged}")
+        from ..workloads import paged_attention_cuda as pac
+
+        sources.insert(0, ("paged_attention", pac.SOURCE))
+    except ImportError:  # pragma: no cover - the workloads import without ml_dtypes
+        pass
+    return sources
+
+
+def check_kernel_resources(ctx: Context) -> Figures:
+    """Every shipped CUDA source compiled for this device's architecture with the NVRTC the
+    runtime chose for its driver (:func:`simpler.compile_cuda`): registers, stack and spills per
+    entry, from ptxas' report in the compile log. A spill fails the check."""
+    from .. import compile_cuda
+
+    _need_cuda(ctx)
+    device = ctx.facts.get("device") or {}
+    cc = tuple(device.get("capability") or ())
+    if len(cc) != 2:
+        raise Skip("the preflight could not read the device's compute capability")
+    driver = (ctx.facts.get("nvrtc") or {}).get("driver")
+    figures: Figures = {}
+    spills = []
+    for what, src in _shipped_cuda_sources():
+        r = compile_cuda(src, cc, name=f"{what}.cu", driver=tuple(driver) if driver else None)
+        figures[f"{what}.target"] = r["target"]
+        figures[f"{what}.nvrtc"] = r["nvrtc"]
+        if not r["kernels"]:
+            figures[f"{what}.resources"] = "not reported (no ptxas report in the compile log)"
+        for entry, k in r["kernels"].items():
+            for key in ("registers", "stack_bytes", "spill_store_bytes", "spill_load_bytes"):
+                figures[f"{what}.{entry}.{key}"] = k[key]
+            if k["spill_store_bytes"] or k["spill_load_bytes"]:
+                stored, loaded = k["spill_store_bytes"], k["spill_load_bytes"]
+                spills.append(f"{entry} ({stored} B stored, {loaded} B loaded)")
+    if spills:
+        raise AssertionError("register spills: " + ", ".join(spills))
     return figures
 
 
@@ -842,7 +873,8 @@ def _checks(quick: bool) -> list[tuple[str, Check]]:
     )
     for case in ("Small1", "Small2") if quick else ("B64_8K", "B256_8K"):
         checks.append((f"bench.paged_attention[{case}]", _bench_check(case)))
-    checks.append(("export.torch_side_stream", check_export_race))
+    checks.append(("export.queued_work", check_export_queued))
+    checks.append(("compile.kernel_resources", check_kernel_resources))
     checks.append(("launches", check_launches))
     return checks
 
@@ -930,6 +962,7 @@ def run_checks(
         f"device-check: platform {platform}{' (fake libcuda)' if fake else ''}, simpler {__version__} "
         f"from {meta['simpler_path']}, python {meta['python']}, numpy {np.__version__}"
     )
+    context = _figure_context(facts)
     results: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     with open(path, "w", encoding="utf-8") as f:
@@ -960,7 +993,7 @@ def run_checks(
             sys.stdout.flush()
             _write(f, rec)
             for k, v in rec["figures"].items():
-                _write(f, {"kind": "figure", "check": name, "name": k, "value": v})
+                _write(f, {"kind": "figure", "check": name, "name": k, "value": v, **context})
             word = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[rec["status"]]
             why = _short(rec["error"] or rec["skip_reason"] or "")
             print(f"{word} {name} ({rec['seconds']:.1f} s){': ' + why if why else ''}")
@@ -970,6 +1003,26 @@ def run_checks(
         counts = {s: sum(r["status"] == s for r in results) for s in ("passed", "failed", "skipped")}
         _write(f, {"kind": "summary", **counts, "seconds": round(time.perf_counter() - t_all, 3)})
     return results, path
+
+
+def _figure_context(facts: dict[str, Any]) -> dict[str, Any]:
+    """What every figure line records of where it was measured: the device (name, compute
+    capability, clocks where readable), the driver and the NVRTC, from the preflight's facts."""
+    device = facts.get("device") or {}
+    driver = facts.get("driver") or {}
+    nvrtc = facts.get("nvrtc") or {}
+    return {
+        "device": device.get("name"),
+        "capability": device.get("capability"),
+        "clock_khz": device.get("clock_khz"),
+        "memory_clock_khz": device.get("memory_clock_khz"),
+        "driver_version": driver.get("version"),
+        "nvrtc": (
+            f"{nvrtc['version'][0]}.{nvrtc['version'][1]} {nvrtc.get('path')}"
+            if nvrtc.get("version")
+            else None
+        ),
+    }
 
 
 def _short(text: str, limit: int = 160) -> str:

@@ -246,6 +246,13 @@ impl CudaDevice {
         };
         // On failure `device` drops, which closes it (leaving the session).
         let created = device.create_stream(&mut device.lock());
+        if let Err(e) = &created {
+            // A context already faulted: the session is given back when this device drops, so
+            // that the context is reset once nothing else holds it.
+            if sys::is_sticky(e.code) {
+                session_fault(&device.session, e);
+            }
+        }
         created.map_err(|e| LoadError::Init {
             library: device.lib.name.to_string(),
             call: e.call.clone(),
@@ -871,6 +878,11 @@ impl Device for CudaDevice {
     fn closed(&self) -> bool {
         self.lock().closed
     }
+}
+
+/// Records a sticky fault `e` reported while opening as the session's fault.
+fn session_fault(session: &Session, e: &DeviceError) {
+    session.note_fault(e.code, &e.call);
 }
 
 impl CudaDevice {

@@ -150,7 +150,7 @@ pub(crate) fn search(env: &SearchEnv, extra_dirs: &[PathBuf]) -> Search {
 pub(crate) struct Found {
     pub lib: VendorLib,
     pub f: NvrtcFns,
-    /// The file the loader loaded it from (symlinks resolved), or the path it was opened by.
+    /// The path it was opened by, or for a copy already loaded, the file the loader recorded.
     pub file: &'static str,
 }
 
@@ -166,12 +166,19 @@ pub(crate) fn find_all(search: &Search, reuse_resident: bool) -> (Vec<Found>, Ve
         // (`nvrtcResult` is a C enum, an `int`; `size_t` is `usize`).
         match unsafe { NvrtcFns::load(&lib) } {
             Ok(f) => {
-                let file = loader::file_of(f.version as *const std::ffi::c_void)
-                    .and_then(|p| std::fs::canonicalize(p).ok())
-                    .map_or_else(|| lib.path.to_string(), |p| p.display().to_string());
-                if !files.contains(&file) {
-                    let text: &'static str = Box::leak(file.clone().into_boxed_str());
-                    files.push(file);
+                // Where the loader got it from: the path it was opened by, or for a copy someone
+                // else loaded, the path the loader recorded. The same file (a symlink, a copy
+                // already loaded) counts once.
+                let loaded = loader::file_of(f.version as *const std::ffi::c_void);
+                let shown = match &loaded {
+                    Some(p) if lib.path.contains(" (already loaded") => p.clone(),
+                    _ => lib.path.to_string(),
+                };
+                let same = std::fs::canonicalize(loaded.as_deref().unwrap_or(lib.path))
+                    .map_or_else(|_| shown.clone(), |p| p.display().to_string());
+                if !files.contains(&same) {
+                    files.push(same);
+                    let text: &'static str = Box::leak(shown.into_boxed_str());
                     found.push(Found { lib, f, file: text });
                 }
             }

@@ -272,8 +272,8 @@ impl Nvrtc {
         self.version
     }
 
-    /// The file the library was loaded from, as the dynamic loader recorded it (symlinks
-    /// resolved); else the path (or name) it was opened by.
+    /// Where the library came from: the path (or name) it was opened by, or, for a copy the
+    /// process had already loaded, the file the dynamic loader recorded for it.
     pub fn library(&self) -> &str {
         self.file
     }
