@@ -7,6 +7,7 @@ its own thread, as torch does, and queues work on CUDA streams through the fake 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import gc
 import json
 import logging
@@ -15,11 +16,11 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _signals import SignalWhen
 from test_device_exec import SAXPY, SEEN, saxpy_kernel
 
 import simpler as sp
@@ -68,11 +69,13 @@ class Consumer:
     def memset(self, addr: int, value: int, n: int, stream: int) -> None:
         assert self.lib.cuMemsetD8Async(addr, value, n, stream) == 0
 
-    def read(self, addr: int, n: int, stream: int) -> np.ndarray:
-        out = np.empty(n, np.uint8)
-        assert self.lib.cuMemcpyDtoHAsync_v2(out.ctypes.data, addr, n, stream) == 0
+    def read_async(self, out: np.ndarray, addr: int, stream: int) -> None:
+        """Queues a copy of ``out.nbytes`` device bytes at ``addr`` into ``out`` on ``stream``
+        (the fake writes ``out`` when the copy runs)."""
+        assert self.lib.cuMemcpyDtoHAsync_v2(out.ctypes.data, addr, out.nbytes, stream) == 0
+
+    def sync(self, stream: int) -> None:
         assert self.lib.cuStreamSynchronize(stream) == 0
-        return out
 
     def close(self) -> None:
         if self.released:
@@ -101,10 +104,27 @@ def cuda(fake_vendor):
         yield w
 
 
-def _later(seconds: float, fn) -> threading.Timer:
-    t = threading.Timer(seconds, fn)
-    t.start()
-    return t
+@pytest.fixture(autouse=True)
+def _no_hang():
+    """A test here that waits for a held stream forever fails with tracebacks instead."""
+    faulthandler.dump_traceback_later(180, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _queued(log, before: int, stream: int):
+    """A condition: since line ``before`` of the fake's call log, the worker queued a wait on its
+    stream (``cuStreamWaitEvent <stream>``): it now waits for the held stream (its copies wait
+    for its stream, so nothing may be required of it past that point)."""
+    wait = f"cuStreamWaitEvent {stream:#x} "
+    return lambda: any(line.startswith(wait) for line in log()[before:])
+
+
+def _release_when(consumer: Consumer, held: int, ready) -> SignalWhen:
+    """Releases the ``held`` stream once ``ready()`` says the worker queued its wait for it: if
+    the worker never waits (the bug these tests catch), the stream stays held until the block
+    ends, so the worker's work runs first and reads the old bytes."""
+    return SignalWhen(lambda: consumer.hold(held, False), ready)
 
 
 # -- exports: a consumer's writes come before the next run ---------------------------------------
@@ -117,7 +137,9 @@ def _run_saxpy(w: sp.Worker, x: sp.DeviceTensor, n: int) -> np.ndarray:
     return y
 
 
-def test_a_write_queued_on_the_legacy_stream_through_an_export_comes_before_the_next_run(cuda, consumer):
+def test_a_write_queued_on_the_legacy_stream_through_an_export_comes_before_the_next_run(
+    cuda, consumer, fake_vendor
+):
     """torch writes through a DLPack export on its current (legacy default) stream, which is
     still busy when the worker runs: the run waits for it (an event), on the device, so it reads
     the new values. Without that wait the worker's non-blocking stream would read the old ones."""
@@ -126,40 +148,41 @@ def test_a_write_queued_on_the_legacy_stream_through_an_export_comes_before_the_
     cuda.copy_to(buf, np.zeros(n, np.float32))
     x = buf.tensor((n,), "float32")
     capsule = x.__dlpack__(stream=LEGACY)  # the consumer's view: alive until it lets go
+    worker_stream = x.__cuda_array_interface__["stream"]
     consumer.hold(LEGACY, True)  # the legacy stream is busy with earlier work
     consumer.memset(buf.ptr, 0x3F, n * 4, LEGACY)  # 0x3F3F3F3F as float32: 0.7470...
-    release = _later(0.3, lambda: consumer.hold(LEGACY, False))
+    ready = _queued(fake_vendor.cuda_log, len(fake_vendor.cuda_log()), worker_stream)
     try:
-        y = _run_saxpy(cuda, x, n)
+        with _release_when(consumer, LEGACY, ready):
+            y = _run_saxpy(cuda, x, n)
     finally:
-        release.cancel()
-        release.join()
         consumer.hold(LEGACY, False)
     expect = np.full(n, 0x3F3F3F3F, np.uint32).view(np.float32)
     np.testing.assert_array_equal(y, expect)
-    del capsule
+    del capsule, x
     gc.collect()
     buf.free()
 
 
 def test_after_the_export_ends_its_last_writes_are_still_waited_for(cuda, consumer, fake_vendor):
     """The consumer let go of its array, but its write is still queued: the next copy waits
-    once more; later runs, with no export left, wait for nothing."""
+    once more; later copies, with no export left, wait for nothing."""
     n = 64
     buf = cuda.malloc(n)
     cuda.copy_to(buf, np.zeros(n, np.uint8))
-    capsule = buf.tensor((n,), "uint8").__dlpack__(stream=LEGACY)
+    t = buf.tensor((n,), "uint8")
+    worker_stream = t.__cuda_array_interface__["stream"]
+    capsule = t.__dlpack__(stream=LEGACY)
     consumer.hold(LEGACY, True)
     consumer.memset(buf.ptr, 9, n, LEGACY)
-    del capsule
+    del capsule, t
     gc.collect()
-    release = _later(0.3, lambda: consumer.hold(LEGACY, False))
     out = np.empty(n, np.uint8)
+    ready = _queued(fake_vendor.cuda_log, len(fake_vendor.cuda_log()), worker_stream)
     try:
-        cuda.copy_from(out, buf)
+        with _release_when(consumer, LEGACY, ready):
+            cuda.copy_from(out, buf)
     finally:
-        release.cancel()
-        release.join()
         consumer.hold(LEGACY, False)
     assert (out == 9).all()
     before = len(fake_vendor.cuda_log())
@@ -168,30 +191,35 @@ def test_after_the_export_ends_its_last_writes_are_still_waited_for(cuda, consum
     buf.free()
 
 
-def test_wait_stream_orders_a_side_stream_write_before_the_next_run(cuda, consumer):
+def test_wait_stream_orders_a_side_stream_write_before_the_next_run(cuda, consumer, fake_vendor):
     """A consumer writing from a non-blocking stream of its own is not covered by the legacy
     stream: ``wait_stream`` orders the worker after it (an int handle, or any object with
-    ``__cuda_stream__``, ``cuda_stream`` or ``ptr``)."""
+    ``__cuda_stream__``, ``cuda_stream`` or ``ptr``; an object's 0, its default stream, is the
+    legacy one)."""
     n = 128
     buf = cuda.malloc(n * 4)
     cuda.copy_to(buf, np.zeros(n, np.float32))
     x = buf.tensor((n,), "float32")
+    worker_stream = x.__cuda_array_interface__["stream"]
     side = consumer.stream()
 
     class TorchLikeStream:
         cuda_stream = side
 
-    for how in (side, TorchLikeStream()):
-        consumer.hold(side, True)
-        consumer.memset(buf.ptr, 0x40, n * 4, side)
+    class TorchDefaultStream:
+        cuda_stream = 0
+
+    for how, held in ((side, side), (TorchLikeStream(), side), (TorchDefaultStream(), LEGACY)):
+        consumer.hold(held, True)
+        consumer.memset(buf.ptr, 0x40, n * 4, held)
+        before = len(fake_vendor.cuda_log())
         cuda.wait_stream(how)
-        release = _later(0.3, lambda: consumer.hold(side, False))
+        ready = _queued(fake_vendor.cuda_log, before, worker_stream)
         try:
-            y = _run_saxpy(cuda, x, n)
+            with _release_when(consumer, held, ready):
+                y = _run_saxpy(cuda, x, n)
         finally:
-            release.cancel()
-            release.join()
-            consumer.hold(side, False)
+            consumer.hold(held, False)
         np.testing.assert_array_equal(y, np.full(n, 0x40404040, np.uint32).view(np.float32))
         cuda.copy_to(buf, np.zeros(n, np.float32))
     with pytest.raises(TypeError, match="a CUDA stream is an int handle"):
@@ -199,35 +227,46 @@ def test_wait_stream_orders_a_side_stream_write_before_the_next_run(cuda, consum
     with pytest.raises(sp.DeviceError, match="stream 0 is ambiguous"):
         cuda.wait_stream(0)
     del x
+    gc.collect()
     buf.free()
 
 
 def test_an_export_orders_its_consumer_after_work_still_queued_on_the_worker_stream(cuda, consumer):
     """Work is still queued on the worker's stream (held) when a consumer takes the tensor: a
     consumer stream that waits as the protocols ask (DLPack's ``stream``, the interface's
-    ``stream``) reads the new bytes; one that does not, reads the old ones. This is the check
-    that can fail: the stale read shows the race is real."""
+    ``stream``) reads the new bytes; one that does not, reads the old ones. The stale read shows
+    the race is real."""
     n = 64
     buf = cuda.malloc(n)
     cuda.copy_to(buf, np.zeros(n, np.uint8))
     t = buf.tensor((n,), "uint8")
     worker_stream = t.__cuda_array_interface__["stream"]
-    waiting, unsynced = consumer.stream(), consumer.stream()
+    waiting, cai_reader, unsynced = consumer.stream(), consumer.stream(), consumer.stream()
+    lib = consumer.lib
+    lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    lib.cuEventRecord.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    lib.cuEventDestroy_v2.argtypes = [ctypes.c_void_p]
+    event = ctypes.c_void_p()
+    assert lib.cuEventCreate(ctypes.byref(event), 2) == 0
+    got = {k: np.full(n, 0xEE, np.uint8) for k in ("dlpack", "cai", "unsynced")}
     consumer.hold(worker_stream, True)
     try:
         consumer.memset(buf.ptr, 5, n, worker_stream)  # queued on the worker's stream
         capsule = t.__dlpack__(stream=waiting)
-        stale = consumer.read(buf.ptr, n, unsynced)  # nobody waited: the queued memset has not run
-        release = _later(0.3, lambda: consumer.hold(worker_stream, False))
-        try:
-            fresh = consumer.read(buf.ptr, n, waiting)
-        finally:
-            release.cancel()
-            release.join()
+        consumer.read_async(got["dlpack"], buf.ptr, waiting)
+        assert lib.cuEventRecord(event, t.__cuda_array_interface__["stream"]) == 0
+        assert lib.cuStreamWaitEvent(cai_reader, event, 0) == 0
+        consumer.read_async(got["cai"], buf.ptr, cai_reader)
+        consumer.read_async(got["unsynced"], buf.ptr, unsynced)
+        consumer.sync(unsynced)  # ran before the queued memset: nobody made it wait
     finally:
         consumer.hold(worker_stream, False)
-    assert (stale == 0).all(), "the consumer that did not wait read the queued bytes?"
-    assert (fresh == 5).all()
+    consumer.sync(waiting)
+    consumer.sync(cai_reader)
+    lib.cuEventDestroy_v2(event)
+    assert (got["unsynced"] == 0).all(), "the consumer that did not wait read the queued bytes?"
+    assert (got["dlpack"] == 5).all() and (got["cai"] == 5).all()
     del capsule, t
     gc.collect()
     buf.free()
@@ -250,8 +289,12 @@ def test_a_fault_stays_while_another_library_holds_the_primary_context(fake_vend
         w.run(call, [np.ones(4, np.float32), np.zeros(4, np.float32)])
     w.close()
     sp.release_sessions()
-    with pytest.raises(sp.PlatformUnavailableError, match=r"still holds it.*restart the process"):
-        sp.Worker("cuda")
+    try:
+        sp.Worker("cuda").close()  # must not open: then the context would stay held by it
+    except sp.PlatformUnavailableError as e:
+        assert re.search(r"still holds it.*restart the process", str(e)), e
+    else:
+        pytest.fail("a worker opened on a context still faulted")
     consumer.close()
     with sp.Worker("cuda") as w2:
         w2.free(w2.malloc(64))
@@ -416,6 +459,8 @@ def test_a_device_newer_than_nvrtc_gets_ptx_for_the_newest_architecture_it_knows
             w.run(call, [np.ones(4, np.float32), y])
         np.testing.assert_array_equal(y, 1.0)
         assert any("PTX compute_90" in r.getMessage() for r in caplog.records), caplog.records
+        loads = [line for line in fake_vendor.cuda_log() if line.startswith("cuModuleLoadData")]
+        assert loads and "arch=compute_90" in loads[-1], loads  # the worker loaded the PTX
     finally:
         monkeypatch.delenv("FAKE_CUDA_CC")
         monkeypatch.delenv("FAKE_CUDA_DRIVER_VERSION")

@@ -49,12 +49,22 @@ def np_dtype(name: str) -> np.dtype:
     every kernel argument and ``read_tensor`` looks one up."""
     if name in ML_DTYPES:
         return np.dtype(getattr(ml_dtypes_module(name), name))
+    # ml_dtypes' other kinds (int4, ...) are its own, not numpy's same-named aliases ("int4" is
+    # numpy's int32): where it is installed, its names come first, as they always did.
+    mld = _ml_dtypes_if_installed()
+    if mld is not None and hasattr(mld, name):
+        return np.dtype(getattr(mld, name))
+    return np.dtype(name)
+
+
+@functools.cache
+def _ml_dtypes_if_installed() -> Any:
+    """``ml_dtypes`` when it can be imported (imported now), else ``None``."""
     try:
-        return np.dtype(name)
-    except TypeError:
-        if "ml_dtypes" in sys.modules and hasattr(sys.modules["ml_dtypes"], name):
-            return np.dtype(getattr(sys.modules["ml_dtypes"], name))  # its other kinds (int4, ...)
-        raise
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes
 
 
 def dtype_name(dtype: object) -> str:

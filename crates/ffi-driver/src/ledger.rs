@@ -28,6 +28,7 @@ pub trait Outcome {
 impl Outcome for () {}
 impl Outcome for crate::ModuleId {}
 impl Outcome for crate::FuncId {}
+impl Outcome for crate::FuncLimits {}
 
 impl Outcome for DevPtr {
     fn log_addr(&self) -> Option<u64> {

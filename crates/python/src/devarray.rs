@@ -19,7 +19,8 @@ use crate::helpers;
 /// (``torch.from_dlpack(a)``) without a copy. ``stream`` is the worker's stream, on which the
 /// memory is ready (the runtime has also waited for it before the call). Valid only during
 /// the kernel's call: afterwards every export raises ``StateError``. The arrays of IN tensors
-/// are read-only (the interface says so).
+/// are read-only (the interface says so, and torch's reader of the interface refuses read-only
+/// arrays: give them to torch with ``torch.from_dlpack(a)``, as ``device_arrays="torch"`` does).
 #[pyclass(module = "simpler._core", name = "DeviceArray", frozen)]
 pub struct DeviceArray {
     cell: Arc<Shared>,

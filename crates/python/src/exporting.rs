@@ -90,18 +90,22 @@ pub fn order_after(py: Python<'_>, dev: &dyn Device, consumer: Option<u64>) -> P
 
 /// The CUDA stream handle `stream` stands for: an int (1 and 2 are the legacy and per-thread
 /// default streams), an object with the `__cuda_stream__` protocol (`(version, handle)`), a
-/// torch stream (`cuda_stream`) or a CuPy stream (`ptr`).
+/// torch stream (`cuda_stream`) or a CuPy stream (`ptr`); an object's 0 (its default stream)
+/// is the legacy default stream.
 pub fn stream_handle(stream: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(h) = stream.extract::<u64>() {
         return Ok(h);
     }
+    // A stream object's handle 0 is its library's default stream: the legacy one (torch and
+    // CuPy hand out 0 for it). A bare 0 stays ambiguous (refused by the driver).
+    let object_handle = |h: u64| if h == 0 { 1 } else { h };
     if let Ok(proto) = stream.getattr("__cuda_stream__") {
         let (_version, h): (i64, u64) = proto.call0()?.extract()?;
-        return Ok(h);
+        return Ok(object_handle(h));
     }
     for attr in ["cuda_stream", "ptr"] {
         if let Ok(h) = stream.getattr(attr).and_then(|v| v.extract::<u64>()) {
-            return Ok(h);
+            return Ok(object_handle(h));
         }
     }
     Err(PyTypeError::new_err(format!(

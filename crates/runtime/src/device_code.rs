@@ -393,8 +393,19 @@ pub fn compile_report(
         minor: cc.1,
     });
     if arch_specific {
-        if let nvrtc::Target::Cubin { major, minor } = target {
-            target = nvrtc::Target::ArchSpecific { major, minor };
+        match target {
+            nvrtc::Target::Cubin { major, minor } => {
+                target = nvrtc::Target::ArchSpecific { major, minor };
+            }
+            other => {
+                return Err(fail(format!(
+                    "arch_specific code needs a cubin for sm_{}{}a, and {} can only make {}",
+                    cc.0,
+                    cc.1,
+                    choice.nvrtc.library(),
+                    other.describe()
+                )))
+            }
         }
     }
     let mut opts = options.to_vec();

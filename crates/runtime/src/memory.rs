@@ -92,18 +92,36 @@ impl Memory {
 
     /// Orders the worker's stream after the work other libraries queued on the legacy default
     /// stream, when an export makes that necessary (see `exports.rs`): before a run, a copy or
-    /// a free. Nothing to do on a device without streams.
+    /// a free. Returns whether it did (a free then also waits for the worker's stream, so the
+    /// memory is not released under that work). When the event cannot be placed, the whole
+    /// context is waited for instead (`synchronize_device`); only when that fails too is it an
+    /// error, and the next use asks again. Nothing to do on a device without streams.
     pub(crate) fn order_after_consumers(
         &self,
-    ) -> std::result::Result<(), simpler_driver::DeviceError> {
+    ) -> std::result::Result<bool, simpler_driver::DeviceError> {
         if !self.exports.take_order() {
-            return Ok(());
+            return Ok(false);
         }
-        let r = self.dev.wait_for_stream(simpler_driver::LEGACY_STREAM);
-        if r.is_err() {
-            self.exports.order_again();
+        let Err(e) = self.dev.wait_for_stream(simpler_driver::LEGACY_STREAM) else {
+            return Ok(true);
+        };
+        if self.dev.fault().is_none() && self.dev.synchronize_device().is_ok() {
+            log::warn!("ordering after other libraries' writes: {e}; waited for the whole device");
+            return Ok(true);
         }
-        r
+        self.exports.order_again();
+        Err(e)
+    }
+
+    /// [`Memory::order_after_consumers`] before memory is freed: when it ordered, the worker's
+    /// stream is waited for too.
+    pub(crate) fn settle_before_free(
+        &self,
+    ) -> std::result::Result<(), simpler_driver::DeviceError> {
+        if self.order_after_consumers()? {
+            self.dev.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Allocates `bytes` for `owner`; a driver failure is reported in `phase` for `tensor`.

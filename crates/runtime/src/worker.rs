@@ -222,7 +222,7 @@ impl Worker {
                 buf.ptr
             )));
         }
-        self.mem.order_after_consumers().map_err(buffer_err)?;
+        self.mem.settle_before_free().map_err(buffer_err)?;
         self.mem.release(buf.ptr).map_err(buffer_err)
     }
 
@@ -401,7 +401,7 @@ impl Worker {
                 .exports
                 .refuse(b.ptr, &format!("release of resident tensor '{name}'"))?;
         }
-        if let Err(e) = self.mem.order_after_consumers() {
+        if let Err(e) = self.mem.settle_before_free() {
             return Err(Error::device(Phase::Release, None, e));
         }
         Ok(self.resident.release(&mut self.mem, set))
@@ -805,10 +805,13 @@ impl Worker {
             return s;
         }
         // Nothing enqueued may still use memory this close frees (a run aborted from another
-        // thread mid-execute, say).
+        // thread mid-execute, say, or another library's last writes through an export).
         let drained = match self.mem.dev.closed() {
             true => Ok(()),
-            false => self.mem.dev.synchronize(),
+            false => self
+                .mem
+                .order_after_consumers()
+                .and_then(|_| self.mem.dev.synchronize()),
         };
         if let Err(e) = drained {
             log::warn!("close: waiting for the device: {e}");

@@ -1,25 +1,30 @@
-"""The device check's export check: a consumer reads a device tensor while the work that writes it
+"""The device check's export check: consumers read a device tensor while the work that writes it
 is still queued on the worker's stream, so that a read that does not wait as the protocols ask
-would see stale bytes, and the reads that do wait never do.
+sees stale bytes, and the reads that do wait never do.
 
-The producer queues, on the worker's stream, a chain of memsets over a large buffer, each with
-the next value (``1, 2, ... ROUNDS``), the last one ``ROUNDS``; on a GPU that keeps the stream
-busy for a millisecond or more (on the fake libcuda the worker's stream is held instead, so the
-queued work cannot run until it is released). Right after queueing, each consumer reads the
-buffer's last bytes on a non-blocking stream of its own, through the driver (``ctypes``):
+Each iteration, deterministically on a GPU and on the fake libcuda alike:
 
-* ``dlpack``: the capsule made for the consumer's stream (``__dlpack__(stream=s)``), which makes
-  that stream wait for the worker's; must read ``ROUNDS``;
-* ``cai``: the ``stream`` of ``__cuda_array_interface__``, an event on it that the consumer's
-  stream waits for, as CAI v3 asks of a consumer; must read ``ROUNDS``;
-* ``unsynced``: no wait at all; reads whatever is there, which is stale while the queued work
-  runs. It is counted, not judged, but the check needs it to have seen stale bytes at least once:
-  otherwise the race never happened and the check proved nothing (it fails, saying so);
-* with torch on a real GPU: ``torch.from_dlpack`` under a side stream (torch asks for the capsule
-  on its current stream), judged like ``dlpack``.
+1. the worker's stream is *gated*: on a GPU a host function (``cuLaunchHostFunc``) that blocks
+   until the check opens the gate; on the fake libcuda the stream is held
+   (``fake_cuda_hold_stream``). Nothing queued behind the gate can run;
+2. a chain of memsets is queued behind it, each with the next value, the last one ``ROUNDS``;
+3. each consumer queues its read of the buffer's last byte on a non-blocking stream of its own,
+   through the driver (``ctypes``), into page-locked host memory (a read into pageable memory
+   would block the host until it ran):
+
+   * ``dlpack``: after ``__dlpack__(stream=s)``, which makes that stream wait for the worker's;
+   * ``cai``: after an event on the ``stream`` of ``__cuda_array_interface__`` that the
+     consumer's stream waits for, as CAI v3 asks of a consumer;
+   * ``unsynced``: no wait at all;
+   * with torch on a real GPU, ``torch.from_dlpack`` under a side stream (torch asks for the
+     capsule on its current stream) and a copy of the last element there;
+
+4. the unsynchronized read is waited for: it ran before the memsets, so it must be stale (or the
+   check proved nothing, and fails saying so); then the gate opens, and every read that waited
+   must see ``ROUNDS``.
 
 The consumer binds the device's primary context on the calling thread, as torch does (another
-holder of the context, released at the end).
+holder of the context), and gives everything back on every path.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ __all__ = ["ROUNDS", "run_export_check"]
 #: The memsets queued per iteration; the last writes this value.
 ROUNDS = 16
 _NON_BLOCKING = 1
+_EVENT_DISABLE_TIMING = 2
+_PAGE = 4096
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 class _Driver:
@@ -60,118 +68,155 @@ class _Driver:
         lib.cuEventDestroy_v2.argtypes = [v]
         lib.cuMemsetD8Async.argtypes = [u64, ctypes.c_ubyte, sz, v]
         lib.cuMemcpyDtoHAsync_v2.argtypes = [v, u64, sz, v]
+        lib.cuMemHostRegister_v2.argtypes = [v, sz, ctypes.c_uint]
+        lib.cuMemHostUnregister.argtypes = [v]
         self.fake = hasattr(lib, "fake_cuda_hold_stream")
         if self.fake:
             lib.fake_cuda_hold_stream.argtypes = [v, i]
+        else:
+            lib.cuLaunchHostFunc.argtypes = [v, _HOST_FN, v]
 
     def ok(self, code: int, what: str) -> None:
         if code != 0:
             raise RuntimeError(f"{what} failed with CUDA error {code}")
 
 
-def _read_tail(d: _Driver, addr: int, n: int, stream: int) -> int:
-    """The last byte of ``[addr, addr + n)`` read on ``stream`` (waits for that stream)."""
-    out = np.zeros(1, np.uint8)
-    d.ok(d.lib.cuMemcpyDtoHAsync_v2(out.ctypes.data, addr + n - 1, 1, stream), "cuMemcpyDtoHAsync_v2")
-    d.ok(d.lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
-    return int(out[0])
+class _Gate:
+    """Keeps the work queued on a stream from running until :meth:`open` (see the module docs).
+    Opening twice is harmless; :meth:`open` must run on every path once :meth:`close` did."""
+
+    def __init__(self, d: _Driver, stream: int) -> None:
+        self.d, self.stream = d, stream
+        self.event = threading.Event()
+        self.closed = False
+        # Kept alive as long as the driver may call it.
+        self.fn = _HOST_FN(lambda _user: self.event.wait())
+
+    def close(self) -> None:
+        if self.d.fake:
+            self.d.ok(self.d.lib.fake_cuda_hold_stream(self.stream, 1), "fake_cuda_hold_stream")
+        else:
+            self.event.clear()
+            self.d.ok(self.d.lib.cuLaunchHostFunc(self.stream, self.fn, None), "cuLaunchHostFunc")
+        self.closed = True
+
+    def open(self) -> None:
+        if not self.closed:
+            return
+        self.closed = False
+        if self.d.fake:
+            self.d.lib.fake_cuda_hold_stream(self.stream, 0)
+        else:
+            self.event.set()
 
 
 def run_export_check(worker: Any, iterations: int, nbytes: int, use_torch: bool) -> dict[str, Any]:
     """Runs the check on ``worker`` (a cuda worker): ``iterations`` times, ``ROUNDS`` memsets of
-    ``nbytes`` queued, then each consumer reads; returns the figures. Raises ``AssertionError``
-    when a waiting consumer read stale bytes, or when no unsynchronized read ever did."""
+    ``nbytes`` queued behind a gate, each consumer's read queued, then the gate opened; returns
+    the figures. Raises ``AssertionError`` when a waiting consumer read stale bytes, or when the
+    read that does not wait never did (the race never happened)."""
     d = _Driver(os.environ.get("SIMPLER_CUDA_LIB"))
     lib = d.lib
-    d.ok(lib.cuInit(0), "cuInit")
-    dev = ctypes.c_int()
-    d.ok(lib.cuDeviceGet(ctypes.byref(dev), worker.device_id), "cuDeviceGet")
-    ctx, prev = ctypes.c_void_p(), ctypes.c_void_p()
-    d.ok(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-    d.ok(lib.cuCtxGetCurrent(ctypes.byref(prev)), "cuCtxGetCurrent")
-    d.ok(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    streams: list[int] = []
-    events: list[int] = []
-    arms = ["dlpack", "cai", "unsynced"]
-    torch = None
-    if use_torch:
-        import torch as _torch
-
-        torch, side = _torch, _torch.cuda.Stream()
-        arms.append("torch_from_dlpack")
+    arms = ["dlpack", "cai", "unsynced"] + (["torch_from_dlpack"] if use_torch else [])
     stale = dict.fromkeys(arms, 0)
-    buf = worker.malloc(nbytes)
+    cleanup: list[tuple[str, Any]] = []  # (what, undo), undone last first on every path
+    errors: list[str] = []
+    held: dict[str, Any] = {}  # what keeps an export alive: dropped before the buffer is freed
+    gate: _Gate | None = None
     try:
+        d.ok(lib.cuInit(0), "cuInit")
+        dev = ctypes.c_int()
+        d.ok(lib.cuDeviceGet(ctypes.byref(dev), worker.device_id), "cuDeviceGet")
+        ctx, prev = ctypes.c_void_p(), ctypes.c_void_p()
+        d.ok(lib.cuCtxGetCurrent(ctypes.byref(prev)), "cuCtxGetCurrent")
+        d.ok(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        cleanup.append(("cuDevicePrimaryCtxRelease_v2", lambda: lib.cuDevicePrimaryCtxRelease_v2(dev)))
+        d.ok(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        cleanup.append(("cuCtxSetCurrent", lambda: lib.cuCtxSetCurrent(prev)))
+        streams = []
         for _ in range(3):
             s = ctypes.c_void_p()
             d.ok(lib.cuStreamCreate(ctypes.byref(s), _NON_BLOCKING), "cuStreamCreate")
+            cleanup.append(("cuStreamDestroy_v2", lambda s=s.value: lib.cuStreamDestroy_v2(s)))
             streams.append(s.value)
-        e = ctypes.c_void_p()
-        d.ok(lib.cuEventCreate(ctypes.byref(e), 2), "cuEventCreate")  # CU_EVENT_DISABLE_TIMING
-        events.append(e.value)
         waiting, cai_reader, unsynced = streams
-        tail = min(nbytes, 4096)
-        for it in range(iterations):
+        e = ctypes.c_void_p()
+        d.ok(lib.cuEventCreate(ctypes.byref(e), _EVENT_DISABLE_TIMING), "cuEventCreate")
+        cleanup.append(("cuEventDestroy_v2", lambda e=e.value: lib.cuEventDestroy_v2(e)))
+        # One page each for the three reads, page-locked once.
+        raw = np.zeros(4 * _PAGE, np.uint8)
+        start = (-raw.ctypes.data) % _PAGE
+        host = raw[start : start + 3 * _PAGE]
+        d.ok(lib.cuMemHostRegister_v2(host.ctypes.data, host.nbytes, 0), "cuMemHostRegister_v2")
+        cleanup.append(("cuMemHostUnregister", lambda: lib.cuMemHostUnregister(host.ctypes.data)))
+        slot = {"dlpack": 0, "cai": _PAGE, "unsynced": 2 * _PAGE}
+        if use_torch:
+            import torch
+
+            side = torch.cuda.Stream()
+        buf = worker.malloc(nbytes)
+        cleanup.append(("free", buf.free))
+        cleanup.append(("waiting for the worker's stream", lambda: worker.copy_from(host[:1], buf)))
+        tail = min(nbytes, _PAGE)
+
+        def read(arm: str, stream: int) -> None:
+            dst = host.ctypes.data + slot[arm]
+            d.ok(lib.cuMemcpyDtoHAsync_v2(dst, buf.ptr + nbytes - 1, 1, stream), "cuMemcpyDtoHAsync_v2")
+
+        for _ in range(iterations):
             # The last bytes start at 0 (the copy waits for the worker's stream).
             worker.copy_to(buf, np.zeros(tail, np.uint8), offset=nbytes - tail)
-            t = buf.tensor((nbytes,), "uint8")
+            host[:] = 0
+            held["t"] = t = buf.tensor((nbytes,), "uint8")
             wstream = t.__cuda_array_interface__["stream"]
-            release = None
-            if d.fake:
-                d.ok(lib.fake_cuda_hold_stream(wstream, 1), "fake_cuda_hold_stream")
-            try:
-                for r in range(1, ROUNDS + 1):
-                    d.ok(lib.cuMemsetD8Async(buf.ptr, r, nbytes, wstream), "cuMemsetD8Async")
-                capsule = t.__dlpack__(stream=waiting)
-                cai_stream = t.__cuda_array_interface__["stream"]
-                # Read first through the consumer that does not wait: the race.
-                if _read_tail(d, buf.ptr, nbytes, unsynced) != ROUNDS:
-                    stale["unsynced"] += 1
-                if d.fake:
-                    release = threading.Timer(0.05, lib.fake_cuda_hold_stream, (wstream, 0))
-                    release.start()
-                if _read_tail(d, buf.ptr, nbytes, waiting) != ROUNDS:
-                    stale["dlpack"] += 1
-                d.ok(lib.cuEventRecord(events[0], cai_stream), "cuEventRecord")
-                d.ok(lib.cuStreamWaitEvent(cai_reader, events[0], 0), "cuStreamWaitEvent")
-                if _read_tail(d, buf.ptr, nbytes, cai_reader) != ROUNDS:
-                    stale["cai"] += 1
-                del capsule
-            finally:
-                if release is not None:
-                    release.cancel()
-                    release.join()
-                if d.fake:
-                    lib.fake_cuda_hold_stream(wstream, 0)
-            if torch is not None and not d.fake:
-                for r in range(1, ROUNDS + 1):
-                    value = (r + it) % 251 + 1
-                    d.ok(lib.cuMemsetD8Async(buf.ptr, value, nbytes, wstream), "cuMemsetD8Async")
-                want = (ROUNDS + it) % 251 + 1
+            gate = _Gate(d, wstream)
+            gate.close()
+            for r in range(1, ROUNDS + 1):
+                d.ok(lib.cuMemsetD8Async(buf.ptr, r, nbytes, wstream), "cuMemsetD8Async")
+            held["capsule"] = t.__dlpack__(stream=waiting)
+            read("dlpack", waiting)
+            d.ok(lib.cuEventRecord(e.value, t.__cuda_array_interface__["stream"]), "cuEventRecord")
+            d.ok(lib.cuStreamWaitEvent(cai_reader, e.value, 0), "cuStreamWaitEvent")
+            read("cai", cai_reader)
+            read("unsynced", unsynced)
+            if use_torch:
                 with torch.cuda.stream(side):
                     x = torch.from_dlpack(t)  # torch asks for the capsule on its current stream
-                    last = x[-1:].clone()
+                    held["x"], held["last"] = x, x[-1:].clone()
+            d.ok(lib.cuStreamSynchronize(unsynced), "cuStreamSynchronize")
+            if host[slot["unsynced"]] != ROUNDS:
+                stale["unsynced"] += 1
+            gate.open()
+            for s in (waiting, cai_reader):
+                d.ok(lib.cuStreamSynchronize(s), "cuStreamSynchronize")
+            for arm in ("dlpack", "cai"):
+                if host[slot[arm]] != ROUNDS:
+                    stale[arm] += 1
+            if use_torch:
                 side.synchronize()
-                if int(last.item()) != want:
+                if int(held["last"].item()) != ROUNDS:
                     stale["torch_from_dlpack"] += 1
-                del x, last
-            del t
+            held.clear()
+            t = x = None
             gc.collect()
     finally:
+        if gate is not None:
+            gate.open()
+        held.clear()
+        t = x = None
         gc.collect()
-        worker.copy_from(np.empty(1, np.uint8), buf)  # waits for the worker's stream
-        buf.free()
-        for s in streams:
-            lib.cuStreamDestroy_v2(s)
-        for e in events:
-            lib.cuEventDestroy_v2(e)
-        lib.cuCtxSetCurrent(prev)
-        lib.cuDevicePrimaryCtxRelease_v2(dev)
+        for what, undo in reversed(cleanup):
+            try:
+                undo()
+            except Exception as ex:  # every step is tried; the first error of the check stays
+                errors.append(f"{what}: {ex}")
+    if errors:
+        raise RuntimeError("the export check could not give back what it took: " + "; ".join(errors))
     figures: dict[str, Any] = {
         "iterations": iterations,
         "bytes": nbytes,
         "memsets_queued": ROUNDS,
-        "fake_driver": d.fake,
+        "gate": "held stream (fake libcuda)" if d.fake else "cuLaunchHostFunc",
     }
     figures.update({f"stale_reads.{a}": k for a, k in stale.items()})
     judged = {a: k for a, k in stale.items() if a != "unsynced"}
@@ -179,9 +224,9 @@ def run_export_check(worker: Any, iterations: int, nbytes: int, use_torch: bool)
         raise AssertionError(
             f"stale reads through an export while work was queued (of {iterations}): {judged}"
         )
-    if stale["unsynced"] == 0:
+    if stale["unsynced"] != iterations:
         raise AssertionError(
-            f"the read that does not wait never saw stale bytes in {iterations} iterations: the "
-            "queued work finished before it, so this check proved nothing (raise the size)"
+            f"the read that does not wait saw the queued bytes in {iterations - stale['unsynced']} of "
+            f"{iterations} iterations although they were gated: the check proved nothing there"
         )
     return figures

@@ -21,7 +21,9 @@ JSON line (key ``preflight``). One line each, ``preflight: <what>: <found>``:
 
 What is *required* and missing stops the preflight with :class:`PreflightError`, whose message is
 one line saying what is missing and how to get it (the device check prints it and exits with
-status 2): numpy; on cuda the driver library, a ``cuInit`` that fails, no device.
+status 2): numpy; on cuda the driver library, a ``cuInit`` that fails. A driver that sees no
+device raises :class:`NoDevice` (the device check then says so and exits 0, as on a machine
+without a driver).
 ``ml_dtypes`` missing is not fatal: the checks that need bfloat16 are skipped with that reason.
 
 The driver is read with ``ctypes`` from the library itself (``cuInit(0)`` first, then
@@ -45,6 +47,7 @@ from typing import Any
 __all__ = [
     "NVRTC_WHEELS",
     "PACKAGES",
+    "NoDevice",
     "PreflightError",
     "cuda_driver",
     "driver_version_tuple",
@@ -92,6 +95,11 @@ CUDA_ERROR_NO_DEVICE = 100
 class PreflightError(Exception):
     """Something the device check requires is missing; the message is one line that says what
     and how to get it."""
+
+
+class NoDevice(PreflightError):
+    """The driver is there but sees no device (``CUDA_ERROR_NO_DEVICE``, or a device count of 0):
+    a machine without a GPU for this process, which the device check skips (exit status 0)."""
 
 
 #: Where the preflight's lines go: ``emit(what, found)`` (default: ``preflight: what: found`` on
@@ -302,7 +310,8 @@ def cuda_driver(ordinal: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
             CUDA_ERROR_STUB_LIBRARY: "this is the CUDA toolkit's stub library, not the driver: point "
             "SIMPLER_CUDA_LIB at the NVIDIA driver's libcuda.so.1",
         }.get(rc, "the driver did not initialize: check nvidia-smi (a missing or mismatched kernel module?)")
-        raise PreflightError(f"cuInit(0) failed with {_error_name(lib, rc)} on {where}: {fix}")
+        error = NoDevice if rc == CUDA_ERROR_NO_DEVICE else PreflightError
+        raise error(f"cuInit(0) failed with {_error_name(lib, rc)} on {where}: {fix}")
     device: dict[str, Any] = {"ordinal": ordinal, "unreadable": {}}
     device["count"], _ = _int_query(lib, "cuDeviceGetCount")
     dev = ctypes.c_int(0)
@@ -312,7 +321,8 @@ def cuda_driver(ordinal: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     if rc != 0 or device["count"] == 0:
         seen = "" if device["count"] is None else f" ({device['count']} visible)"
         why = f"cuDeviceGet({ordinal}) failed with {_error_name(lib, rc)}" if rc else "cuDeviceGetCount is 0"
-        raise PreflightError(
+        error = NoDevice if device["count"] == 0 or rc == CUDA_ERROR_NO_DEVICE else PreflightError
+        raise error(
             f"no CUDA device {ordinal}{seen}: {why} on {where}; check nvidia-smi and CUDA_VISIBLE_DEVICES"
         )
 

@@ -343,10 +343,20 @@ impl CudaDevice {
                 .extend(pairs.into_iter().flat_map(|(a, b)| [a, b]));
             return Ok(None);
         };
-        let _bound = self.enter_as(st, Op::Sync, name)?;
+        // The pairs are read once, or discarded when they cannot be.
+        let pairs = std::mem::take(&mut st.exec.timed);
+        let _bound = match self.enter_as(st, Op::Sync, name) {
+            Ok(b) => b,
+            Err(e) => {
+                st.exec
+                    .spare
+                    .extend(pairs.into_iter().flat_map(|(a, b)| [a, b]));
+                return Err(e);
+            }
+        };
         let mut ns = 0u64;
         let mut first_err = None;
-        for (a, b) in std::mem::take(&mut st.exec.timed) {
+        for (a, b) in pairs {
             let mut ms: f32 = 0.0;
             // SAFETY: two timing events of this context, both recorded on the worker's stream;
             // `&mut ms` is valid for the float the call writes.

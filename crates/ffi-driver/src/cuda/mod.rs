@@ -675,11 +675,17 @@ impl Device for CudaDevice {
                 return Err((0, e));
             }
         };
-        let start = if timed {
-            Some(self.record_timing(&mut st).map_err(|e| (0, e))?)
-        } else {
-            None
+        // Timing is diagnostics: an event that cannot be recorded costs the group its time, not
+        // the run (a sticky fault is still noted, and shows at the next call).
+        let timing = |st: &mut State| match self.record_timing(st) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                st.note_fault(&e);
+                log::warn!("timing a batch of launches: {e}");
+                None
+            }
         };
+        let start = if timed { timing(&mut st) } else { None };
         let mut r = Ok(());
         for (i, l) in launches.iter().enumerate() {
             let done = call(&mut st, op, 0, 0, |st| {
@@ -691,13 +697,9 @@ impl Device for CudaDevice {
             }
         }
         if let Some(start) = start {
-            match self.record_timing(&mut st) {
-                Ok(end) if r.is_ok() => st.exec.timed.push((start, end)),
-                Ok(end) => st.exec.spare.extend([start, end]),
-                Err(e) => {
-                    st.exec.spare.push(start);
-                    r = r.and(Err((launches.len(), e)));
-                }
+            match (&r, timing(&mut st)) {
+                (Ok(()), Some(end)) => st.exec.timed.push((start, end)),
+                (_, end) => st.exec.spare.extend(std::iter::once(start).chain(end)),
             }
         }
         r
@@ -714,7 +716,15 @@ impl Device for CudaDevice {
     }
 
     fn function_limits(&self, func: FuncId) -> Result<crate::FuncLimits, DeviceError> {
-        self.do_function_limits(&*self.lock_for(Op::Launch)?, func)
+        let op = Op::Module;
+        call_named(
+            &mut *self.lock_for(op)?,
+            op,
+            "cuFuncGetAttribute",
+            0,
+            0,
+            |st| self.do_function_limits(st, func),
+        )
     }
 
     fn allow_dynamic_shared(&self, func: FuncId, bytes: u32) -> Result<(), DeviceError> {

@@ -9,8 +9,10 @@
 //! * only candidates whose major version is at most the driver's (minor version compatibility
 //!   lets a cubin of a newer minor load on an older driver of the same major);
 //! * the target: a cubin for the device's own architecture (`sm_XY`) when the candidate lists
-//!   it, else PTX for the newest `compute_XY` it knows below the device's, which the driver
-//!   compiles for the device when it loads it. PTX is read by the driver's own compiler, which
+//!   it, else a cubin for the newest architecture of the same major version below it (a cubin
+//!   runs on later minor versions of its major: `sm_80` on 8.6), else PTX for the newest
+//!   `compute_XY` it knows below the device's, which the driver compiles for the device when it
+//!   loads it. PTX is read by the driver's own compiler, which
 //!   refuses PTX of a newer toolkit than the driver's (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`),
 //!   so a candidate that would need the PTX route must be no newer than the driver (major and
 //!   minor); one that knows no architecture at or below the device's is not usable at all;
@@ -18,10 +20,10 @@
 //!
 //! Without a driver version (compiling with no device, in a test) every candidate is usable;
 //! without a compute capability there is no target. [`choose`] caches the choice per search,
-//! driver and capability, and says once, in one line, which NVRTC, driver and target it took
+//! driver and capability (the libraries already loaded count as they were at that first
+//! question), and says once, in one line, which NVRTC, driver and target it took
 //! (a warning when it passed over a newer NVRTC or fell back to PTX, else at info level).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -127,6 +129,18 @@ fn target_for(p: &Probe, cc: (u32, u32)) -> Result<Target, String> {
     if archs.contains(&want) {
         return Ok(Target::Cubin { major, minor });
     }
+    // A cubin of the same major architecture, older minor, runs on the device (sm_80 on 8.6).
+    if let Some(a) = archs
+        .iter()
+        .copied()
+        .filter(|&a| a / 10 == major && a <= want)
+        .max()
+    {
+        return Ok(Target::Cubin {
+            major: a / 10,
+            minor: a % 10,
+        });
+    }
     match archs.iter().copied().filter(|&a| a <= want).max() {
         Some(a) => Ok(Target::Ptx {
             major: a / 10,
@@ -228,7 +242,8 @@ type Key = (
     Option<(u32, u32)>,
     Option<(u32, u32)>,
 );
-static CHOICES: Mutex<Option<HashMap<Key, Arc<Choice>>>> = Mutex::new(None);
+/// The choices made so far (a few per process: a list, searched in order).
+static CHOICES: Mutex<Vec<(Key, Arc<Choice>)>> = Mutex::new(Vec::new());
 
 /// The NVRTC (and target) for a driver of CUDA version `driver` and a device of capability
 /// `cc`, from the search over the process environment and `extra_dirs` (see the module docs).
@@ -252,8 +267,8 @@ pub(crate) fn choose_in(
     reuse_resident: bool,
 ) -> Result<Arc<Choice>, LoadError> {
     let key: Key = (env.clone(), extra_dirs.to_vec(), driver, cc);
-    let mut slot = CHOICES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = slot.as_ref().and_then(|m| m.get(&key)) {
+    let mut made = CHOICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, c)) = made.iter().find(|(k, _)| *k == key) {
         return Ok(Arc::clone(c));
     }
     let search = loading::search(&env, extra_dirs);
@@ -264,8 +279,7 @@ pub(crate) fn choose_in(
     } else {
         log::info!("device code: {line}");
     }
-    slot.get_or_insert_with(HashMap::new)
-        .insert(key, Arc::clone(&choice));
+    made.push((key, Arc::clone(&choice)));
     Ok(choice)
 }
 
@@ -400,6 +414,10 @@ mod tests {
         let (c, chosen) = select(&p, Some((13, 0)), Some((7, 0)));
         assert_eq!(chosen, None);
         assert!(c[0].why.contains("its oldest is 7.5"), "{}", c[0].why);
+        // An older minor of the same major: its cubin runs on the device, no PTX needed.
+        let p = [probe("n", (12, 8), Some(&[75, 80, 90]))];
+        let (c, _) = select(&p, Some((12, 2)), Some((8, 6)));
+        assert_eq!(c[0].target, Some(Target::Cubin { major: 8, minor: 0 }));
         // Without the query, the device's own cubin is asked for.
         let p = [probe("n", (11, 0), None)];
         let (c, _) = select(&p, Some((12, 0)), Some((8, 6)));

@@ -585,7 +585,14 @@ pub fn resources(log: &str) -> Vec<Resources> {
         text[..at].split_whitespace().last()?.parse().ok()
     };
     let mut out: Vec<Resources> = Vec::new();
+    // The function whose properties the next "bytes stack frame" line gives: the current entry,
+    // or a device function it calls (whose lines are not the entry's).
+    let mut properties_of = String::new();
     for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            properties_of = rest.trim().to_string();
+            continue;
+        }
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let mut parts = rest.split('\'');
             let entry = parts.next().unwrap_or_default().to_string();
@@ -601,6 +608,9 @@ pub fn resources(log: &str) -> Vec<Resources> {
             continue;
         };
         if line.contains("bytes stack frame") {
+            if properties_of != r.entry {
+                continue;
+            }
             r.stack_bytes = number_before(line, "bytes stack frame").unwrap_or(0);
             r.spill_store_bytes = number_before(line, "bytes spill stores").unwrap_or(0);
             r.spill_load_bytes = number_before(line, "bytes spill loads").unwrap_or(0);

@@ -105,6 +105,16 @@ ptxas info    : Used 255 registers, used 1 barriers, 376 bytes cmem[0]
     );
     assert!(r[1].spills());
     assert!(resources("nothing of ptxas here").is_empty());
+    // A device function's properties are not its caller's.
+    let log = "ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for helper
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Function properties for k
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 20 registers, used 0 barriers
+";
+    let r = resources(log);
+    assert_eq!((r[0].registers, r[0].spill_store_bytes), (20, 0));
 }
 
 #[test]

@@ -186,11 +186,15 @@ impl RunState {
             });
             self.report.counters.execute_wait_ns =
                 u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            if waited.is_ok() {
-                match mem.dev.take_device_time() {
-                    Ok(ns) => self.report.counters.device_ns = ns.unwrap_or(0),
-                    Err(e) => log::warn!("reading the device time of the run's launches: {e}"),
+            // Read (or, after a failure, discard) this run's timed groups, so none is left for
+            // the next run to count.
+            match mem.dev.take_device_time() {
+                Ok(ns) if waited.is_ok() => self.report.counters.device_ns = ns.unwrap_or(0),
+                Ok(_) => {}
+                Err(e) if waited.is_ok() => {
+                    log::warn!("reading the device time of the run's launches: {e}")
                 }
+                Err(_) => {}
             }
         }
         if !ok || waited.is_err() {
