@@ -384,3 +384,176 @@ def test_the_model_error_compares_one_run_measured_with_another_priced():
     text = report.format_model_comparison(measured, modeled, measured_on="cuda")
     assert "measured (cuda) beside modeled" in text and "3x" in text
     assert report.model_comparison(measured) == []  # nothing modeled: no rows
+
+
+_GOLDEN_FILE = """
+import numpy as np
+import simpler as sp
+
+
+def _add(a, b, out):
+    out[...] = a + b
+
+
+ADD = sp.Kernel(_add, [sp.IN, sp.IN, sp.OUT])
+CALL = sp.Callable(lambda o, a, b, out: o.submit(ADD, a, b, out), signature=[sp.IN, sp.IN, sp.OUT])
+
+
+def _args(params):
+    return sp.TaskArgsBuilder(
+        sp.TensorArg("a", np.ones(8, np.float32)),
+        sp.TensorArg("b", np.ones(8, np.float32)),
+        sp.TensorArg("out", np.zeros(8, np.float32)),
+    )
+
+
+def _golden(args):
+    args.out[...] = args.a + args.b
+
+
+@sp.scene_test(level=2)
+class TestByCase(sp.SceneTestCase):
+    CALLABLE = CALL
+    SPLIT = {"a": 0, "b": 0, "out": 0}
+    CASES = [
+        {"name": "C_Residency_staged", "params": {}},
+        {"name": "C_Residency_bulk", "params": {}, "skip_golden": True},
+    ]
+
+    def generate_args(self, params):
+        return _args(params)
+
+    def compute_golden(self, args, params):
+        _golden(args)
+
+
+@sp.scene_test(level=2)
+class TestByClass(sp.SceneTestCase):
+    CALLABLE = CALL
+    SKIP_GOLDEN = True
+    CASES = [{"name": "D_Residency_staged", "params": {}}]
+
+    def generate_args(self, params):
+        return _args(params)
+
+    def compute_golden(self, args, params):
+        _golden(args)
+"""
+
+
+def test_bench_says_which_arms_were_compared_with_the_golden(tmp_path, capsys):
+    """A case that skips its golden (``"skip_golden": True``) or a class that does
+    (``SKIP_GOLDEN``) is not "golden checked": the records say whether each round was compared
+    and who skipped it, and the tables (one device and several) say which arms were compared."""
+    f = tmp_path / "test_golden_skips.py"
+    f.write_text(_GOLDEN_FILE)
+    out = tmp_path / "g.jsonl"
+    argv = ["bench", str(f), "--rounds", "2", "--devices", "2", "--json", str(out), "--case", "C"]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["arm"], r["devices"], r["golden"], r["golden_skipped_by"]) for r in recs} == {
+        ("Residency_staged", 1, True, None),
+        ("Residency_bulk", 1, False, "case"),
+        ("Residency_staged", 2, True, None),
+        ("Residency_bulk", 2, False, "case"),
+    }
+    mixed = "golden checked for Residency_staged; skipped (by the case) for Residency_bulk"
+    assert f"TestByCase::C (sim, 2 round(s), {mixed}) ==" in text, text
+    assert f"TestByCase::C on 2 devices (sim, 2 round(s), {mixed}) ==" in text, text
+    assert "golden checked)" not in text
+
+    assert cli.main(["bench", str(f), "--rounds", "1", "--json", str(out), "--case", "D"]) == 0
+    text = capsys.readouterr().out
+    assert "TestByClass::D (sim, 1 round(s), golden skipped (by the class)) ==" in text, text
+    assert [(r["golden"], r["golden_skipped_by"]) for r in map(json.loads, out.read_text().splitlines())] == [
+        (False, "class")
+    ]
+
+    assert cli.main(["bench", str(f), "--rounds", "1", "--case", "C", "--skip-golden"]) == 0
+    text = capsys.readouterr().out
+    assert "TestByCase::C (sim, 1 round(s), golden skipped (by --skip-golden)) ==" in text, text
+
+
+def test_bench_devices_far_beyond_the_split_fails_at_once(tmp_path):
+    """``--devices N`` with N far beyond what the case's SPLIT cuts into is refused before any
+    per-device argument builder is made: a clear error at once, not N builders until the
+    machine runs out of memory (the bench runs under a 2 GiB address-space limit here)."""
+    import resource
+
+    f = tmp_path / "test_golden_skips.py"
+    f.write_text(_GOLDEN_FILE)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    argv = ["bench", str(f), "--rounds", "1", "--case", "C_Residency_staged", "--devices", str(10**9)]
+    p = subprocess.run(
+        [sys.executable, "-m", "simpler", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=limit,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert p.returncode == 1, p.stderr
+    assert "MemoryError" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert (
+        "FAILED TestByCase::C_Residency_staged on 1000000000 devices: ArgumentError: TestByCase: cannot "
+        "split 'a' of shape (8,) along axis 0 over 1000000000 devices (8 along it" in p.stderr
+    ), p.stderr
+
+
+_GROUP_RECORD = {
+    "workload": "w",
+    "test": "T",
+    "case": "C",
+    "arm": "Residency_staged",
+    "round": 1,
+    "rounds": 1,
+    "platform": "sim",
+    "phases": {"bind": 10, "orchestrate": 10, "execute": 10, "copy_back": 10, "cleanup": 10},
+    "counters": {"staged_bytes": 8},
+    "dispatch_ns": 40,
+    "bytes_moved": 8,
+    "devices": 2,
+    "device": 0,
+    "device_index": 0,
+    "round_wall_ns": 100,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "message"),
+    [
+        ("dispatch_ns", "NaN", "NaN: a bench record holds finite numbers"),
+        ("round_wall_ns", "Infinity", "Infinity: a bench record holds finite numbers"),
+        ("bytes_moved", "-Infinity", "-Infinity: a bench record holds finite numbers"),
+        ("round", "NaN", "NaN: a bench record holds finite numbers"),
+        ("round_wall_ns", "1e999", "1e999: a bench record holds finite numbers"),
+        ("round_wall_ns", "1" * 5000, "is past 2**64"),
+        ("device", "[0, 1]", "'device' must be a device id (an int), not list [0, 1]"),
+        ("device", '{"id": 0}', "'device' must be a device id (an int), not dict"),
+        ("device", "1.5", "'device' must be a device id (an int), not float"),
+        ("modeled_by", '{"h200": {"bind": "x"}}', "'modeled_by' must map models to phases and numbers"),
+    ],
+)
+def test_report_on_group_records_with_bad_numbers_or_ids_is_a_usage_error(
+    tmp_path, capsys, field, text, message
+):
+    """Group records (one per device) whose numbers are NaN or infinite, or whose device id is not
+    an int, are a one-line usage error naming the file, the line and the problem: never a
+    traceback (as a good record of the same shape prints its tables)."""
+    good = dict(_GROUP_RECORD)
+    second = {**good, "device": 1, "device_index": 1}
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(second) + "\n")
+    assert cli.main(["report", str(path)]) == 0
+    assert "T::C on 2 devices" in capsys.readouterr().out
+    bad = json.dumps({**second, field: "@@"}).replace('"@@"', text)
+    path.write_text(json.dumps(good) + "\n" + bad + "\n")
+    assert cli.main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simpler: error: {path}:2: not a bench record (") and message in err, err
+    assert len(err.strip().splitlines()) == 1, err

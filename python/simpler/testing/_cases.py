@@ -185,11 +185,11 @@ def split_by_axes(
     unknown = sorted(set(split) - set(args.tensor_names()))
     if unknown:
         raise ArgumentError(f"{where}: SPLIT names no tensor of the case: {', '.join(unknown)}")
-    parts = [TaskArgsBuilder() for _ in range(n)]
+    # Every tensor is checked before anything is built: a device count far beyond what the case
+    # splits into fails here, at once, not after n builders (and n copies of every shared array's
+    # reference) were made.
     for spec in args.specs:
         if isinstance(spec, Scalar):
-            for p in parts:
-                p.add(spec)
             continue
         arr = _host(spec.value)
         if not isinstance(arr, np.ndarray):
@@ -198,15 +198,24 @@ def split_by_axes(
                 "splits host arrays only"
             )
         axis = split.get(spec.name)
+        if axis is not None and (not -arr.ndim <= axis < arr.ndim or arr.shape[axis] < n):
+            size = f"{arr.shape[axis]} along it" if -arr.ndim <= axis < arr.ndim else "no such axis"
+            raise ArgumentError(
+                f"{where}: cannot split '{spec.name}' of shape {arr.shape} along axis {axis} "
+                f"over {n} devices ({size}; at most one device per element of the axis)"
+            )
+    parts = [TaskArgsBuilder() for _ in range(n)]
+    for spec in args.specs:
+        if isinstance(spec, Scalar):
+            for p in parts:
+                p.add(spec)
+            continue
+        arr = _host(spec.value)
+        axis = split.get(spec.name)
         if axis is None:
             whole = np.array(arr, copy=True, order="C")
             shards = [whole] * n
         else:
-            if not -arr.ndim <= axis < arr.ndim or arr.shape[axis] < n:
-                raise ArgumentError(
-                    f"{where}: cannot split '{spec.name}' of shape {arr.shape} along axis {axis} "
-                    f"over {n} devices"
-                )
             shards = [np.array(s, copy=True, order="C") for s in np.array_split(arr, n, axis=axis)]
         for p, shard in zip(parts, shards):
             p.add(spec._replace(value=shard))

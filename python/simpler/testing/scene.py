@@ -393,7 +393,18 @@ class CaseRun:
         self.label = f"{cls.__name__}::{self.case['name']}"
         self.params = dict(self.case.get("params", {}))
         self.rounds = rounds
-        self.skip = bool(skip_golden or self.case.get("skip_golden", False) or cls.SKIP_GOLDEN)
+        # Who turned the golden check off: the caller's option, the case's "skip_golden" or the
+        # class's SKIP_GOLDEN (None: it is checked).
+        self.golden_skipped_by: str | None = (
+            "option"
+            if skip_golden
+            else "case"
+            if self.case.get("skip_golden", False)
+            else "class"
+            if cls.SKIP_GOLDEN
+            else None
+        )
+        self.skip = self.golden_skipped_by is not None
         self.platform = platform
         self.worker_options = dict(worker_options or {})
         self.worker = worker

@@ -24,7 +24,11 @@ matches a case by its name without the arm, and naming a manual case (``--case B
 
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
 ``counters``) plus ``workload``, ``test``, ``case``, ``case_name``, ``arm``, ``round`` (1-based),
-``rounds``, ``platform``, ``golden`` (checked or not), ``dispatch_ns``, ``bytes_moved``,
+``rounds``, ``platform``, ``golden`` (whether the round's outputs were compared with the golden),
+``golden_skipped_by`` (when they were not: ``"option"`` for ``--skip-golden``, ``"case"`` for
+the case's ``"skip_golden"``, ``"class"`` for the class's ``SKIP_GOLDEN``; ``None`` when they
+were; a driver workload is handed the options and checks unless ``--skip-golden``),
+``dispatch_ns``, ``bytes_moved``,
 ``devices`` (the device count of the run: 1, or ``N``), on a sim
 worker with cost models ``modeled`` (per phase, the primary model), ``modeled_by`` (per model),
 ``kernels`` (each kernel's work and price), ``modeled_dispatch_ns`` and ``modeled_round_ns``, and the
@@ -169,12 +173,13 @@ def run_metadata() -> dict[str, Any]:
     }
 
 
-Round = tuple[str, str, str, str, int, "RunReport | GroupRound | BaseException"]
+# (test, case, case_name, arm, devices, who skipped the golden or None, report or failure)
+Round = tuple[str, str, str, str, int, "str | None", "RunReport | GroupRound | BaseException"]
 
 
 def _scene_rounds(module: Any, opts: BenchOptions, log: Any, progress: Any) -> Iterator[Round]:
     """Runs the selected cases of a scene-test module: ``(test, case, case_name, arm, devices,
-    report)``."""
+    golden_skipped_by, report)``."""
     classes = runner.scene_classes(module)
     if not classes:
         raise BenchError(f"{opts.workload} defines no scene test")
@@ -215,7 +220,7 @@ def _interleaved_rounds(
 
     def failed(key: tuple[str, int], case: Mapping[str, Any], e: Exception) -> Round:
         log(f"FAIL {label(case, key[1])}: {type(e).__name__}: {e}")
-        return cls.__name__, base, case["name"], key[0], key[1], e
+        return cls.__name__, base, case["name"], key[0], key[1], None, e
 
     try:
         for arm, devices, case in arms:
@@ -247,7 +252,7 @@ def _interleaved_rounds(
                     yield failed(key, case, e)
                     continue
                 progress.update(1)
-                yield cls.__name__, base, case["name"], key[0], key[1], report
+                yield cls.__name__, base, case["name"], key[0], key[1], run.golden_skipped_by, report
         for key, (run, case) in list(runs.items()):
             try:
                 run.finish()
@@ -321,9 +326,10 @@ def bench_records(
         if fn is None:
             raise BenchError(f"{opts.workload}: the file has no function {fn_name}")
         test = Path(opts.workload.rpartition(":")[0]).stem
+        skipped = "option" if opts.skip_golden else None
         rounds: Iterator[Round] = (
-            (test, str(case), f"{case}_{arm}", str(arm), len(getattr(report, "devices", [0])), report)
-            for case, arm, report in fn(opts)
+            (test, str(case), f"{case}_{arm}", str(arm), len(getattr(rep, "devices", [0])), skipped, rep)
+            for case, arm, rep in fn(opts)
         )
     else:
         rounds = _scene_rounds(module, opts, log, bar)
@@ -331,7 +337,7 @@ def bench_records(
     failures: list[str] = []
     counter: dict[str, int] = {}
     try:
-        for test, base, name, arm, devices, rep in rounds:
+        for test, base, name, arm, devices, skipped_by, rep in rounds:
             if isinstance(rep, BaseException):
                 first = (str(rep).strip().splitlines() or [""])[0]
                 on = f" on {devices} devices" if devices > 1 else ""
@@ -348,7 +354,8 @@ def bench_records(
                 round=counter[key],
                 rounds=opts.rounds,
                 platform=opts.platform,
-                golden=not opts.skip_golden,
+                golden=skipped_by is None,
+                golden_skipped_by=skipped_by,
                 devices=devices,
             )
             if isinstance(rep, GroupRound):

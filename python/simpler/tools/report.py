@@ -21,6 +21,7 @@ the warm medians side by side and the ratio ``b / a`` (the way pytest-benchmark'
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,7 @@ __all__ = [
     "format_compare",
     "format_model_comparison",
     "format_tables",
+    "golden_note",
     "model_comparison",
     "plot_records",
     "read_jsonl",
@@ -68,9 +70,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 if not line:
                     continue
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(
+                        line, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int
+                    )
+                except _BadNumber as e:
+                    raise ReportError(f"{path}:{i}: not a bench record ({e})") from None
                 except json.JSONDecodeError as e:
                     raise ReportError(f"{path}:{i}: not JSON ({e.msg})") from None
+                except RecursionError:
+                    raise ReportError(f"{path}:{i}: not a bench record (nested too deeply)") from None
                 missing = [k for k in _REQUIRED if not isinstance(rec, dict) or k not in rec]
                 if missing:
                     raise ReportError(
@@ -90,24 +98,67 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+class _BadNumber(ValueError):
+    """A number no bench record holds (NaN, an infinity, an integer past 64 bits)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _BadNumber(f"{name}: a bench record holds finite numbers")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _BadNumber(f"{text}: a bench record holds finite numbers")
+    return v
+
+
+#: The largest magnitude of an integer in a record (counters and times are 64-bit).
+_INT_LIMIT = 2**64
+
+
+def _bounded_int(text: str) -> int:
+    # Checked on the digits first: Python refuses to convert more than 4,300 of them.
+    if len(text.lstrip("-")) > 20 or abs(int(text)) >= _INT_LIMIT:
+        raise _BadNumber(f"integer {text[:24]}{'...' if len(text) > 24 else ''} is past 2**64")
+    return int(text)
+
+
 def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _numbers(table: object) -> bool:
+    return isinstance(table, dict) and all(_is_number(v) for v in table.values())
 
 
 def _wrong_types(rec: Mapping[str, Any]) -> str | None:
     """What in a record that has the required keys has the wrong type, or ``None``."""
     for key in ("phases", "counters"):
         table = rec[key]
-        if not isinstance(table, dict) or not all(_is_number(v) for v in table.values()):
+        if not _numbers(table):
             return f"'{key}' must map names to numbers, not {type(table).__name__} {table!r:.60}"
     for key in ("arm", "case"):
         if not isinstance(rec[key], str):
             return f"'{key}' must be a string, not {type(rec[key]).__name__}"
     if not _is_number(rec["dispatch_ns"]):
         return f"'dispatch_ns' must be a number, not {type(rec['dispatch_ns']).__name__}"
-    for key in ("round", "rounds", "devices", "device_index", "round_wall_ns"):
+    for key in ("round", "rounds", "devices", "device_index", "round_wall_ns", "bytes_moved"):
         if key in rec and not _is_number(rec[key]):
             return f"'{key}' must be a number, not {type(rec[key]).__name__}"
+    if "device" in rec and not _is_int(rec["device"]):
+        d = rec["device"]
+        return f"'device' must be a device id (an int), not {type(d).__name__} {d!r:.40}"
+    if "modeled" in rec and rec["modeled"] is not None and not _numbers(rec["modeled"]):
+        return f"'modeled' must map phases to numbers, not {type(rec['modeled']).__name__}"
+    by = rec.get("modeled_by")
+    if by is not None and not isinstance(by, str):
+        if not isinstance(by, dict) or not all(_numbers(m) for m in by.values()):
+            return f"'modeled_by' must map models to phases and numbers, not {type(by).__name__} {by!r:.60}"
     return None
 
 
@@ -291,13 +342,38 @@ def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_SKIPPED_BY = {"option": "by --skip-golden", "case": "by the case", "class": "by the class"}
+
+
+def golden_note(arms: Mapping[str, Iterable[Mapping[str, Any]]]) -> str:
+    """What a table's arms compared: ``golden checked`` when every arm's rounds were compared with
+    the golden, ``golden skipped (by the case)`` when none were, else which arms were and which
+    were not (a record without ``golden`` is from before the field: checked)."""
+    state: dict[str, str] = {}
+    for arm, rs in arms.items():
+        seen = set()
+        for r in rs:
+            if r.get("golden", True):
+                seen.add("checked")
+            else:
+                by = _SKIPPED_BY.get(str(r.get("golden_skipped_by")))
+                seen.add(f"skipped ({by})" if by else "skipped")
+        state[arm] = " / ".join(sorted(seen))
+    kinds = list(dict.fromkeys(state.values()))
+    if len(kinds) == 1:
+        return f"golden {kinds[0]}"
+    return "golden " + "; ".join(
+        f"{kind} for {', '.join(a for a, k in state.items() if k == kind)}" for kind in kinds
+    )
+
+
 def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
     """The one-device tables of one case."""
     workload, test, case = key
     lines: list[str] = []
     any_r = next(iter(arms.values()))[0]
     n = max(len(rs) for rs in arms.values())
-    golden = "golden checked" if any_r.get("golden", True) else "golden skipped"
+    golden = golden_note(arms)
     head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
     lines.append(f"== {head} ({any_r.get('platform', '?')}, {n} round(s), {golden}) ==")
     peak = max(max(_series(rs)["dispatch"] + _series(rs)["execute"]) for rs in arms.values())

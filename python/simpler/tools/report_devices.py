@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .bench import PHASES
-from .report import BASELINE, _fmt_bytes, _ratios, _spread, _warm_median
+from .report import BASELINE, _fmt_bytes, _ratios, _spread, _warm_median, golden_note
 
 __all__ = ["devices_of", "format_device_tables", "group_devices", "round_records"]
 
@@ -120,7 +120,7 @@ def format_device_tables(
     workload, test, case, n = key
     any_r = next(iter(next(iter(arms.values())).values()))[0]
     rounds = max(len(r) for r in arms.values())
-    golden = "golden checked" if any_r.get("golden", True) else "golden skipped"
+    golden = golden_note({arm: (r for rows in rs.values() for r in rows) for arm, rs in arms.items()})
     head = f"{workload} :: {test}::{case}" if test else f"{workload} :: {case}"
     lines = [f"== {head} on {n} devices ({any_r.get('platform', '?')}, {rounds} round(s), {golden}) =="]
     series = {arm: _round_series(rs) for arm, rs in arms.items()}
