@@ -194,6 +194,14 @@ _EDGES = {
         lambda o, t0, t1: o.submit_many(_K, t0.views([], np.zeros((3, 0), np.int64))),
         None,
     ),
+    "0-d views, (n, 1) offsets": (
+        lambda o, t0, t1: o.submit_many(_K, t0.views([], np.full((3, 1), 2**40, np.int64))),
+        sp.ArgumentError,
+    ),
+    "0-d views, (n, 1) offsets as a list": (
+        lambda o, t0, t1: o.submit_many(_K, t0.views([], [[0], [0]])),
+        sp.ArgumentError,
+    ),
     "0-d element": (lambda o, t0, t1: o.get_tensor_data(t0, ()), None),
     "0-d read_tensor": (lambda o, t0, t1: o.read_tensor(t0), None),
     "numpy integer index": (lambda o, t0, t1: o.get_tensor_data(t1, np.int64(2)), None),
@@ -239,6 +247,56 @@ def test_edges_of_the_view_and_batch_api_work_or_say_what_is_wrong(edge):
     else:
         assert len(errors) == 1 and isinstance(errors[0], exc), errors
         assert "-9223372036854775808" not in str(errors[0])
+
+
+def test_a_0d_views_offset_row_has_no_coordinates():
+    """A view of a 0-d tensor has no dimensions, so each row of its offsets has no coordinates:
+    an ``(n, 1)`` row (of any value, 2**40 included) is refused naming the tensor, the columns
+    wanted and the columns given, whether it comes as an int64 array or as a list, and no task
+    runs; ``(n, 0)`` rows give n tasks."""
+    ran = []
+    k = sp.Kernel(lambda x: ran.append(int(x)), [IN], name="k")
+    msgs = []
+
+    def orch(o, t0):
+        for rows in (np.full((3, 1), 2**40, np.int64), [[0], [0]]):
+            with pytest.raises(sp.ArgumentError) as ei:
+                o.submit_many(k, t0.views([], rows))
+            msgs.append(str(ei.value))
+        o.submit_many(k, t0.views([], np.zeros((2, 0), np.int64)))
+
+    with sp.Worker("sim") as w:
+        rep = w.run(sp.Callable(orch, [IN]), [np.array(5, np.int32)])
+    assert rep.counters["tasks"] == 2 and ran == [5, 5]
+    assert "tensor arg0: view offsets must have shape (n, 0), not (3, 1)" in msgs[0], msgs[0]
+    assert "tensor arg0: view offsets must have shape (n, 0), not (2, 1)" in msgs[1], msgs[1]
+
+
+@pytest.mark.parametrize("n", [65_536, 65_537])
+def test_a_kernel_of_more_tensors_than_a_task_holds_is_refused(n):
+    """A task keeps its tensor count in 16 bits: a kernel of 65,536 or 65,537 tensors is refused
+    at submit (single and batched), naming the count and the limit, instead of running with 0 or
+    1 array; 65,535 tensors reach the kernel as 65,535 arrays."""
+    got, errors = [], []
+
+    def kernel(*arrays):
+        got.append(len(arrays))
+
+    wide = sp.Kernel(kernel, [IN] * n, name="wide")
+    widest = sp.Kernel(kernel, [IN] * 65_535, name="widest")
+
+    def orch(o, x):
+        for call in (lambda: o.submit(wide, *[x] * n), lambda: o.submit_many(wide, *[x] * n, count=2)):
+            with pytest.raises(sp.ArgumentError) as ei:
+                call()
+            errors.append(str(ei.value))
+        o.submit(widest, *[x] * 65_535)
+
+    with sp.Worker("sim") as w:
+        rep = w.run(sp.Callable(orch, [IN]), [np.arange(4, dtype=np.float32)])
+    assert got == [65_535] and rep.counters["tasks"] == 1
+    assert f"submit wide: {n} tensors per task exceeds the limit of 65535" in errors[0], errors
+    assert f"submit_many wide: {n} tensors per task exceeds the limit of 65535" in errors[1], errors
 
 
 def test_a_refused_large_batch_records_none_of_its_tasks():

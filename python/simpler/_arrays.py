@@ -217,22 +217,24 @@ def _as_array(values: object, what: str) -> np.ndarray:
         raise ArgumentError(f"{what} must be a rectangular array of numbers: {e}") from None
 
 
-def offset_rows(offsets: object, rank: int) -> np.ndarray:
-    """``offsets`` as a C-contiguous ``(n, rank)`` int64 array (``(n,)`` is accepted for rank 1)."""
-    a = _as_array(offsets, "view offsets")
+def offset_rows(offsets: object, rank: int, what: str = "view") -> np.ndarray:
+    """``offsets`` as a C-contiguous ``(n, rank)`` int64 array (``(n,)`` is accepted for rank 1; a
+    0-d view has no coordinates, so its rows are ``(n, 0)``). Errors name ``what``."""
+    a = _as_array(offsets, f"{what}: view offsets")
     if a.dtype.kind not in "iu":
         if a.size == 0:
             a = a.astype(np.int64)
         else:
-            raise ArgumentTypeError(f"view offsets must be integers, not {a.dtype}")
+            raise ArgumentTypeError(f"{what}: view offsets must be integers, not {a.dtype}")
     if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        raise ArgumentError(f"view offset {int(a.max())} is out of range (at most 2**63 - 1)")
+        raise ArgumentError(f"{what}: view offset {int(a.max())} is out of range (at most 2**63 - 1)")
     if a.ndim == 1 and rank == 1:
         a = a.reshape(-1, 1)
-    if a.ndim == 2 and rank == 0 and a.shape[1] == 0:
-        a = np.zeros((a.shape[0], 1), np.int64)  # a 0-d view has no offsets: one column of 0
-    if a.ndim != 2 or a.shape[1] != max(rank, 1):
-        raise ArgumentError(f"view offsets must have shape (n, {rank}), not {a.shape}")
+    if a.ndim != 2 or a.shape[1] != rank:
+        raise ArgumentError(
+            f"{what}: view offsets must have shape (n, {rank}), not {a.shape}"
+            " (one column per dimension of the view)"
+        )
     return np.ascontiguousarray(a, dtype=np.int64)
 
 

@@ -31,7 +31,7 @@ helpers! {
     flat_bytes: "`(array, nbytes) -> uint8 array`: the bytes of an array's extent, no copy.",
     native_copy: "`(array) -> array`: a C-contiguous, native-order copy.",
     write_back: "`(orig, work)`: copies a staged copy's outputs into the caller's array.",
-    offset_rows: "`(offsets, rank) -> (n, rank) int64 array`.",
+    offset_rows: "`(offsets, rank, what) -> (n, rank) int64 array`; errors name `what`.",
     column: "`(values, dtype) -> 1-D array`: per-task scalars.",
     window_array: "`(HostWindow) -> ndarray` over the window, no copy.",
     dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",

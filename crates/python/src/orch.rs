@@ -132,23 +132,35 @@ impl RunTensor {
         let zeros = [0i64; MAX_DIMS];
         let layout = self.geometry.view(&what, &s[..n], &zeros[..n]).py()?;
         let nd = self.geometry.ndim();
-        // An (n, rank) C-contiguous int64 array is taken as is; anything else is converted.
+        // An (n, rank) C-contiguous int64 array is taken as is; anything else is converted (and
+        // refused unless it has rank columns: none for a 0-d tensor, whose views have no
+        // coordinates).
         let direct = offsets
             .extract::<PyReadonlyArray2<'_, i64>>()
             .ok()
-            .filter(|a| a.shape()[1] == nd.max(1) && a.is_c_contiguous());
+            .filter(|a| a.shape()[1] == nd && a.is_c_contiguous());
         let rows = match direct {
             Some(a) => a,
-            None => helpers::call1(py, |h| &h.offset_rows, (offsets, nd))?.extract()?,
+            None => {
+                let what = format!("tensor {}", self.name);
+                helpers::call1(py, |h| &h.offset_rows, (offsets, nd, what))?.extract()?
+            }
         };
+        let [count, width] = [rows.shape()[0], rows.shape()[1]];
+        if width != nd {
+            return Err(value_err(format!(
+                "tensor {}: view offsets must have {nd} column(s), one per dimension of the view, not {width}",
+                self.name
+            )));
+        }
         let flat = rows.as_slice()?;
-        let nd = nd.max(1);
-        let mut starts = Vec::with_capacity(flat.len() / nd);
-        for (k, row) in flat.chunks_exact(nd).enumerate() {
+        let mut starts = Vec::with_capacity(count);
+        for k in 0..count {
             if k % INTERRUPT_EVERY == INTERRUPT_EVERY - 1 {
                 py.check_signals()?;
             }
-            let row = &row[..self.geometry.ndim()];
+            // `width == nd`, so row k is `flat[k * nd..(k + 1) * nd]` (empty for a 0-d view).
+            let row = &flat[k * nd..(k + 1) * nd];
             let start = self
                 .geometry
                 .view_offset(

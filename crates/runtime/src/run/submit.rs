@@ -144,11 +144,18 @@ fn check_contained(who: &dyn Display, a: &RunArg, geometry: &Geometry) -> Result
 /// Refuses a task whose writable tensors share a byte. On sim both writes would land in device
 /// memory; on a driver where kernels run over host copies one copy would overwrite the other. One
 /// rule for every platform: two outputs of one task never overlap.
-/// The pairs `(i, j)`, `i < j`, of a task's `n` slots of which at least one is written.
-fn written_pairs(n: usize, writes: impl Fn(usize) -> bool) -> impl Iterator<Item = (usize, usize)> {
-    (0..n)
-        .flat_map(move |i| (i + 1..n).map(move |j| (i, j)))
-        .filter(move |&(i, j)| writes(i) || writes(j))
+/// The pairs `(i, j)`, `i < j`, of a task's `n` slots of which at least one is written, each
+/// once: every written slot with every other slot (a pair of written slots from its first), so
+/// a task of many read slots and few written ones costs what its written slots do.
+fn written_pairs(
+    n: usize,
+    writes: impl Fn(usize) -> bool + Copy,
+) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).filter(move |&w| writes(w)).flat_map(move |w| {
+        (0..n)
+            .filter(move |&o| o != w && !(o < w && writes(o)))
+            .map(move |o| (w.min(o), w.max(o)))
+    })
 }
 
 /// Refuses two views of one task that share bytes when one of them is written (`a.3`, `b.3`).
@@ -228,6 +235,7 @@ impl RunState {
     ) -> Result<u64> {
         self.check_submit(&kernel, tensors.len())?;
         let who = format_args!("submit {}", kernel.name);
+        let shape = self.tasks.shape(&who, 1, tensors.len(), scalars.len())?;
         if let Some(d) = &kernel.device {
             let cols: Vec<BatchScalar<'_>> = scalars.iter().map(|v| BatchScalar::One(*v)).collect();
             d.check(&who, &cols, tensors.iter().map(|(_, g)| g))?;
@@ -249,13 +257,6 @@ impl RunState {
                 (j, aj, &tensors[j].1, writes(j)),
             )?;
         }
-        let per_task = u16::try_from(scalars.len()).map_err(|_| {
-            Error::Value(format!(
-                "submit {}: too many scalars ({})",
-                kernel.name,
-                scalars.len()
-            ))
-        })?;
         let task = self.tasks.len();
         for (i, (arg, g)) in tensors.iter().enumerate() {
             self.tasks.push_slot(Slot {
@@ -267,13 +268,8 @@ impl RunState {
                 count: 1,
             });
         }
-        self.tasks.push_batch(
-            kernel,
-            1,
-            tensors.len() as u16,
-            per_task,
-            scalars.iter().copied(),
-        );
+        self.tasks
+            .push_batch(kernel, shape, scalars.iter().copied());
         self.report.counters.tasks += 1;
         self.report.counters.submits += 1;
         Ok(task)
@@ -295,6 +291,7 @@ impl RunState {
         self.check_submit(&kernel, slots.len())?;
         let who = format_args!("submit_many {}", kernel.name);
         let count = batch_count(&who, slots, scalars, count)?;
+        let shape = self.tasks.shape(&who, count, slots.len(), scalars.len())?;
         if let Some(d) = &kernel.device {
             let layouts = slots.iter().map(|s| match s {
                 BatchSlot::One { geometry, .. } | BatchSlot::Views { geometry, .. } => geometry,
@@ -302,8 +299,6 @@ impl RunState {
             d.check(&who, scalars, layouts)?;
         }
         let n = u64::from(count);
-        let per_task = u16::try_from(scalars.len())
-            .map_err(|_| Error::Value(format!("{who}: too many scalars ({})", scalars.len())))?;
         for (i, s) in slots.iter().enumerate() {
             match s {
                 BatchSlot::One { arg, geometry } => {
@@ -383,8 +378,7 @@ impl RunState {
                 BatchScalar::PerTask(v) => v[t],
             })
         });
-        self.tasks
-            .push_batch(kernel, count, slots.len() as u16, per_task, rows);
+        self.tasks.push_batch(kernel, shape, rows);
         self.report.counters.tasks += n;
         self.report.counters.submits += u64::from(new_call);
         Ok(first)
@@ -485,4 +479,25 @@ fn check_views(who: &dyn Display, a: &RunArg, geometry: &Geometry, starts: &[u64
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written_pairs;
+
+    #[test]
+    fn written_pairs_are_every_pair_with_a_written_slot_once() {
+        for n in 0..7usize {
+            for mask in 0u32..(1 << n) {
+                let writes = move |i: usize| mask & (1 << i) != 0;
+                let mut got: Vec<(usize, usize)> = written_pairs(n, writes).collect();
+                got.sort_unstable();
+                let want: Vec<(usize, usize)> = (0..n)
+                    .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+                    .filter(|&(i, j)| writes(i) || writes(j))
+                    .collect();
+                assert_eq!(got, want, "n {n}, written {mask:b}");
+            }
+        }
+    }
 }

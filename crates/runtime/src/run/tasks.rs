@@ -8,11 +8,13 @@
 //! is one `u64`). Scalars are stored row by row, `per_task` values per task. Freeing the store
 //! frees four vectors, however many tasks there were.
 
+use std::fmt::Display;
 use std::ops::Range;
 
 use simpler_driver::LaunchDims;
 
 use crate::dtype::Value;
+use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::spec::{DeclaredWork, Direction, KernelRef};
 
@@ -74,6 +76,23 @@ pub(crate) struct BatchInfo<'a> {
     pub work: Option<DeclaredWork>,
 }
 
+/// The integer widths of a batch about to be recorded, checked by [`TaskStore::shape`]: the
+/// store keeps a batch's tensor and scalar counts in 16 bits and its slot and device-launch
+/// indices in 32, and every one of those narrowings is checked there, before anything is
+/// recorded (a count that does not fit is refused, never wrapped).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchShape {
+    count: u32,
+    slots: u16,
+    per_task: u16,
+    first_slot: u32,
+    scalars: usize,
+}
+
+/// The most tensors, and the most scalars, one task of the store may have (both are kept in
+/// 16 bits).
+pub const MAX_TASK_TENSORS: usize = u16::MAX as usize;
+
 /// What the execution cursor found next.
 #[derive(Debug)]
 pub(crate) enum Next<'a> {
@@ -111,9 +130,10 @@ impl TaskStore {
         self.tasks
     }
 
-    /// Slots recorded so far.
+    /// Slots recorded so far (slot ids are `u32`: [`TaskStore::shape`] refuses a batch whose
+    /// slots would pass `u32::MAX`, so the count always fits).
     pub fn slot_count(&self) -> u32 {
-        self.slots.len() as u32
+        u32::try_from(self.slots.len()).unwrap_or(u32::MAX)
     }
 
     /// The slot with id `i`.
@@ -233,21 +253,86 @@ impl TaskStore {
         at
     }
 
-    /// Appends a slot (its id is [`TaskStore::next_slot`] before the call).
+    /// Checks that a batch of `count` tasks of `slots` tensors and `per_task` scalars each fits
+    /// the store's integer widths (`who` names the submit in the error): at most 65,535 tensors
+    /// and 65,535 scalars per task, slot ids and device-launch indices within `u32`, and a task
+    /// and scalar count that do not overflow. Nothing is recorded; the shape it returns is what
+    /// [`TaskStore::push_batch`] takes, after exactly `slots` [`TaskStore::push_slot`] calls.
+    pub fn shape(
+        &self,
+        who: &dyn Display,
+        count: u32,
+        slots: usize,
+        per_task: usize,
+    ) -> Result<BatchShape> {
+        let too_many = |what: &str, n: usize| {
+            Error::Value(format!(
+                "{who}: {n} {what} per task exceeds the limit of {MAX_TASK_TENSORS} (the task \
+                 store keeps the count in 16 bits)"
+            ))
+        };
+        let narrow_slots = u16::try_from(slots).map_err(|_| too_many("tensors", slots))?;
+        let narrow_scalars = u16::try_from(per_task).map_err(|_| too_many("scalars", per_task))?;
+        let first_slot = u32::try_from(self.slots.len())
+            .ok()
+            .filter(|f| f.checked_add(u32::from(narrow_slots)).is_some())
+            .ok_or_else(|| {
+                Error::Value(format!(
+                    "{who}: the run's tasks already hold {} tensor positions; {slots} more \
+                     exceed the limit of {} per run",
+                    self.slots.len(),
+                    u32::MAX
+                ))
+            })?;
+        if u32::try_from(self.devices.len()).is_err() {
+            return Err(Error::Value(format!(
+                "{who}: the run already holds {} device launches, the limit is {}",
+                self.devices.len(),
+                u32::MAX
+            )));
+        }
+        let scalars = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(per_task))
+            .and_then(|n| n.checked_add(self.scalars.len()).map(|_| n))
+            .ok_or_else(|| {
+                Error::Value(format!(
+                    "{who}: {count} tasks of {per_task} scalars overflow the scalar store"
+                ))
+            })?;
+        if self.tasks.checked_add(u64::from(count)).is_none() {
+            return Err(Error::Value(format!(
+                "{who}: {count} more tasks after {} overflow the task count",
+                self.tasks
+            )));
+        }
+        Ok(BatchShape {
+            count,
+            slots: narrow_slots,
+            per_task: narrow_scalars,
+            first_slot,
+            scalars,
+        })
+    }
+
+    /// Appends a slot (its id is the slot count before the call).
     pub fn push_slot(&mut self, slot: Slot) {
         self.slots.push(slot);
     }
 
-    /// Records a batch of `count` tasks of `kernel` over the last `slots` slots pushed, with
-    /// `scalars` (row-major, `per_task` values per task). Returns the first task's index.
+    /// Records a batch of `shape`'s tasks of `kernel` over the last `shape.slots` slots pushed,
+    /// with `scalars` (row-major, `shape.per_task` values per task). Returns the first task's
+    /// index.
     pub fn push_batch(
         &mut self,
         kernel: KernelRef<'_>,
-        count: u32,
-        slots: u16,
-        per_task: u16,
+        shape: BatchShape,
         scalars: impl IntoIterator<Item = Value>,
     ) -> u64 {
+        debug_assert_eq!(
+            self.slots.len(),
+            shape.first_slot as usize + usize::from(shape.slots)
+        );
         let first = self.tasks;
         match self.names.iter_mut().find(|(id, _)| *id == kernel.id) {
             Some((_, name)) if **name == *kernel.name => {}
@@ -255,6 +340,8 @@ impl TaskStore {
             None => self.names.push((kernel.id, kernel.name.into())),
         }
         let device = kernel.device.map(|d| {
+            // `shape` checked that the index fits.
+            let index = u32::try_from(self.devices.len()).unwrap_or(u32::MAX);
             let at = self.consts.len();
             self.consts.extend_from_slice(d.consts);
             self.devices.push(DeviceBatch {
@@ -262,27 +349,25 @@ impl TaskStore {
                 dims: d.dims,
                 consts: at..self.consts.len(),
             });
-            self.devices.len() as u32 - 1
+            index
         });
         self.batches.push(Batch {
             kernel: kernel.id,
             first_task: first,
-            count,
-            first_slot: self.slots.len() as u32 - u32::from(slots),
-            slots,
+            count: shape.count,
+            first_slot: shape.first_slot,
+            slots: shape.slots,
             first_scalar: self.scalars.len(),
-            per_task,
+            per_task: shape.per_task,
             device,
             device_arrays: kernel.device_arrays,
             work: kernel.work,
         });
         let before = self.scalars.len();
         self.scalars.extend(scalars);
-        debug_assert_eq!(
-            self.scalars.len() - before,
-            count as usize * per_task as usize
-        );
-        self.tasks += u64::from(count);
+        debug_assert_eq!(self.scalars.len() - before, shape.scalars);
+        // `shape` checked that the sum does not overflow.
+        self.tasks += u64::from(shape.count);
         first
     }
 
@@ -343,6 +428,37 @@ impl TaskStore {
             cursor.index += 1;
             cursor.task += 1;
             return Some(Next::Task(task, b.kernel, scalars, b.device_arrays));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_whose_counts_do_not_fit_the_store_is_refused_where_they_narrow() {
+        let store = TaskStore::default();
+        let who = format_args!("submit wide");
+        let s = store
+            .shape(&who, 1, MAX_TASK_TENSORS, MAX_TASK_TENSORS)
+            .unwrap();
+        assert_eq!((s.slots, s.per_task), (u16::MAX, u16::MAX));
+        for (slots, per_task, what) in [
+            (65_536, 0, "65536 tensors"),
+            (65_537, 0, "65537 tensors"),
+            (0, 65_536, "65536 scalars"),
+        ] {
+            let e = store
+                .shape(&who, 1, slots, per_task)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "submit wide: {what} per task exceeds the limit of 65535"
+                )),
+                "{e}"
+            );
         }
     }
 }
