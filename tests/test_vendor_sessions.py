@@ -6,6 +6,7 @@ a mirror."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 
 import numpy as np
@@ -72,6 +73,39 @@ def test_release_closes_open_workers_first_and_their_close_is_then_quiet(platfor
         w.copy_to(buf, np.zeros(16, np.uint8))
     summary = w.close()
     assert summary is not None and summary["errors"] == []
+
+
+def test_release_keeps_a_worker_whose_memory_another_library_holds(fake_vendor):
+    """An export's memory is never freed under its consumer, by release_sessions either: the
+    worker with a live DLPack export stays open (and usable), with its session, and the result
+    names the allocation; another worker on the device is closed as usual. Once the consumer
+    lets go, the next release closes the worker and gives the session back."""
+    sp.release_sessions()
+    kept, other = fake_vendor.worker("cuda"), fake_vendor.worker("cuda")
+    data = np.arange(1024, dtype=np.float32)
+    buf = kept.malloc(data.nbytes)
+    kept.copy_to(buf, data)
+    other.malloc(256)
+    capsule = buf.tensor((1024,), "float32").__dlpack__()
+    live = _live("cuda", fake_vendor)[0]
+
+    released = sp.release_sessions()
+    assert (released["sessions"], released["closed_workers"]) == (0, 1), released
+    (error,) = released["errors"]
+    assert "cuda device 0: a worker was kept open, with its session" in error, error
+    assert f"allocation {buf.ptr:#x} has 1 live export(s)" in error, error
+    assert _live("cuda", fake_vendor)[0] == live - 1, "only the other worker's memory went"
+    assert sp.session_stats()["held"] == 1 and not kept.closed
+    back = np.empty_like(data)
+    kept.copy_from(back, buf)  # the kept worker works on
+    np.testing.assert_array_equal(back, data)
+
+    del capsule
+    gc.collect()
+    released = sp.release_sessions()
+    assert (released["sessions"], released["closed_workers"], released["errors"]) == (1, 1, [])
+    assert _live("cuda", fake_vendor)[0] == 0 and sp.session_stats()["held"] == 0
+    assert kept.close()["errors"] == [] and other.close()["errors"] == []
 
 
 def _in_child(w, buf, t, read, platform, fake_vendor):

@@ -423,7 +423,9 @@ def device_code_stats() -> dict[str, int]:
 
 def release_sessions() -> dict[str, Any]:
     """Gives back this process's vendor sessions now (closing the ascend / cuda workers still
-    open first): ``{"sessions": n, "closed_workers": k, "errors": [...]}``."""
+    open first): ``{"sessions": n, "closed_workers": k, "errors": [...]}``. A worker with a live
+    export (another library may use its memory) stays open, with its session, and ``errors``
+    names it."""
 
 def session_stats() -> dict[str, int]:
     """``opened`` (vendor sessions this process opened so far) and ``held`` (held now)."""

@@ -36,7 +36,9 @@ pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};
 pub use model::CostModel;
 pub use open::{open_device, DeviceSpec, OpenError, PLATFORMS};
-pub use sessions::{release_sessions, release_sessions_of, session_counts, ReleaseReport};
+pub use sessions::{
+    hold_close, release_sessions, release_sessions_of, session_counts, CloseHold, ReleaseReport,
+};
 
 /// The byte that never-written memory holds: the sim fills fresh allocations with it, and the
 /// runtime fills staged outputs and scratch tensors with it at the start of every run (a host

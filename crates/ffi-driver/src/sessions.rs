@@ -20,6 +20,10 @@
 //!   and mappings go before the references that keep them alive); a session that still has
 //!   devices open after that (opened with `AscendDevice::open` / `CudaDevice::open` and not
 //!   closed) is kept, and the report says so.
+//! * **Memory another library uses is never freed.** A device whose owner registered a
+//!   [`CloseHold`] ([`hold_close`]; the runtime's worker does, for its exports to other
+//!   libraries) is closed only through it, which refuses while the memory is held: such a device
+//!   stays open, with its session, and the report names it and why.
 //! * **Users are counted under the registry's lock**, so a worker that joins a session can never
 //!   find it given back by the last worker leaving at the same moment.
 //! * **A faulted session is not handed out.** After a sticky device fault the session is given
@@ -75,6 +79,25 @@ pub(crate) struct Key {
     pub device: i64,
 }
 
+/// What may hold a device's memory in use beyond the device's owner (another library's arrays
+/// over it, made from an export): [`release_sessions`] closes a device through its hold.
+pub trait CloseHold: Send + Sync {
+    /// Runs `close` unless the memory is held, atomically with respect to new holds (none can be
+    /// taken once `close` ran); `Err(why)` when held, with nothing closed.
+    fn close_unless_held(
+        &self,
+        close: &mut dyn FnMut() -> crate::CloseReport,
+    ) -> Result<crate::CloseReport, String>;
+}
+
+/// A device opened through [`crate::open_device`], with its session's key and its hold.
+#[derive(Clone)]
+struct Tracked {
+    key: Key,
+    dev: Weak<dyn Device>,
+    hold: Option<Weak<dyn CloseHold>>,
+}
+
 struct Entry {
     key: Key,
     typed: Arc<dyn Any + Send + Sync>,
@@ -86,9 +109,9 @@ struct Entry {
 #[derive(Default)]
 struct Registry {
     sessions: Vec<Entry>,
-    /// Vendor devices opened through [`crate::open_device`], with their session's key (closed by
-    /// the release of that session while still open).
-    devices: Vec<(Key, Weak<dyn Device>)>,
+    /// Vendor devices opened through [`crate::open_device`] (closed by the release of their
+    /// session while still open, through their hold when they have one).
+    devices: Vec<Tracked>,
     /// Sessions opened, ever (a benchmark's measure of device churn).
     opened: u64,
 }
@@ -203,8 +226,29 @@ pub(crate) fn leave(session: &dyn VendorSession) -> Vec<DeviceError> {
 pub(crate) fn track(key: Key, dev: &Arc<dyn Device>) {
     if let Some(mut guard) = registry() {
         let reg = guard.get_or_insert_with(Registry::default);
-        reg.devices.retain(|(_, d)| d.strong_count() > 0);
-        reg.devices.push((key, Arc::downgrade(dev)));
+        reg.devices.retain(|t| t.dev.strong_count() > 0);
+        reg.devices.push(Tracked {
+            key,
+            dev: Arc::downgrade(dev),
+            hold: None,
+        });
+    }
+}
+
+/// Registers `hold` for `dev` (a device [`crate::open_device`] opened; others are not closed by
+/// [`release_sessions`], and this does nothing for them): from now on the release closes `dev`
+/// only through `hold`, and keeps it open, with its session, while `hold` refuses.
+pub fn hold_close(dev: &Arc<dyn Device>, hold: Weak<dyn CloseHold>) {
+    let target = Arc::as_ptr(dev) as *const ();
+    if let Some(mut guard) = registry() {
+        let reg = guard.get_or_insert_with(Registry::default);
+        if let Some(t) = reg
+            .devices
+            .iter_mut()
+            .find(|t| t.dev.as_ptr() as *const () == target)
+        {
+            t.hold = Some(hold);
+        }
     }
 }
 
@@ -237,27 +281,58 @@ pub fn release_sessions_of(library: &str) -> ReleaseReport {
 fn release_where(pick: impl Fn(&Key) -> bool) -> ReleaseReport {
     let mut report = ReleaseReport::default();
     // 1. The devices of the picked sessions that are still open, closed outside the lock (a
-    // device's close leaves its session, which takes the lock).
-    let devices: Vec<Arc<dyn Device>> = {
+    // device's close leaves its session, which takes the lock), each through its hold when it
+    // has one; a held one stays open and tracked.
+    let devices: Vec<Tracked> = {
         let Some(mut guard) = registry() else {
             return report;
         };
         let reg = guard.get_or_insert_with(Registry::default);
         let (picked, kept) = std::mem::take(&mut reg.devices)
             .into_iter()
-            .partition(|(k, _)| pick(k));
+            .partition(|t| pick(&t.key));
         reg.devices = kept;
         picked
-            .into_iter()
-            .filter_map(|(_, d)| d.upgrade())
-            .collect()
     };
-    for dev in devices {
+    let mut held: Vec<Tracked> = Vec::new();
+    for t in devices {
+        let Some(dev) = t.dev.upgrade() else {
+            continue;
+        };
         if dev.closed() {
             continue;
         }
-        report.closed_devices += 1;
-        report.errors.extend(dev.close().errors);
+        let closed = match t.hold.as_ref().and_then(Weak::upgrade) {
+            Some(hold) => hold.close_unless_held(&mut || dev.close()),
+            None => Ok(dev.close()),
+        };
+        match closed {
+            Ok(r) => {
+                report.closed_devices += 1;
+                report.errors.extend(r.errors);
+            }
+            Err(why) => {
+                report.errors.push(DeviceError::new(
+                    crate::Op::Device,
+                    "(release_sessions)",
+                    0,
+                    "NONE",
+                    format!(
+                        "{} device {}: a worker was kept open, with its session: {why}",
+                        t.key.platform, t.key.device
+                    ),
+                ));
+                held.push(t);
+            }
+        }
+    }
+    if !held.is_empty() {
+        if let Some(mut guard) = registry() {
+            guard
+                .get_or_insert_with(Registry::default)
+                .devices
+                .extend(held.iter().cloned());
+        }
     }
     // 2. The picked sessions nobody uses any more leave the registry, under one lock.
     let released: Vec<Entry> = {
@@ -270,15 +345,21 @@ fn release_where(pick: impl Fn(&Key) -> bool) -> ReleaseReport {
             .partition(|e| pick(&e.key) && e.users == 0);
         reg.sessions = kept;
         for e in reg.sessions.iter().filter(|e| pick(&e.key)) {
+            // The devices kept for a hold were reported above.
+            let kept_held = held.iter().filter(|t| t.key == e.key).count();
+            let outside = e.users.saturating_sub(kept_held);
+            if outside == 0 {
+                continue;
+            }
             report.errors.push(DeviceError::new(
                 crate::Op::Device,
                 "(release_sessions)",
                 0,
                 "NONE",
                 format!(
-                    "{} device {}'s session was kept: {} device(s) opened on it outside \
+                    "{} device {}'s session was kept: {outside} device(s) opened on it outside \
                      open_device are still open; close them first",
-                    e.key.platform, e.key.device, e.users
+                    e.key.platform, e.key.device
                 ),
             ));
         }

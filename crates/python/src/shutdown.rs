@@ -109,8 +109,11 @@ pub fn _at_exit(py: Python<'_>) {
 /// Gives back this process's vendor sessions now: closes every ``ascend`` / ``cuda`` worker
 /// still open (its memory and mappings first), then releases each device's references (ACL and
 /// the device on ascend, the primary context on cuda). The exit hook does this on its own;
-/// call it to hand the devices back earlier. A later ``Worker`` opens a new session. Returns
-/// ``{"sessions": n, "closed_workers": k, "errors": [...]}``.
+/// call it to hand the devices back earlier. A later ``Worker`` opens a new session. A worker
+/// with a live export (a DLPack capsule or array, a tensor whose ``__cuda_array_interface__``
+/// was read: another library may still use its memory) is not closed: it stays open, with its
+/// session, and ``errors`` names it. Returns ``{"sessions": n, "closed_workers": k, "errors":
+/// [...]}``.
 #[pyfunction]
 pub fn release_sessions(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let r = without_gil(py, simpler_driver::release_sessions);

@@ -16,63 +16,87 @@
 //!   otherwise, and it waits for every blocking stream of the context; a consumer writing from
 //!   a non-blocking stream of its own says so with the worker's `wait_stream`.
 //!
-//! The table has its own small lock, never held while anything else runs, so a guard can be
-//! dropped from any thread without the worker's lock.
+//! * the process's session release (`simpler_driver::release_sessions`, which closes the
+//!   devices still open) closes the worker's device only through this table
+//!   ([`CloseHold`]): while an export is live it keeps the device open, with its session, and
+//!   says why; once it closed the device, no export is made any more.
+//!
+//! The table has its own small lock, held only for its own bookkeeping (and, in that release,
+//! for the device's close, so no export slips in between the check and the close), so a guard
+//! can be dropped from any thread without the worker's lock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use simpler_driver::DevPtr;
+use simpler_driver::{CloseHold, CloseReport, DevPtr};
 
 use crate::error::{Error, Result};
 use crate::spec::BufferRef;
 
-/// Live exports by allocation base: `(generation, count)`.
+/// Live exports by allocation base: `(generation, count)`; and whether the session release
+/// closed the device (no export after that).
+#[derive(Debug, Default)]
+struct Table {
+    live: HashMap<u64, (u64, u32)>,
+    closed: bool,
+}
+
+/// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Exports {
-    live: Mutex<HashMap<u64, (u64, u32)>>,
+    table: Mutex<Table>,
     /// An export was made or ended since the worker last ordered itself after consumers.
     changed: AtomicBool,
 }
 
 impl Exports {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (u64, u32)>> {
-        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts one more export of `buf`.
-    pub fn add(self: &Arc<Self>, buf: BufferRef) -> ExportGuard {
-        let mut live = self.lock();
-        let e = live.entry(buf.ptr.0).or_insert((buf.gen, 0));
+    /// Counts one more export of `buf`; refused once the session release closed the device.
+    pub fn add(self: &Arc<Self>, buf: BufferRef) -> Result<ExportGuard> {
+        let mut t = self.lock();
+        if t.closed {
+            return Err(Error::State(format!(
+                "export of allocation {}: the device was closed by release_sessions",
+                buf.ptr
+            )));
+        }
+        let e = t.live.entry(buf.ptr.0).or_insert((buf.gen, 0));
         if e.0 != buf.gen {
             *e = (buf.gen, 0);
         }
         e.1 += 1;
         self.changed.store(true, Ordering::Release);
-        ExportGuard {
+        Ok(ExportGuard {
             table: self.clone(),
             ptr: buf.ptr.0,
             gen: buf.gen,
-        }
+        })
     }
 
     /// The live exports of the allocation at `ptr`.
     pub fn count(&self, ptr: DevPtr) -> u32 {
-        self.lock().get(&ptr.0).map_or(0, |e| e.1)
+        self.lock().live.get(&ptr.0).map_or(0, |e| e.1)
     }
 
     /// Whether no allocation has a live export (the common case, checked on every run).
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().live.is_empty()
     }
 
     /// Every allocation with live exports, and its count.
     pub fn all(&self) -> Vec<(DevPtr, u32)> {
-        self.lock()
+        let mut all: Vec<(DevPtr, u32)> = self
+            .lock()
+            .live
             .iter()
             .map(|(&p, &(_, n))| (DevPtr(p), n))
-            .collect()
+            .collect();
+        all.sort_unstable_by_key(|&(p, _)| p.0);
+        all
     }
 
     /// Whether the worker must order its stream after consumers' work before its next use of
@@ -101,6 +125,33 @@ impl Exports {
     }
 }
 
+impl CloseHold for Exports {
+    /// The session release's close of the device (see the module docs): refused while an
+    /// export is live, naming the allocations; else the device closes under this table's lock.
+    fn close_unless_held(
+        &self,
+        close: &mut dyn FnMut() -> CloseReport,
+    ) -> std::result::Result<CloseReport, String> {
+        let mut t = self.lock();
+        if !t.live.is_empty() {
+            let mut held: Vec<(u64, u32)> = t.live.iter().map(|(&p, &(_, n))| (p, n)).collect();
+            held.sort_unstable();
+            let list: Vec<String> = held
+                .iter()
+                .map(|&(p, n)| format!("allocation {} has {n} live export(s)", DevPtr(p)))
+                .collect();
+            return Err(format!(
+                "{} (a DLPack capsule or array made from __dlpack__, or a tensor whose \
+                 __cuda_array_interface__ was read): another library may still use that memory; \
+                 drop those objects, then close the worker or release again",
+                list.join(", ")
+            ));
+        }
+        t.closed = true;
+        Ok(close())
+    }
+}
+
 /// One live export; dropping it ends the export.
 #[derive(Debug)]
 pub struct ExportGuard {
@@ -118,11 +169,11 @@ impl ExportGuard {
 
 impl Drop for ExportGuard {
     fn drop(&mut self) {
-        let mut live = self.table.lock();
-        if let Some(e) = live.get_mut(&self.ptr).filter(|e| e.0 == self.gen) {
+        let mut t = self.table.lock();
+        if let Some(e) = t.live.get_mut(&self.ptr).filter(|e| e.0 == self.gen) {
             e.1 = e.1.saturating_sub(1);
             if e.1 == 0 {
-                live.remove(&self.ptr);
+                t.live.remove(&self.ptr);
             }
         }
         // The consumer's last writes may still be queued: order after them once more.
@@ -145,8 +196,8 @@ mod tests {
     #[test]
     fn guards_count_and_release_once() {
         let t = Arc::new(Exports::default());
-        let a = t.add(buf(0x1000, 1));
-        let b = t.add(buf(0x1000, 1));
+        let a = t.add(buf(0x1000, 1)).unwrap();
+        let b = t.add(buf(0x1000, 1)).unwrap();
         assert_eq!(t.count(DevPtr(0x1000)), 2);
         let e = t.refuse(DevPtr(0x1000), "free").unwrap_err().to_string();
         assert!(
@@ -165,7 +216,7 @@ mod tests {
     fn ordering_is_asked_while_exports_live_and_once_after_the_last_ends() {
         let t = Arc::new(Exports::default());
         assert!(!t.take_order(), "nothing was ever exported");
-        let a = t.add(buf(0x1000, 1));
+        let a = t.add(buf(0x1000, 1)).unwrap();
         assert!(t.take_order());
         assert!(t.take_order(), "asked on every use while an export is live");
         drop(a);
@@ -178,8 +229,8 @@ mod tests {
     #[test]
     fn a_stale_guard_does_not_release_a_newer_allocation_at_the_same_address() {
         let t = Arc::new(Exports::default());
-        let old = t.add(buf(0x2000, 1));
-        let new = t.add(buf(0x2000, 2));
+        let old = t.add(buf(0x2000, 1)).unwrap();
+        let new = t.add(buf(0x2000, 2)).unwrap();
         drop(old);
         assert_eq!(t.count(DevPtr(0x2000)), 1);
         drop(new);

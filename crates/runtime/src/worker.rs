@@ -82,8 +82,13 @@ impl Worker {
     /// A worker over `dev`. With `poison`, never-written memory shows: a staged OUT tensor and a
     /// scratch tensor hold [`POISON`] bytes at the start of every run, warm runs included.
     pub fn new(dev: Arc<dyn Device>, staging: Staging, poison: bool) -> Worker {
+        let mem = Memory::new(dev);
+        // The process's session release closes this device only through the export table, which
+        // refuses while another library may use its memory (see `exports.rs`).
+        let hold: Arc<dyn simpler_driver::CloseHold> = mem.exports.clone();
+        simpler_driver::hold_close(&mem.dev, Arc::downgrade(&hold));
         Worker {
-            mem: Memory::new(dev),
+            mem,
             staging,
             poison,
             arena: Arena::default(),
@@ -413,7 +418,7 @@ impl Worker {
         self.check_open()?;
         self.mem.lookup(buf, &"export")?;
         self.mem.views.mark_stale(buf.ptr);
-        Ok(self.mem.exports.add(buf))
+        self.mem.exports.add(buf)
     }
 
     /// Makes the worker's stream wait for the work queued so far on `stream` (a CUDA stream
