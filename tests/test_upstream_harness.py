@@ -227,6 +227,47 @@ def test_manual_per_platform():
     assert manual_on({"name": "x", "manual": ["a2a3sim"]}, "sim")
 
 
+SINGLE_MANUAL_FILE = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.manual("a2a3sim")
+    def test_positional(st_platform):
+        pass
+
+    @pytest.mark.manual(platforms="a2a3sim")
+    def test_keyword(st_platform):
+        pass
+    """
+)
+
+
+def test_manual_as_one_upstream_platform_name_applies_on_that_platform_only(pytester):
+    """``"manual": "a2a3sim"`` (one upstream name, not a list) makes a case manual on sim and a
+    regular case on ascend and cuda (``"a2a3"``: the other way round), read at decoration, from an
+    undecorated dict, by the case planner and by a plain test's ``manual`` marker alike."""
+    cls = decorate([{"name": "on_sim", "manual": "a2a3sim"}, {"name": "on_ascend", "manual": "a2a3"}])
+    by = {c["name"]: c for c in cls.CASES}
+    assert by["on_sim"]["manual"] == ("sim",) and by["on_ascend"]["manual"] == ("ascend",)
+    for case, where in ((by["on_sim"], "sim"), (by["on_ascend"], "ascend")):
+        assert {p for p in _core.PLATFORMS if manual_on(case, p)} == {where}, case
+    for name, where in (("a2a3sim", "sim"), ("a5sim", "sim"), ("a2a3", "ascend"), ("a5", "ascend")):
+        raw = {"name": "x", "manual": name}  # undecorated: mapped where it is read
+        assert {p for p in _core.PLATFORMS if manual_on(raw, p)} == {where}, name
+    for platform in _core.PLATFORMS:
+        opts = runner.RunnerOptions(platform, 1, None, False, "exclude")
+        skips = {p.case["name"]: p.skip for p in runner.plan_cases([cls], opts) if p.skip is not None}
+        want = {n for n, on in (("on_sim", "sim"), ("on_ascend", "ascend")) if on == platform}
+        assert set(skips) == want, (platform, skips)
+        assert all(f"manual case on {platform}" in why for why in skips.values()), skips
+    pytester.makepyfile(test_single=SINGLE_MANUAL_FILE)
+    r = pytester.runpytest("--strict-markers", "-rs", "--simpler-platform", "sim")
+    r.assert_outcomes(skipped=2)
+    r.stdout.fnmatch_lines(["*manual test (run with --simpler-manual include)*"])
+    for platform in ("ascend", "cuda"):
+        pytester.runpytest("--strict-markers", "--simpler-platform", platform).assert_outcomes(passed=2)
+
+
 @pytest.mark.parametrize("bad", [1, None, 0.5, {"a2a3sim": True}, [1]])
 def test_manual_of_another_type_is_rejected_at_decoration(bad):
     with pytest.raises(ArgumentTypeError, match="'manual'"):
