@@ -73,49 +73,76 @@ impl Stamp {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_stamp_is_current_here_and_forked_in_a_child() {
-        let s = Stamp::now();
-        assert!(!s.forked());
-        assert_eq!(s.pid, std::process::id());
-        // The child's answer comes back through a pipe (its exit status is not ours to read:
-        // a checker such as valgrind replaces it).
+    /// Runs `answer` in a forked child and returns the byte it answered (9 when none came back).
+    /// The answer comes back through a pipe (the child's exit status is not ours to read: a
+    /// checker such as valgrind replaces it). `answer` may only make async-signal-safe calls
+    /// (atomic loads, `getpid`, and `fork`, `read`, `write`, `waitpid`, `_exit` through this
+    /// function): the test harness has other threads.
+    fn in_child(answer: impl FnOnce() -> u8) -> u8 {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: `fds` is valid for the two descriptors `pipe` writes.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the child only makes async-signal-safe calls (atomic loads, `getpid`, `write`,
-        // `_exit`) before it exits; the parent waits for it.
+        // SAFETY: the child only runs `answer`, which makes async-signal-safe calls (see above),
+        // then writes and exits; the parent waits for it.
         let child = unsafe { libc::fork() };
         assert!(child >= 0, "fork failed");
         if child == 0 {
-            let ok = s.forked() && !Stamp::now().forked();
-            let answer = [u8::from(ok)];
-            // SAFETY: `answer` is valid for the one byte written; `_exit` ends the child at once,
+            let byte = [answer()];
+            // SAFETY: `byte` is valid for the one byte written; `_exit` ends the child at once,
             // running nothing of the parent's.
             unsafe {
-                libc::write(fds[1], answer.as_ptr().cast(), 1);
+                libc::write(fds[1], byte.as_ptr().cast(), 1);
                 libc::_exit(0)
             };
         }
-        let mut answer = [9u8];
-        // SAFETY: `answer` is valid for the one byte read; the descriptors are ours, closed once.
+        let mut byte = [9u8];
+        // SAFETY: `byte` is valid for the one byte read; the descriptors are ours, closed once.
         let read = unsafe {
             libc::close(fds[1]);
-            let n = libc::read(fds[0], answer.as_mut_ptr().cast(), 1);
+            let n = libc::read(fds[0], byte.as_mut_ptr().cast(), 1);
             libc::close(fds[0]);
             n
         };
         let mut status: libc::c_int = 0;
         // SAFETY: `child` is our child; `&mut status` is valid for the write.
-        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
-        assert_eq!(
-            (read, answer[0]),
-            (1, 1),
-            "the child saw itself as the process that opened"
-        );
+        let waited = unsafe { libc::waitpid(child, &mut status, 0) };
+        if read == 1 && waited == child {
+            byte[0]
+        } else {
+            9
+        }
+    }
+
+    #[test]
+    fn a_stamp_is_current_here_and_forked_in_a_child() {
+        let s = Stamp::now();
+        assert!(!s.forked());
+        assert_eq!(s.pid, std::process::id());
+        let ok = in_child(|| u8::from(s.forked() && !Stamp::now().forked()));
+        assert_eq!(ok, 1, "the child saw itself as the process that opened");
         assert!(!s.forked(), "the parent is not a child");
         assert!(s
             .refusal()
             .contains(&format!("worker opened in process {}", s.pid)));
+    }
+
+    #[test]
+    fn a_stamp_taken_in_a_child_is_forked_in_the_childs_child() {
+        // Every fork counts: a stamp a child takes is current in that child and forked in its
+        // own child, as the parent's stamp is forked in both.
+        let s = Stamp::now();
+        let answer = in_child(|| {
+            let child = Stamp::now();
+            if !s.forked() || child.forked() {
+                return 2;
+            }
+            // 1 when the grandchild sees both stamps as forked and its own as current.
+            in_child(|| u8::from(s.forked() && child.forked() && !Stamp::now().forked()))
+        });
+        assert_eq!(
+            answer, 1,
+            "2: the child misread the stamps; 0: the grandchild read the child's stamp as its own"
+        );
+        assert!(!s.forked());
     }
 }
