@@ -523,3 +523,62 @@ def test_code_that_reads_contiguous_views_refuses_other_layouts_at_submit(cuda):
 
     cuda.run(sp.Callable(rows, [sp.IN, sp.INOUT]), [x, y])
     np.testing.assert_array_equal(y, 2 * x)
+
+
+#: y[t] = 2 * x[t], one element per task; the per-task grid z is the launch's (a kernel of this
+#: shape would split each task's work over gz blocks).
+DOUBLE = r"""
+struct double_row {{ const float* x; float* y; }};
+extern "C" __global__ void t_double_gz{gz}(const double_row* rows) {{
+    const double_row r = rows[blockIdx.z / {gz}];
+    if (blockIdx.z % {gz} == 0 && threadIdx.x == 0) *r.y = 2.0f * *r.x;
+}}
+"""
+
+#: Per launch of a t_double entry: (per-task gz, launch grid z, first task, tasks).
+DOUBLE_LAUNCHES: list[tuple[int, int, int, int]] = []
+
+
+def _double_impl(gz: int):
+    def run(launch: fake_cuda.Launch) -> None:
+        rows = launch.rows(2, gz)
+        n = len(rows)
+        x0, y0 = int(rows[0, 0]), int(rows[0, 1])
+        # The tasks of one launch are consecutive elements here: one vectorized step for them all.
+        assert (rows[:, 0] == x0 + 4 * np.arange(n, dtype=np.uint64)).all()
+        assert (rows[:, 1] == y0 + 4 * np.arange(n, dtype=np.uint64)).all()
+        launch.array(y0, (n,), F32)[...] = 2 * launch.array(x0, (n,), F32)
+        DOUBLE_LAUNCHES.append((gz, launch.grid[2], x0, n))
+
+    return run
+
+
+for _gz in (1, 3, 7):
+    fake_cuda.host_impl(f"t_double_gz{_gz}")(_double_impl(_gz))
+
+
+@pytest.mark.parametrize(("gz", "n"), [(1, 65_536), (1, 2 * 65_535 + 1), (3, 2 * 21_845 + 2), (7, 9_363)])
+def test_a_batch_past_the_grid_z_limit_is_split_into_full_launches(cuda, gz, n):
+    """A batch of more tasks than one launch covers (65,535 // gz, the grid's z limit over the
+    per-task z) runs as ceil(n / (65,535 // gz)) launches, each but the last full, none with a
+    grid z past 65,535, covering every task once, in order."""
+    code = sp.CudaCode(DOUBLE.format(gz=gz), entry=f"t_double_gz{gz}", launch=sp.Launch(grid=(1, 1, gz)))
+    k = sp.Kernel(lambda x, y: np.multiply(x, 2, out=y), [sp.IN, sp.OUT], name="double", cuda=code)
+    x = np.arange(n, dtype=np.float32)
+    y = np.zeros(n, np.float32)
+    rows = np.arange(n, dtype=np.int64)[:, None]
+    DOUBLE_LAUNCHES.clear()
+
+    def orch(o, x, y):
+        o.submit_many(k, x.views([1], rows), y.views([1], rows))
+
+    r = cuda.run(sp.Callable(orch, [sp.IN, sp.OUT]), [x, y])
+    per = 65_535 // gz
+    launches = -(-n // per)
+    sizes = [min(per, n - i * per) for i in range(launches)]
+    assert (r.counters["device_launches"], r.counters["device_tasks"]) == (launches, n)
+    assert [(g, z, t) for g, z, _, t in DOUBLE_LAUNCHES] == [(gz, gz * s, s) for s in sizes]
+    assert all(z <= 65_535 for _, z, _, _ in DOUBLE_LAUNCHES)
+    starts = [x0 for _, _, x0, _ in DOUBLE_LAUNCHES]
+    assert [s - starts[0] for s in starts] == [4 * per * i for i in range(launches)]
+    np.testing.assert_array_equal(y, 2 * x)
