@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 
 import numpy as np
@@ -180,6 +181,44 @@ def test_hazards_between_orchestrator_and_submitted_tasks():
 
     with sp.Worker("sim") as w:
         w.run(sp.Callable(orch, [IN, OUT]), [np.ones(4, np.float32), np.zeros(4, np.float32)])
+
+
+_READ_X = sp.Kernel(lambda x: None, [IN], name="read_x")
+_WRITE_X = sp.Kernel(lambda x: x.fill(7), [OUT], name="write_x")
+
+
+@pytest.mark.parametrize("where", ["staged", "resident", "scratch"])
+@pytest.mark.parametrize("how", ["submit", "submit_many"])
+def test_a_view_read_by_a_task_then_written_by_the_next_is_stale_for_the_orchestrator(where, how):
+    """Task 0 reads view X, task 1 writes the same X: an orchestrator read of X (or of one of its
+    elements) is a HazardError naming task 1, the writer, although the task before it only read
+    X. The two equal spans are different accesses; one must not stand for the other."""
+    errors = []
+
+    def orch(o, a):
+        x = o.scratch([4, 8], "float32") if where == "scratch" else a
+        v = x.view([2, 8], [1, 0])
+        if how == "submit":
+            o.submit(_READ_X, v)
+            o.submit(_WRITE_X, v)
+        else:  # views that do not ascend (one span per task), the last one X, then X written
+            o.submit_many(_READ_X, x.views([2, 8], [[2, 0], [1, 0]]))
+            o.submit_many(_WRITE_X, x.views([2, 8], [[1, 0]]))
+        for read in (lambda: o.read_tensor(v), lambda: o.get_tensor_data(x, (2, 3))):
+            with pytest.raises(sp.HazardError) as ei:
+                read()
+            errors.append(str(ei.value))
+        o.get_tensor_data(x, (0, 0))  # no task writes row 0
+
+    a = np.zeros((4, 8), np.float32)
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        arg = res.add("a", a, direction=sp.INOUT) if where == "resident" else a
+        w.run(sp.Callable(orch, [sp.INOUT]), [arg])
+    writers = {1} if how == "submit" else {2}
+    named = [
+        re.search(r"task (\d+) \(kernel write_x\) submitted earlier in this run writes", e) for e in errors
+    ]
+    assert len(errors) == 2 and all(m and int(m.group(1)) in writers for m in named), errors
 
 
 def test_bad_arguments_fail_before_any_device_work():

@@ -1,7 +1,8 @@
 //! The hazard index against a brute-force model: random single and batched submits (reading or
-//! writing strided views, ascending or not), then random orchestrator reads and writes. An access
-//! is refused exactly when one of its bytes belongs to an element of a task tensor that writes it
-//! (a read) or that touches it at all (a write).
+//! writing strided views, ascending or not, and often the views of the submit before them again,
+//! read where they were written or written where they were read), then random orchestrator reads
+//! and writes, and a read and a write of every task view. An access is refused exactly when one of its bytes belongs to an element of a task
+//! tensor that writes it (a read) or that touches it at all (a write).
 
 mod common;
 
@@ -38,6 +39,10 @@ enum Submit {
         starts: Vec<u64>,
         writes: bool,
     },
+    /// The views of the submit before it (a view of its own for the first), read or written.
+    Again {
+        writes: bool,
+    },
 }
 
 fn submit() -> impl Strategy<Value = Submit> {
@@ -62,7 +67,32 @@ fn submit() -> impl Strategy<Value = Submit> {
                 writes,
             }
         });
-    prop_oneof![one, many]
+    let again = any::<bool>().prop_map(|writes| Submit::Again { writes });
+    prop_oneof![2 => one, 2 => many, 1 => again]
+}
+
+/// `sub` with its views, and whether it writes: an `Again` takes the views of `prev`.
+fn resolve(sub: &Submit, prev: Option<&Submit>) -> Submit {
+    match (sub, prev) {
+        (Submit::Again { writes }, Some(Submit::One { v, .. })) => Submit::One {
+            v: v.clone(),
+            writes: *writes,
+        },
+        (Submit::Again { writes }, Some(Submit::Many { layout, starts, .. })) => Submit::Many {
+            layout: *layout,
+            starts: starts.clone(),
+            writes: *writes,
+        },
+        (Submit::Again { writes }, _) => Submit::One {
+            v: View {
+                len: 4,
+                stride: 1,
+                start: 8,
+            },
+            writes: *writes,
+        },
+        (other, _) => other.clone(),
+    }
 }
 
 fn bytes(len: u64, stride: u64, start: u64) -> BTreeSet<u64> {
@@ -92,30 +122,42 @@ proptest! {
             let o = orch(&cell, run);
             let base = o.tensor(0).unwrap().geometry.offset(); // the arena slice's first element
             let (mut written, mut touched) = (BTreeSet::new(), BTreeSet::new());
+            let mut prev: Option<Submit> = None;
+            // Every task view, read and written by the orchestrator after the random accesses.
+            let mut own: Vec<(View, bool)> = Vec::new();
             for sub in &submits {
-                let (k, w) = match sub {
+                let sub = resolve(sub, prev.as_ref());
+                let (k, w) = match &sub {
                     Submit::One { writes, .. } | Submit::Many { writes, .. } => {
                         (if *writes { &writer } else { &reader }, *writes)
                     }
+                    Submit::Again { .. } => unreachable!("resolved above"),
                 };
-                let b = match sub {
+                let b = match &sub {
                     Submit::One { v, .. } => {
+                        own.extend([(v.clone(), false), (v.clone(), true)]);
                         o.submit(kernel(0, "k", k), &[(0, geometry(v.len, v.stride, base + v.start))], &[]).unwrap();
                         bytes(v.len, v.stride, v.start)
                     }
                     Submit::Many { layout: (len, stride), starts, .. } => {
+                        for &start in starts {
+                            let v = View { len: *len, stride: *stride, start };
+                            own.extend([(v.clone(), false), (v, true)]);
+                        }
                         let abs: Vec<u64> = starts.iter().map(|&s| base + s).collect();
                         let slot = BatchSlot::Views { arg: 0, geometry: geometry(*len, *stride, base), starts: &abs };
                         o.submit_many(kernel(0, "k", k), &[slot], &[], None).unwrap();
                         starts.iter().flat_map(|&st| bytes(*len, *stride, st)).collect()
                     }
+                    Submit::Again { .. } => unreachable!("resolved above"),
                 };
+                prev = Some(sub.clone());
                 if w {
                     written.extend(b.iter().copied());
                 }
                 touched.extend(b);
             }
-            for (v, write) in &accesses {
+            for (v, write) in accesses.iter().chain(&own) {
                 let g = geometry(v.len, v.stride, base + v.start);
                 let got = if *write {
                     o.write(0, &g, &[0], Value::Int(1)).err()
