@@ -219,31 +219,51 @@ def test_close_during_a_run_from_another_thread_ends_it():
 
 _DAEMON_AT_EXIT = """if True:
     import sys, threading, time, numpy as np, simpler as sp
-    w = sp.Worker("sim")
     k = sp.Kernel(lambda x: time.sleep(0.001), [sp.IN], name="k")
     def orch(o, t):
         for _ in range(20):
             o.submit(k, t)
     big = np.zeros(64 << 20, np.uint8)  # bind copies 64 MiB without the GIL
-    def loop(arg):
+    def loop(arg):  # runs back to back, on a worker of its own (a worker runs one at a time)
+        w = sp.Worker("sim")
         while True:
             w.run(sp.Callable(orch, [sp.IN]), [arg])
+    def copies(n):  # bulk copies without the GIL, back to back, on a worker of its own
+        mine = sp.Worker("sim")
+        buf, host = mine.malloc(n), np.zeros(n, np.uint8)
+        while True:
+            mine.copy_to(buf, host)
+            mine.copy_from(host, buf)
     threading.Thread(target=loop, args=(np.zeros(1 << 20, np.float32),), daemon=True).start()
     threading.Thread(target=loop, args=(big,), daemon=True).start()
-    time.sleep(0.3)
+    threading.Thread(target=copies, args=(1 << 16,), daemon=True).start()
+    threading.Thread(target=copies, args=(4 << 20,), daemon=True).start()
+    time.sleep(float(sys.argv[1]))
     print("exiting", flush=True)
 """
 
+#: The scenario's runs: the exit comes at a different point of the threads' work in each.
+_EXIT_RUNS = 24
+
 
 def test_the_process_exits_normally_with_daemon_threads_inside_runs():
-    """Daemon threads in the middle of runs (in a kernel, in a bulk copy) when the interpreter
-    exits: the process exits with status 0 (they must not take the GIL back during
-    finalization, which would unwind through native frames and abort)."""
-    for _ in range(3):
-        p = subprocess.run(
-            [sys.executable, "-c", _DAEMON_AT_EXIT], capture_output=True, text=True, timeout=60
-        )
-        assert (p.returncode, p.stdout.strip()) == (0, "exiting"), (p.returncode, p.stderr[-2000:])
+    """Daemon threads in the middle of runs (in a kernel, in a bulk copy, taking the GIL back
+    after one) when the interpreter exits: the process exits with status 0 (they must not take
+    the GIL back during finalization, which would unwind through native frames and abort).
+    The exit races the threads, so the scenario runs many times, exiting after a different
+    delay each time, while another process keeps a core busy (so a thread can be descheduled
+    between its exit check and taking the GIL back)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for i in range(_EXIT_RUNS):
+            delay = f"{0.05 + 0.01 * (i * 7 % 25):.2f}"
+            p = subprocess.run(
+                [sys.executable, "-c", _DAEMON_AT_EXIT, delay], capture_output=True, text=True, timeout=120
+            )
+            assert (p.returncode, p.stdout.strip(), p.stderr) == (0, "exiting", ""), (i, p.stderr[-2000:])
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 _HOOK_JOINS_A_DAEMON = """if True:
