@@ -33,6 +33,7 @@ RECORD_KEYS = {
     "rounds",
     "platform",
     "golden",
+    "golden_skipped_by",
     "callable",
     "ok",
     "phases",
