@@ -368,7 +368,9 @@ class CaseRun:
     golden); ``finish()`` makes the final comparison of a case with resident outputs; ``close()``
     releases the resident set and closes the worker it opened (always call it, e.g. in
     ``finally``; it is idempotent). Rounds of several cases may be interleaved, which is how
-    ``simpler bench`` compares residency arms on a busy machine.
+    ``simpler bench`` compares residency arms on a busy machine. ``golden_skipped_by`` says who
+    turned the golden check off (``"option"``: ``skip_golden``; ``"case"``: the case's
+    ``"skip_golden"``; ``"class"``: ``SKIP_GOLDEN``), or is ``None`` when rounds are compared.
     """
 
     def __init__(
