@@ -112,6 +112,10 @@ def _check(words: list[str]) -> None:
         unknown = set(p.parse_args(args[2:]).which) - set(benchmarks.BENCHES)
         assert not unknown, f"unknown benchmark(s) {unknown}"
         return
+    if name.startswith("python") and args[:2] == ["-m", "simpler.tools.bench_builds"]:
+        from simpler.tools import bench_builds
+
+        return _parses(bench_builds._parser(), args[2:])
     if name.startswith("python") and args[:2] == ["-m", "simpler.tools.device_check"]:
         from simpler.tools import device_check
 

@@ -437,3 +437,75 @@ def test_kernels_and_callables_take_part_in_garbage_collection():
     refs = make()
     gc.collect()
     assert freed == [1] and all(r() is None for r in refs)
+
+
+def test_run_tensors_handed_out_again_stay_each_runs_own():
+    """A warm run hands its orchestration the run tensors of the last run again where nothing
+    holds them any more (no new objects per run): a tensor kept from a run is never handed out
+    again (it stays that run's, refused in a later one), and a run over other arguments gets
+    tensors that describe them."""
+    kept, seen = {}, []
+
+    def orch(o, t):
+        seen.append((t.name, t.shape, t.dtype, o.get_tensor_data(t, 1)))
+        if "old" in kept:
+            with pytest.raises(sp.StateError, match="finished run"):
+                o.get_tensor_data(kept["old"], 0)
+            assert kept["old"] is not t
+        if len(seen) == 2:
+            kept["old"] = t
+
+    class Named:
+        def __init__(self, name, value):
+            self.pair = (name, value)
+
+        def __simpler_args__(self):
+            return [self.pair]
+
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        a = res.add("a", np.arange(4, dtype=np.int32))
+        b = res.add("b", np.arange(10, 18, dtype=np.float32))
+        call = sp.Callable(orch, [IN])
+        for args in ([a], [a], [a], [a], Named("b", b), [a]):
+            w.run(call, args)
+        assert [s[:2] for s in seen] == [("arg0", (4,))] * 4 + [("b", (8,)), ("arg0", (4,))]
+        assert [s[2] for s in seen] == ["int32"] * 4 + ["float32", "int32"]
+        assert [s[3] for s in seen] == [1, 1, 1, 1, 11.0, 1]
+        del kept["old"]
+        w.run(call, [a])
+        assert seen[-1] == ("arg0", (4,), "int32", 1)
+
+
+def test_view_lists_take_any_integer_entries():
+    """A view's shape and offsets parse the same from ints, numpy integers and objects with
+    `__index__` (plain ints are read without running Python code; an entry that runs some, even
+    one that empties its list, is taken as it comes, the list ending where it ends)."""
+
+    class Idx:
+        def __init__(self, v, clears=None):
+            self.v, self.clears = v, clears
+
+        def __index__(self):
+            if self.clears is not None:
+                self.clears.clear()
+            return self.v
+
+    got = []
+
+    def orch(o, t):
+        for shape, offsets in (
+            ([1, 4], [2, 0]),
+            ([np.int64(1), 4], [np.int32(2), Idx(0)]),
+            ([Idx(1), np.uint8(4)], [2, np.int16(0)]),
+        ):
+            v = t.view(shape, offsets)
+            got.append((v.shape, [o.get_tensor_data(v, (0, j)) for j in range(4)]))
+        shape = [1, 4]
+        shape[0] = Idx(1, clears=shape)
+        got.append(t.view(shape, [0, 0]).shape)
+
+    with sp.Worker("sim") as w, sp.ResidentTaskArgs(w) as res:
+        t = res.add("t", np.arange(16, dtype=np.int32).reshape(4, 4))
+        w.run(sp.Callable(orch, [IN]), [t])
+    assert got[:3] == [((1, 4), [8, 9, 10, 11])] * 3
+    assert got[3] == (1, 0)

@@ -201,6 +201,7 @@ impl HostMem {
         self.valid.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    #[inline(always)]
     fn check(&self, offset: usize, len: usize) -> Result<(), HostMemError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
@@ -255,6 +256,13 @@ impl HostMem {
         self.with_slice(offset, dst.len(), |s| dst.copy_from_slice(s))
     }
 
+    /// The `len` bytes (1, 2, 4 or 8: one element of a tensor) at `offset`, in the first `len`
+    /// bytes of the result: [`HostMem::read`] for the orchestrator's element reads, with the
+    /// copy a fixed-size move instead of a call to `memcpy`.
+    pub fn read_element(&self, offset: usize, len: usize) -> Result<[u8; 8], HostMemError> {
+        self.with_slice(offset, len, element)
+    }
+
     /// Copies `src` into the block at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), HostMemError> {
         self.with_slice_mut(offset, src.len(), |d| d.copy_from_slice(src))
@@ -264,6 +272,24 @@ impl HostMem {
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), HostMemError> {
         self.with_slice_mut(offset, len, |d| d.fill(byte))
     }
+}
+
+/// The bytes of one element (at most 8), in the first bytes of the result; fixed-size moves
+/// for the sizes of the dtypes (no call to `memcpy` for a few bytes).
+#[inline(always)]
+fn element(s: &[u8]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    match *s {
+        [a] => out[0] = a,
+        [a, b] => out[..2].copy_from_slice(&[a, b]),
+        [a, b, c, d] => out[..4].copy_from_slice(&[a, b, c, d]),
+        [a, b, c, d, e, f, g, h] => out = [a, b, c, d, e, f, g, h],
+        _ => {
+            let n = s.len().min(8);
+            out[..n].copy_from_slice(&s[..n]);
+        }
+    }
+    out
 }
 
 impl Drop for HostMem {
@@ -289,6 +315,22 @@ mod tests {
         m.write(0, &[1, 2, 3]).unwrap();
         m.read(0, &mut buf).unwrap();
         assert_eq!(buf, [1, 2, 3, 0xA5]);
+        for (len, want) in [
+            (1, [1, 0, 0, 0, 0, 0, 0, 0]),
+            (2, [1, 2, 0, 0, 0, 0, 0, 0]),
+            (4, [1, 2, 3, 0xA5, 0, 0, 0, 0]),
+            (8, [1, 2, 3, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5]),
+        ] {
+            assert_eq!(m.read_element(0, len).unwrap(), want, "{len} bytes");
+        }
+        assert!(matches!(
+            m.read_element(12, 8),
+            Err(HostMemError::OutOfRange { .. })
+        ));
+        assert_eq!(m.read_element(1, 2).unwrap()[..2], [2, 3]);
+        m.revoke();
+        let r = m.read_element(0, 4);
+        assert!(matches!(r, Err(HostMemError::Revoked)), "{r:?}");
         assert!(matches!(
             m.read(13, &mut buf),
             Err(HostMemError::OutOfRange { .. })

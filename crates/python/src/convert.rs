@@ -7,6 +7,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PySequence, PyString, PyTuple, PyType};
+use pyo3::Borrowed;
 
 use simpler_driver::sim::SvmPolicy;
 use simpler_runtime::{
@@ -315,13 +316,22 @@ fn prefix(e: PyErr, what: &str) -> PyErr {
 }
 
 /// One entry of an index or a shape: an int (or numpy integer), never a bool or a float.
+#[inline(always)]
 fn int_entry(o: &Borrowed<'_, '_, PyAny>, name: &dyn std::fmt::Display) -> PyResult<i64> {
-    if o.is_exact_instance_of::<PyInt>() {
-        if let Ok(v) = o.extract::<i64>() {
-            return Ok(v);
-        }
+    match exact_int(o) {
+        Some(v) => Ok(v),
+        None => slow_int_entry(&o.to_owned(), name),
     }
-    slow_int_entry(&o.to_owned(), name)
+}
+
+/// The value of `o` when it is an exact `int` that fits 64 bits, else `None` (the orchestrator's
+/// hot path parses four of these per view).
+#[inline(always)]
+fn exact_int(o: &Borrowed<'_, '_, PyAny>) -> Option<i64> {
+    if !o.is_exact_instance_of::<PyInt>() {
+        return None;
+    }
+    o.extract::<i64>().ok()
 }
 
 /// `int_entry` for anything but an int that fits 64 bits (and for the errors).
@@ -346,38 +356,64 @@ fn slow_int_entry(o: &Bound<'_, PyAny>, name: &dyn std::fmt::Display) -> PyResul
 }
 
 /// Up to [`MAX_DIMS`] integers: an int, or a tuple / list of them. Returns them and the count.
+///
+/// The orchestrator's hot path (`orch.get_tensor_data(t, (i, j))`, `t.view([1, 16], [i, 0])`,
+/// tens of thousands of calls per run): a tuple's items are read borrowed and a list's by index,
+/// with no iterator and no closure.
 pub fn small_ints(
     obj: &Bound<'_, PyAny>,
     name: &dyn std::fmt::Display,
 ) -> PyResult<([i64; MAX_DIMS], usize)> {
     let mut out = [0i64; MAX_DIMS];
+    let n = small_ints_into(obj, name, &mut out)?;
+    Ok((out, n))
+}
+
+/// [`small_ints`] into `out` (the caller's array: nothing is copied back); returns the count.
+pub fn small_ints_into(
+    obj: &Bound<'_, PyAny>,
+    name: &dyn std::fmt::Display,
+    out: &mut [i64; MAX_DIMS],
+) -> PyResult<usize> {
+    // An exact tuple or list is told by its type pointer (no call into the interpreter).
+    let tuple = obj
+        .cast_exact::<PyTuple>()
+        .or_else(|_| obj.cast::<PyTuple>());
+    if let Ok(t) = tuple {
+        let len = t.len();
+        if len > MAX_DIMS {
+            return Err(too_many_entries(name, len));
+        }
+        for (k, slot) in out.iter_mut().enumerate().take(len) {
+            *slot = int_entry(&t.get_borrowed_item(k)?, name)?;
+        }
+        return Ok(len);
+    }
+    let list = obj.cast_exact::<PyList>().or_else(|_| obj.cast::<PyList>());
+    if let Ok(l) = list {
+        let len = l.len();
+        if len > MAX_DIMS {
+            return Err(too_many_entries(name, len));
+        }
+        for (k, slot) in out.iter_mut().enumerate().take(len) {
+            // An entry's `__index__` may run Python code that shortens the list: it then ends
+            // early, as iterating it would.
+            let Ok(o) = l.get_item(k) else { break };
+            *slot = int_entry(&o.as_borrowed(), name)?;
+        }
+        return Ok(len);
+    }
     let mut fill =
         |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>, len: usize| -> PyResult<usize> {
             if len > MAX_DIMS {
-                return Err(value_err(format!(
-                    "{name}: {len} entries exceed the supported rank of {MAX_DIMS}"
-                )));
+                return Err(too_many_entries(name, len));
             }
             for (k, o) in items.enumerate() {
                 out[k] = int_entry(&o.as_borrowed(), name)?;
             }
             Ok(len)
         };
-    let n = if let Ok(t) = obj.cast::<PyTuple>() {
-        // The hot path (`orch.get_tensor_data(t, (i, j))`): borrowed items, no reference counting.
-        let len = t.len();
-        if len > MAX_DIMS {
-            return Err(value_err(format!(
-                "{name}: {len} entries exceed the supported rank of {MAX_DIMS}"
-            )));
-        }
-        for (k, slot) in out.iter_mut().enumerate().take(len) {
-            *slot = int_entry(&t.get_borrowed_item(k)?, name)?;
-        }
-        len
-    } else if let Ok(l) = obj.cast::<PyList>() {
-        fill(&mut l.iter(), l.len())?
-    } else if let Some(list) = array_items(obj)? {
+    let n = if let Some(list) = array_items(obj)? {
         // A numpy array of integers (not 0-d): its entries, as a list.
         fill(&mut list.iter(), list.len())?
     } else if obj.is_exact_instance_of::<PyInt>() || obj.hasattr(intern!(obj.py(), "__index__"))? {
@@ -393,7 +429,14 @@ pub fn small_ints(
             obj.get_type().name()?
         )));
     };
-    Ok((out, n))
+    Ok(n)
+}
+
+/// The error for an index or shape of `len` entries, past the supported rank.
+fn too_many_entries(name: &dyn std::fmt::Display, len: usize) -> PyErr {
+    value_err(format!(
+        "{name}: {len} entries exceed the supported rank of {MAX_DIMS}"
+    ))
 }
 
 /// The entries of a numpy array of one or more dimensions, as a list; `None` for anything else

@@ -1,6 +1,9 @@
 //! Kernels (task bodies) and callables (orchestration functions): a Python function, a name
 //! and a typed signature.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
@@ -180,6 +183,9 @@ pub struct Kernel {
     pub device_arrays: Option<&'static str>,
     /// The work one task declares (for the cost models).
     pub work: Option<DeclaredWork>,
+    /// The id the last run's kernel table gave this kernel, tagged with that table's token (see
+    /// `orch::KernelTable`): a submit finds it here instead of locking the table.
+    pub last_id: AtomicU64,
 }
 
 #[pymethods]
@@ -250,6 +256,7 @@ impl Kernel {
             cuda,
             device_arrays,
             work,
+            last_id: AtomicU64::new(0),
         })
     }
 
@@ -308,7 +315,8 @@ impl Kernel {
 #[pyclass(module = "simpler._core", name = "Callable", frozen, subclass, weakref)]
 pub struct Callable {
     pub func: Py<PyAny>,
-    pub name: String,
+    /// Shared with the report of every run (a count, not a copy of the string per run).
+    pub name: Arc<str>,
     pub sig: Signature,
 }
 
@@ -333,7 +341,11 @@ impl Callable {
             signature,
             name,
         )?;
-        Ok(Callable { func, name, sig })
+        Ok(Callable {
+            func,
+            name: name.into(),
+            sig,
+        })
     }
 
     /// The orchestration function.

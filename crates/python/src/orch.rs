@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use numpy::{
@@ -13,14 +13,15 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use pyo3::Borrowed;
 
 use simpler_runtime::{
     BatchScalar, BatchSlot, DeviceLaunch, Direction, Geometry, KernelRef, Orch, RunError, RunId,
-    Signature, Value, BATCH_PART, MAX_DIMS,
+    Signature, TensorInfo, Value, BATCH_PART, MAX_DIMS,
 };
 
 use crate::cell::Shared;
-use crate::convert::{self, small_ints, TensorName};
+use crate::convert::{self, small_ints, small_ints_into, TensorName};
 use crate::devcode::Launch;
 use crate::direction::ArgDirection;
 use crate::errors::{done, state_err, type_err, value_err, PyResultExt, PyRuntimeErr};
@@ -30,13 +31,42 @@ use crate::kernels::Kernel;
 use crate::logging;
 
 /// The kernels a run's tasks use, by the id the runtime records.
-#[derive(Default)]
+///
+/// Each table has a token of its own (a process-wide count): a kernel remembers the id the last
+/// table gave it, tagged with that table's token (`Kernel::last_id`), so a submit of a kernel
+/// this run used before finds its id without locking the table. The table stays the authority:
+/// a tag of another table (another run, another worker, another thread) is a miss.
 pub struct KernelTable {
     kernels: Vec<Py<Kernel>>,
     ids: HashMap<usize, u32>,
+    token: u64,
 }
 
+/// Bits of a kernel's tagged id that hold the id; the token takes the others.
+const ID_BITS: u32 = 24;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
+
 impl KernelTable {
+    /// A table with a new token.
+    pub fn new() -> KernelTable {
+        static TOKENS: AtomicU64 = AtomicU64::new(1);
+        KernelTable {
+            kernels: Vec::new(),
+            ids: HashMap::new(),
+            token: TOKENS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The tag of `id` in this table, when both fit one (else never a hit).
+    fn tag(token: u64, id: u32) -> Option<u64> {
+        (token < 1 << (64 - ID_BITS) && id < 1 << ID_BITS).then(|| token << ID_BITS | u64::from(id))
+    }
+
+    /// This table's token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
     fn id(&mut self, k: &Bound<'_, Kernel>) -> u32 {
         let key = k.as_ptr() as usize;
         if let Some(&id) = self.ids.get(&key) {
@@ -62,12 +92,90 @@ impl KernelTable {
 /// ``offsets``, for ``Orchestrator.submit_many``.
 #[pyclass(module = "simpler._core", name = "RunTensor", frozen)]
 pub struct RunTensor {
-    pub cell: Arc<Shared>,
-    pub run: RunId,
+    /// The id of the worker whose run this is (a handle needs only to be told apart from
+    /// another worker's: no reference to the worker, so a view costs no atomic count).
+    pub worker: u64,
+    /// The run (a `RunId`). Atomic only so that a worker can hand its next run the same
+    /// object when nothing else holds it (see `RunTensor::reuse`); a handle never changes run
+    /// while anything can see it.
+    run: AtomicU64,
     pub arg: u32,
     pub name: Arc<str>,
     pub geometry: Geometry,
     pub dir: Direction,
+}
+
+impl RunTensor {
+    /// Argument `arg` of run `run` of worker `worker`, as `info` describes it.
+    pub fn new(worker: u64, run: RunId, arg: u32, info: TensorInfo) -> RunTensor {
+        RunTensor {
+            worker,
+            run: AtomicU64::new(run.0),
+            arg,
+            name: info.name,
+            geometry: info.geometry,
+            dir: info.dir,
+        }
+    }
+
+    /// The run this handle belongs to.
+    #[inline]
+    pub fn run(&self) -> RunId {
+        RunId(self.run.load(Ordering::Relaxed))
+    }
+
+    /// Whether this object describes argument `arg` of worker `worker` as `name`, `geometry` and
+    /// `dir` do (a run handing out the same argument again can hand out this object).
+    pub fn describes(
+        &self,
+        worker: u64,
+        arg: u32,
+        name: &str,
+        geometry: &Geometry,
+        dir: Direction,
+    ) -> bool {
+        self.worker == worker
+            && self.arg == arg
+            && self.dir == dir
+            && self.geometry == *geometry
+            && *self.name == *name
+    }
+
+    /// Argument `arg` of run `run` for the orchestration: `cached`, the object an earlier run
+    /// handed out for that argument, when it describes the same tensor (`info` is `None`, see
+    /// `Orch::tensors_except`) and nothing but the cache holds it any more, moved to `run`; else
+    /// a new object (described by `info`, or like `cached`), which replaces it in the cache. A
+    /// warm run of the same arguments so makes no new objects. Reuse is invisible: with one
+    /// reference (the cache's) no Python code can reach the object, and a run tensor supports no
+    /// weak references and is not tracked by the garbage collector.
+    pub fn reuse<'py>(
+        py: Python<'py>,
+        cached: &mut Option<Py<RunTensor>>,
+        run: RunId,
+        arg: u32,
+        info: Option<TensorInfo>,
+        worker: u64,
+    ) -> PyResult<Bound<'py, RunTensor>> {
+        let info = match (info, cached.as_ref()) {
+            (Some(info), _) => info,
+            (None, Some(c)) if c.get_refcnt(py) == 1 => {
+                c.get().run.store(run.0, Ordering::Relaxed);
+                return Ok(c.bind(py).clone());
+            }
+            (None, Some(c)) => {
+                let t = c.get();
+                TensorInfo {
+                    name: t.name.clone(),
+                    geometry: t.geometry,
+                    dir: t.dir,
+                }
+            }
+            (None, None) => return Err(state_err(format!("no run tensor {arg} to hand out"))),
+        };
+        let t = Bound::new(py, RunTensor::new(worker, run, arg, info))?;
+        *cached = Some(t.clone().unbind());
+        Ok(t)
+    }
 }
 
 #[pymethods]
@@ -106,12 +214,13 @@ impl RunTensor {
     /// A sub-view: ``shape`` elements starting at ``offsets``, per dimension.
     fn view(&self, shape: &Bound<'_, PyAny>, offsets: &Bound<'_, PyAny>) -> PyResult<RunTensor> {
         let what = TensorName(&self.name);
-        let (s, n) = small_ints(shape, &what)?;
-        let (o, m) = small_ints(offsets, &what)?;
+        let (mut s, mut o) = ([0i64; MAX_DIMS], [0i64; MAX_DIMS]);
+        let n = small_ints_into(shape, &what, &mut s)?;
+        let m = small_ints_into(offsets, &what, &mut o)?;
         let geometry = self.geometry.view(&what, &s[..n], &o[..m]).py()?;
         Ok(RunTensor {
-            cell: self.cell.clone(),
-            run: self.run,
+            worker: self.worker,
+            run: AtomicU64::new(self.run().0),
             arg: self.arg,
             name: self.name.clone(),
             geometry,
@@ -172,8 +281,8 @@ impl RunTensor {
             starts.push(start);
         }
         Ok(RunViews {
-            cell: self.cell.clone(),
-            run: self.run,
+            worker: self.worker,
+            run: self.run(),
             arg: self.arg,
             name: self.name.clone(),
             layout,
@@ -192,10 +301,14 @@ impl RunTensor {
     }
 }
 
+/// The run tensors a worker's last run handed its orchestration, by argument: the next run
+/// hands out the same objects where nothing else holds them (`RunTensor::reuse`).
+pub type RunTensorCache = Mutex<Vec<Option<Py<RunTensor>>>>;
+
 /// Many views of one run tensor (``RunTensor.views``): one per task of a ``submit_many``.
 #[pyclass(module = "simpler._core", name = "RunViews", frozen)]
 pub struct RunViews {
-    cell: Arc<Shared>,
+    worker: u64,
     run: RunId,
     arg: u32,
     name: Arc<str>,
@@ -237,6 +350,8 @@ pub struct Orchestrator {
     pub cell: Arc<Shared>,
     pub run: RunId,
     pub kernels: Arc<Mutex<KernelTable>>,
+    /// The kernel table's token (`KernelTable`).
+    pub token: u64,
     /// The bytes the run uploaded for each staged argument: what the orchestrator reads them
     /// from (a staged tensor is never mapped nor read back).
     pub staged: Vec<StagedBytes>,
@@ -263,8 +378,16 @@ impl StagedBytes {
 impl Orchestrator {
     /// Before the first access to staged argument `arg` this run: gives the runtime the bytes
     /// the run uploaded for it, when it wants them (an uploaded tensor, not read yet).
-    #[inline]
+    #[inline(always)]
     fn stage_source(&self, py: Python<'_>, arg: u32) -> PyResult<()> {
+        if self.staged.is_empty() {
+            return Ok(()); // a run of resident tensors
+        }
+        self.stage_source_of(py, arg)
+    }
+
+    /// [`Orchestrator::stage_source`] of a run with staged arguments.
+    fn stage_source_of(&self, py: Python<'_>, arg: u32) -> PyResult<()> {
         let Some(s) = self.staged.iter().find(|s| s.arg == arg) else {
             return Ok(());
         };
@@ -287,14 +410,20 @@ impl Orchestrator {
         }
     }
 
-    /// Refuses a handle (run tensor or views of `name`) of another worker, or of another run
-    /// (one run at a time per worker: another run is a finished one).
-    #[inline]
-    fn check(&self, cell: &Arc<Shared>, run: RunId, name: &str) -> PyResult<()> {
-        if run == self.run && Arc::ptr_eq(&self.cell, cell) {
+    /// Refuses a handle (run tensor or views of `name`) of another worker (by its id), or of
+    /// another run (one run at a time per worker: another run is a finished one).
+    #[inline(always)]
+    fn check(&self, worker: u64, run: RunId, name: &str) -> PyResult<()> {
+        if run == self.run && worker == self.cell.id {
             return Ok(()); // the hot path: a tensor of this run
         }
-        if !Arc::ptr_eq(&self.cell, cell) {
+        self.refuse(worker, run, name)
+    }
+
+    /// The error [`Orchestrator::check`] reports.
+    #[cold]
+    fn refuse(&self, worker: u64, run: RunId, name: &str) -> PyResult<()> {
+        if worker != self.cell.id {
             return Err(state_err(format!(
                 "tensor {name} belongs to another worker"
             )));
@@ -309,12 +438,23 @@ impl Orchestrator {
         kernel: &'k Bound<'_, Kernel>,
         launch: Option<&'k Launch>,
     ) -> KernelRef<'k> {
-        let id = self
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .id(kernel);
         let k = kernel.get();
+        let tagged = k.last_id.load(Ordering::Relaxed);
+        let id = (tagged & ID_MASK) as u32;
+        let id = match KernelTable::tag(self.token, id) {
+            Some(t) if t == tagged => id, // this table gave it that id: a hit
+            _ => {
+                let id = self
+                    .kernels
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .id(kernel);
+                if let Some(t) = KernelTable::tag(self.token, id) {
+                    k.last_id.store(t, Ordering::Relaxed);
+                }
+                id
+            }
+        };
         let device = k.cuda.as_ref().zip(launch).map(|(c, l)| DeviceLaunch {
             code: &c.get().code,
             dims: l.dims,
@@ -326,7 +466,7 @@ impl Orchestrator {
             sig: &k.sig,
             device,
             device_arrays: k.device_arrays.is_some(),
-            work: k.work,
+            work: k.work.as_ref(),
         }
     }
 
@@ -356,16 +496,12 @@ impl Orchestrator {
 
     fn run_tensor(&self, py: Python<'_>, arg: u32) -> PyResult<RunTensor> {
         let info = done(py, self.orch().tensor(arg))?;
-        Ok(RunTensor {
-            cell: self.cell.clone(),
-            run: self.run,
-            arg,
-            name: info.name,
-            geometry: info.geometry,
-            dir: info.dir,
-        })
+        Ok(RunTensor::new(self.cell.id, self.run, arg, info))
     }
 }
+
+/// Tensors of a single submit held on the stack (more spill into a vector).
+const INLINE_TENSORS: usize = 4;
 
 /// Work items between checks for a pending Ctrl+C in long per-task loops (a batch of a billion
 /// tasks takes tens of seconds; each check is one call into the interpreter): as often as the
@@ -436,7 +572,7 @@ fn count_err(sig: &Signature, who: &dyn fmt::Display, got: usize) -> PyErr {
 }
 
 /// A run tensor argument of an element access, or an error naming what it got.
-#[inline]
+#[inline(always)]
 fn run_tensor_arg<'a>(t: &'a Bound<'_, PyAny>) -> PyResult<&'a RunTensor> {
     match t.cast::<RunTensor>() {
         Ok(r) => Ok(r.get()),
@@ -471,9 +607,10 @@ impl Orchestrator {
         idx: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = run_tensor_arg(t)?;
-        self.check(&t.cell, t.run, &t.name)?;
+        self.check(t.worker, t.run(), &t.name)?;
         self.stage_source(py, t.arg)?;
-        let (ix, n) = small_ints(idx, &TensorName(&t.name))?;
+        let mut ix = [0i64; MAX_DIMS];
+        let n = small_ints_into(idx, &TensorName(&t.name), &mut ix)?;
         let v = done(py, self.orch().read(t.arg, &t.geometry, &ix[..n]))?;
         convert::value_py(py, v)
     }
@@ -487,7 +624,7 @@ impl Orchestrator {
         value: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let t = run_tensor_arg(t)?;
-        self.check(&t.cell, t.run, &t.name)?;
+        self.check(t.worker, t.run(), &t.name)?;
         self.stage_source(py, t.arg)?;
         let what = TensorName(&t.name);
         let (ix, n) = small_ints(idx, &what)?;
@@ -502,7 +639,7 @@ impl Orchestrator {
         t: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let t = run_tensor_arg(t)?;
-        self.check(&t.cell, t.run, &t.name)?;
+        self.check(t.worker, t.run(), &t.name)?;
         self.stage_source(py, t.arg)?;
         let win = done(py, self.orch().read_tensor(t.arg, &t.geometry))?;
         window_array(py, win, true)
@@ -541,14 +678,27 @@ impl Orchestrator {
         let kernel = kernel_arg(kernel, "submit")?;
         let k = kernel.get();
         let n = k.sig.len();
-        let mut tensors: Vec<(u32, Geometry)> = Vec::with_capacity(n);
+        // The run tensors (which `args` holds) are borrowed, their views too: no copy, and no
+        // allocation for a kernel of up to INLINE_TENSORS tensors (more spill into a vector).
+        let mut held: [Option<Borrowed<'_, '_, RunTensor>>; INLINE_TENSORS] =
+            [None; INLINE_TENSORS];
+        let mut spill: Vec<Borrowed<'_, '_, RunTensor>> = Vec::new();
+        let mut count = 0;
         let mut scalars: Vec<Value> = Vec::new();
-        for (i, a) in args.iter().enumerate() {
+        for (i, a) in args.iter_borrowed().enumerate() {
             match a.cast::<RunTensor>() {
                 Ok(t) if i < n => {
-                    let t = t.get();
-                    self.check(&t.cell, t.run, &t.name)?;
-                    tensors.push((t.arg, t.geometry));
+                    let r = t.get();
+                    self.check(r.worker, r.run(), &r.name)?;
+                    if count < INLINE_TENSORS {
+                        held[count] = Some(t);
+                    } else {
+                        if spill.is_empty() {
+                            spill.extend(held.iter().flatten());
+                        }
+                        spill.push(t);
+                    }
+                    count += 1;
                 }
                 Ok(_) => {
                     return Err(value_err(format!(
@@ -569,16 +719,31 @@ impl Orchestrator {
                 )?),
             }
         }
-        if tensors.len() < n {
-            return Err(count_err(
-                &k.sig,
-                &format_args!("submit {}", k.name),
-                tensors.len(),
-            ));
+        if count < n {
+            return Err(count_err(&k.sig, &format_args!("submit {}", k.name), count));
         }
-        let launch = self.device_launch(py, k, tensors.iter().map(|(_, g)| g))?;
+        static NONE: Geometry = Geometry::PLACEHOLDER;
+        let mut inline = [(0u32, &NONE); INLINE_TENSORS];
+        for (slot, t) in inline.iter_mut().zip(held.iter().flatten()) {
+            let t = t.get();
+            *slot = (t.arg, &t.geometry);
+        }
+        let spilled: Vec<(u32, &Geometry)>;
+        let tensors = if count <= INLINE_TENSORS {
+            &inline[..count]
+        } else {
+            spilled = spill
+                .iter()
+                .map(|t| {
+                    let t = t.get();
+                    (t.arg, &t.geometry)
+                })
+                .collect();
+            &spilled[..]
+        };
+        let launch = self.device_launch(py, k, tensors.iter().map(|(_, g)| *g))?;
         let kref = self.kernel_ref(kernel, launch.as_ref());
-        done(py, self.orch().submit(kref, &tensors, &scalars))
+        done(py, self.orch().submit(kref, tensors, &scalars))
     }
 
     /// Queues many tasks of one ``kernel`` in one call; returns the first task's index.
@@ -616,11 +781,11 @@ impl Orchestrator {
         for (i, a) in items[..n].iter().enumerate() {
             if let Ok(t) = a.cast::<RunTensor>() {
                 let t = t.get();
-                self.check(&t.cell, t.run, &t.name)?;
+                self.check(t.worker, t.run(), &t.name)?;
                 kinds.push((false, t.arg, t.geometry));
             } else if let Ok(v) = a.cast::<RunViews>() {
                 let g = v.get();
-                self.check(&g.cell, g.run, &g.name)?;
+                self.check(g.worker, g.run, &g.name)?;
                 kinds.push((true, g.arg, g.layout));
                 views.push(v.clone());
             } else {

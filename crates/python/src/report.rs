@@ -2,6 +2,8 @@
 //! modeled times) and the callable's name. What counts as dispatch time is the runtime's rule
 //! (`Phases::dispatch`).
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList, PyString};
@@ -15,14 +17,14 @@ use simpler_runtime::RunReport;
 #[pyclass(module = "simpler._core", name = "RunReport", frozen)]
 pub struct PyRunReport {
     report: RunReport,
-    callable: String,
+    callable: Arc<str>,
 }
 
 impl PyRunReport {
-    pub fn new(report: RunReport, callable: &str) -> PyRunReport {
+    pub fn new(report: RunReport, callable: &Arc<str>) -> PyRunReport {
         PyRunReport {
             report,
-            callable: callable.to_owned(),
+            callable: callable.clone(),
         }
     }
 }
@@ -169,7 +171,7 @@ impl PyRunReport {
     /// model, ``modeled``, ``modeled_by`` and ``kernels``.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        d.set_item("callable", &self.callable)?;
+        d.set_item("callable", &*self.callable)?;
         d.set_item("ok", self.report.ok)?;
         d.set_item("phases", self.phases(py)?)?;
         d.set_item("counters", self.counters(py)?)?;

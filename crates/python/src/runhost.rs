@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use simpler_runtime::{
-    run as run_cycle, ArgValue, Orch, RunArgSpec, RunCall, RunError, RunHost, RunId, RunReport,
-    TaskCall,
+    run as run_cycle, ArgValue, Direction, Geometry, Orch, RunArgSpec, RunCall, RunError, RunHost,
+    RunId, RunReport, TaskCall,
 };
 
 use crate::built::BuiltArgs;
@@ -25,7 +25,7 @@ use crate::handles::{window_array, DeviceTensor};
 use crate::helpers;
 use crate::kernels::{Callable, Kernel};
 use crate::logging;
-use crate::orch::{KernelTable, Orchestrator, RunTensor, StagedBytes};
+use crate::orch::{KernelTable, Orchestrator, RunTensor, RunTensorCache, StagedBytes};
 use crate::shutdown;
 
 /// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
@@ -102,6 +102,10 @@ struct Host<'py, 'a> {
     scalars: Vec<Bound<'py, PyAny>>,
     staged: Vec<Staged<'py>>,
     kernels: Arc<Mutex<KernelTable>>,
+    /// The kernel table's token (read without its lock).
+    token: u64,
+    /// The worker's run tensors of its last run (`RunTensor::reuse`).
+    run_tensors: &'a RunTensorCache,
 }
 
 impl RunHost for Host<'_, '_> {
@@ -129,12 +133,14 @@ impl RunHost for Host<'_, '_> {
 
     fn orchestrate(&mut self, run: RunId) -> PyResult<()> {
         let py = self.py;
+        let token = self.token;
         let orch = Bound::new(
             py,
             Orchestrator {
                 cell: self.cell.clone(),
                 run,
                 kernels: self.kernels.clone(),
+                token,
                 staged: self
                     .staged
                     .iter()
@@ -146,30 +152,44 @@ impl RunHost for Host<'_, '_> {
             cell: &**self.cell,
             run,
         };
-        let infos = orch_handle
-            .tensors(self.tensors)
-            .map_err(|e| to_py(py, e))?;
-        let mut call_args: Vec<Bound<'_, PyAny>> =
-            Vec::with_capacity(1 + infos.len() + self.scalars.len());
-        call_args.push(orch.into_any());
-        for (i, info) in infos.into_iter().enumerate() {
-            let t = RunTensor {
-                cell: self.cell.clone(),
-                run,
-                arg: i as u32,
-                name: info.name,
-                geometry: info.geometry,
-                dir: info.dir,
-            };
-            call_args.push(Bound::new(py, t)?.into_any());
+        // The last run's objects, where they describe the same tensors and nothing else holds
+        // them (taken out of the cache while objects are made: making one may run Python code,
+        // the garbage collector's).
+        let mut cache =
+            std::mem::take(&mut *self.run_tensors.lock().unwrap_or_else(|e| e.into_inner()));
+        if cache.len() < self.tensors {
+            cache.resize_with(self.tensors, || None);
         }
+        let worker = self.cell.id;
+        let held = |arg: u32, name: &str, g: &Geometry, dir: Direction| {
+            cache[arg as usize]
+                .as_ref()
+                .is_some_and(|c| c.get().describes(worker, arg, name, g, dir))
+        };
+        let infos = orch_handle.tensors_except(self.tensors, &held);
+        let mut call_args: Vec<Bound<'_, PyAny>> =
+            Vec::with_capacity(1 + self.tensors + self.scalars.len());
+        call_args.push(orch.into_any());
+        let made = infos.map_err(|e| to_py(py, e)).and_then(|infos| {
+            infos
+                .into_iter()
+                .zip(cache.iter_mut())
+                .enumerate()
+                .try_for_each(|(i, (info, cached))| {
+                    let t = RunTensor::reuse(py, cached, run, i as u32, info, worker)?;
+                    call_args.push(t.into_any());
+                    Ok(())
+                })
+        });
+        *self.run_tensors.lock().unwrap_or_else(|e| e.into_inner()) = cache;
+        made?;
         call_args.extend(self.scalars.iter().cloned());
         let in_python = shutdown::enter_python(py);
         let ret = self.orchestration.call1(PyTuple::new(py, call_args)?);
         drop(in_python);
         logging::flush(py);
         let ret = ret?;
-        if !ret.is_none() && ret.hasattr("send")? && ret.hasattr("throw")? {
+        if might_be_a_coroutine(&ret)? {
             return Err(type_err(format!(
                 "callable {}: the orchestration returned a {} instead of running: is it a \
                  generator or async function? It must submit its tasks when called",
@@ -252,6 +272,27 @@ impl RunHost for Host<'_, '_> {
     }
 }
 
+/// Whether what an orchestration returned looks like a generator or a coroutine (it has `send`
+/// and `throw`): the function did not run, it made one. `None` and the plain values a function
+/// that submits may return (a task index, a number, a string, a tuple, a list, a dict) are told
+/// without asking for attributes (a failed lookup raises and clears an `AttributeError`, which
+/// costs a warm run a microsecond).
+fn might_be_a_coroutine(ret: &Bound<'_, PyAny>) -> PyResult<bool> {
+    use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
+    if ret.is_none()
+        || ret.is_exact_instance_of::<PyInt>()
+        || ret.is_exact_instance_of::<PyBool>()
+        || ret.is_exact_instance_of::<PyFloat>()
+        || ret.is_exact_instance_of::<PyString>()
+        || ret.is_exact_instance_of::<PyTuple>()
+        || ret.is_exact_instance_of::<PyList>()
+        || ret.is_exact_instance_of::<PyDict>()
+    {
+        return Ok(false);
+    }
+    Ok(ret.hasattr("send")? && ret.hasattr("throw")?)
+}
+
 /// Marks a task's device arrays invalid when dropped (the kernel returned, raised, or its
 /// arguments could not be built).
 struct Invalidate(Arc<AtomicBool>);
@@ -266,6 +307,7 @@ impl Drop for Invalidate {
 pub fn run<'py>(
     py: Python<'py>,
     cell: &Arc<Shared>,
+    run_tensors: &RunTensorCache,
     callable: &Bound<'py, Callable>,
     named: Vec<(Arc<str>, Bound<'py, PyAny>)>,
     started: Instant,
@@ -328,6 +370,8 @@ pub fn run<'py>(
         sig: &c.sig,
         args: &specs,
     };
+    let table = KernelTable::new();
+    let token = table.token();
     let mut host = Host {
         py,
         cell,
@@ -336,7 +380,9 @@ pub fn run<'py>(
         tensors,
         scalars,
         staged,
-        kernels: Arc::new(Mutex::new(KernelTable::default())),
+        kernels: Arc::new(Mutex::new(table)),
+        token,
+        run_tensors,
     };
     let report = run_cycle(&**cell, &call, &mut host, started).map_err(|e| match e {
         RunError::Runtime(e) => to_py(py, e),

@@ -17,6 +17,7 @@ use crate::errors::{done, type_err, type_name, value_err, Exc};
 use crate::handles::{self, Buffer, BufferArg};
 use crate::kernels::Callable;
 use crate::logging;
+use crate::orch::RunTensorCache;
 use crate::report::PyRunReport;
 use crate::runhost;
 use crate::shutdown;
@@ -26,6 +27,8 @@ use crate::shutdown;
 #[pyclass(module = "simpler._core", name = "Worker", subclass, frozen, weakref)]
 pub struct PyWorker {
     pub cell: Arc<Shared>,
+    /// The run tensors of the worker's last run, handed out again where unshared.
+    run_tensors: RunTensorCache,
 }
 
 /// The operations `inject_fault` takes, from the driver's one table.
@@ -194,6 +197,7 @@ impl PyWorker {
         let id = o.spec.device_id.unwrap_or(0);
         Ok(PyWorker {
             cell: Arc::new(Shared::new(worker, &o.spec.platform, id)),
+            run_tensors: RunTensorCache::default(),
         })
     }
 
@@ -492,7 +496,7 @@ impl PyWorker {
             ))
         })?;
         let named = runhost::named_values(args)?;
-        let report = runhost::run(py, &self.cell, callable, named, started);
+        let report = runhost::run(py, &self.cell, &self.run_tensors, callable, named, started);
         logging::flush(py);
         Ok(PyRunReport::new(report?, &callable.get().name))
     }

@@ -24,7 +24,7 @@ use crate::run::submit::batch_count;
 use crate::run::{
     BatchScalar, BatchSlot, HostWindow, RunId, RunReport, TaskCall, TensorInfo, BATCH_PART,
 };
-use crate::spec::{KernelRef, RunCall};
+use crate::spec::{Direction, KernelRef, RunCall};
 use crate::worker::Worker;
 
 /// Shared access to a worker.
@@ -111,8 +111,13 @@ pub fn run<C: WorkerCell, H: RunHost>(
     host: &mut H,
     started: Instant,
 ) -> std::result::Result<RunReport, RunError<H::Error>> {
+    // A bind that moves no bytes (no staged argument) runs at once; one that uploads is heavy.
     let run = host
-        .lend_staged(|hosts| cell.with(true, |w| w.begin_run(call, hosts, started)))
+        .lend_staged(|hosts| {
+            let begin = |w: &mut Worker| w.begin_run(call, hosts, started);
+            let quick = cell.with(false, |w| w.bind_is_light(hosts).then(|| begin(w)));
+            quick.unwrap_or_else(|| cell.with(true, begin))
+        })
         .map_err(RunError::Host)??;
     let mut guard = Guard {
         cell,
@@ -123,7 +128,10 @@ pub fn run<C: WorkerCell, H: RunHost>(
     if body.is_err() {
         cell.with(false, |w| w.fail_run(run));
     }
-    let cleanup = cell.with(true, |w| w.finish_run(run));
+    // Likewise a cleanup that frees nothing that takes time.
+    let finish = |w: &mut Worker| w.finish_run(run);
+    let quick = cell.with(false, |w| w.cleanup_is_light(run).then(|| finish(w)));
+    let cleanup = quick.unwrap_or_else(|| cell.with(true, finish));
     guard.armed = false;
     match (body, cleanup) {
         (Ok(()), r) => r.map_err(RunError::Runtime),
@@ -210,6 +218,20 @@ impl<C: WorkerCell> Orch<'_, C> {
         self.cell.with(false, |w| w.run_tensors(run, n))
     }
 
+    /// [`Orch::tensors`], except the arguments `held` says the host already holds a
+    /// description of (`held(arg, name, geometry, direction)`, asked with the worker locked: it
+    /// must not call into the host's interpreter): `None` for those, so nothing is copied for
+    /// them (a warm run handing its orchestration the objects of the last run).
+    pub fn tensors_except(
+        &self,
+        n: usize,
+        held: &(dyn Fn(u32, &str, &Geometry, Direction) -> bool + Sync),
+    ) -> Result<Vec<Option<TensorInfo>>> {
+        let run = self.run;
+        self.cell
+            .with(false, |w| w.run_tensors_except(run, n, held))
+    }
+
     /// Name, geometry and direction of argument `arg` (a scratch tensor is an argument too).
     #[inline]
     pub fn tensor(&self, arg: u32) -> Result<TensorInfo> {
@@ -254,11 +276,18 @@ impl<C: WorkerCell> Orch<'_, C> {
         }
     }
 
-    /// `get_tensor_data`.
+    /// `get_tensor_data`: at once when nothing stands in the way (one lock, no step that can
+    /// fail), else through [`Orch::access`], which reports what failed or establishes the view.
     #[inline]
     pub fn read(&self, arg: u32, view: &Geometry, index: &[i64]) -> Result<Value> {
         let run = self.run;
-        self.access(arg, |w| w.orch_read(run, arg, view, index))
+        let quick = self
+            .cell
+            .with(false, |w| w.orch_read_quick(run, arg, view, index));
+        match quick {
+            Some(r) => r,
+            None => self.access(arg, |w| w.orch_read(run, arg, view, index)),
+        }
     }
 
     /// `set_tensor_data`.
@@ -296,17 +325,18 @@ impl<C: WorkerCell> Orch<'_, C> {
         self.cell.with(true, |w| w.prepare_device(code, nvrtc_dirs))
     }
 
-    /// `submit`; returns the task's index.
+    /// `submit`; returns the task's index. Each tensor is `(argument, view)`, the view owned or
+    /// borrowed.
     #[inline]
-    pub fn submit(
+    pub fn submit<G: std::borrow::Borrow<Geometry> + Sync>(
         &self,
         kernel: KernelRef<'_>,
-        tensors: &[(u32, Geometry)],
+        tensors: &[(u32, G)],
         scalars: &[Value],
     ) -> Result<u64> {
         let run = self.run;
         self.cell
-            .with(false, |w| w.submit(run, kernel, tensors, scalars))
+            .with(false, |w| w.submit(run, &kernel, tensors, scalars))
     }
 
     /// `submit_many`; returns the first task's index.

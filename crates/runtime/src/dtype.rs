@@ -130,6 +130,32 @@ impl DType {
         }
     }
 
+    /// [`DType::decode`] of the first `self.size()` bytes of `w` (an element read into a word:
+    /// no bounds to check).
+    #[inline(always)]
+    pub fn decode_word(self, w: [u8; 8]) -> Value {
+        let a2 = [w[0], w[1]];
+        let a4 = [w[0], w[1], w[2], w[3]];
+        match self {
+            DType::F32 => Value::Float(f32::from_le_bytes(a4) as f64),
+            DType::F64 => Value::Float(f64::from_le_bytes(w)),
+            DType::F16 => Value::Float(f16::from_le_bytes(a2).to_f64()),
+            DType::BF16 => Value::Float(bf16::from_le_bytes(a2).to_f64()),
+            DType::I8 => Value::Int(w[0] as i8 as i64),
+            DType::I16 => Value::Int(i16::from_le_bytes(a2) as i64),
+            DType::I32 => Value::Int(i32::from_le_bytes(a4) as i64),
+            DType::I64 => Value::Int(i64::from_le_bytes(w)),
+            DType::U8 => Value::UInt(w[0] as u64),
+            DType::U16 => Value::UInt(u16::from_le_bytes(a2) as u64),
+            DType::U32 => Value::UInt(u32::from_le_bytes(a4) as u64),
+            DType::U64 => Value::UInt(u64::from_le_bytes(w)),
+            DType::Bool => Value::Bool(w[0] != 0),
+            DType::F8E4M3FN | DType::F8E5M2 | DType::F4E2M1FN => {
+                Value::Float(MiniFloat::of(self).decode(w[0]))
+            }
+        }
+    }
+
     /// Encodes `v` into `out` (`out.len() == self.size()`), refusing values the type cannot hold
     /// (an integer out of range, a float for an integer type, a non-finite value a minifloat
     /// cannot represent).

@@ -26,7 +26,7 @@
 //! can be dropped from any thread without the worker's lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use simpler_driver::{CloseHold, CloseReport, DevPtr};
@@ -46,6 +46,9 @@ struct Table {
 #[derive(Debug, Default)]
 pub(crate) struct Exports {
     table: Mutex<Table>,
+    /// The number of allocations in the table's `live`, kept beside it (updated under its
+    /// lock) so that the check every run makes, "no export at all", takes no lock.
+    allocations: AtomicUsize,
     /// An export was made or ended since the worker last ordered itself after consumers.
     changed: AtomicBool,
 }
@@ -69,6 +72,7 @@ impl Exports {
             *e = (buf.gen, 0);
         }
         e.1 += 1;
+        self.allocations.store(t.live.len(), Ordering::Release);
         self.changed.store(true, Ordering::Release);
         Ok(ExportGuard {
             table: self.clone(),
@@ -82,9 +86,10 @@ impl Exports {
         self.lock().live.get(&ptr.0).map_or(0, |e| e.1)
     }
 
-    /// Whether no allocation has a live export (the common case, checked on every run).
+    /// Whether no allocation has a live export (the common case, checked on every run; no
+    /// lock).
     pub fn is_empty(&self) -> bool {
-        self.lock().live.is_empty()
+        self.allocations.load(Ordering::Acquire) == 0
     }
 
     /// Every allocation with live exports, and its count.
@@ -103,8 +108,15 @@ impl Exports {
     /// memory (see the module docs); asking clears the "changed" mark, so a caller whose
     /// ordering fails puts it back with [`Exports::order_again`].
     pub fn take_order(&self) -> bool {
-        let changed = self.changed.swap(false, Ordering::AcqRel);
+        // Cleared only when set: the common "nothing changed" costs a load, not a swap.
+        let changed =
+            self.changed.load(Ordering::Acquire) && self.changed.swap(false, Ordering::AcqRel);
         changed || !self.is_empty()
+    }
+
+    /// Whether [`Exports::take_order`] would ask for the ordering now (it is not cleared).
+    pub fn order_pending(&self) -> bool {
+        self.changed.load(Ordering::Acquire) || !self.is_empty()
     }
 
     /// Asks for the ordering again (the last one failed).
@@ -174,6 +186,9 @@ impl Drop for ExportGuard {
             e.1 = e.1.saturating_sub(1);
             if e.1 == 0 {
                 t.live.remove(&self.ptr);
+                self.table
+                    .allocations
+                    .store(t.live.len(), Ordering::Release);
             }
         }
         // The consumer's last writes may still be queued: order after them once more.
@@ -204,10 +219,13 @@ mod tests {
             e.contains("free: allocation 0x1000 has 2 live export(s)"),
             "{e}"
         );
+        assert!(!t.is_empty());
         drop(a);
         assert_eq!(t.count(DevPtr(0x1000)), 1);
+        assert!(!t.is_empty());
         drop(b);
         assert_eq!(t.count(DevPtr(0x1000)), 0);
+        assert!(t.is_empty(), "the count kept beside the table follows it");
         assert!(t.refuse(DevPtr(0x1000), "free").is_ok());
         assert!(t.all().is_empty());
     }
@@ -216,12 +234,16 @@ mod tests {
     fn ordering_is_asked_while_exports_live_and_once_after_the_last_ends() {
         let t = Arc::new(Exports::default());
         assert!(!t.take_order(), "nothing was ever exported");
+        assert!(!t.order_pending());
         let a = t.add(buf(0x1000, 1)).unwrap();
+        assert!(t.order_pending());
         assert!(t.take_order());
         assert!(t.take_order(), "asked on every use while an export is live");
         drop(a);
+        assert!(t.order_pending(), "asking does not clear it");
         assert!(t.take_order(), "once more after the last export ended");
         assert!(!t.take_order());
+        assert!(!t.order_pending());
         t.order_again();
         assert!(t.take_order());
     }

@@ -384,56 +384,72 @@ impl Geometry {
 
     /// Byte offset from the base of the element at `index` (one entry per dimension). `name`
     /// names the tensor in errors (formatted only on failure: this is the orchestrator's hot path).
+    #[inline]
     pub fn byte_offset_of(&self, name: &dyn Display, index: &[i64]) -> Result<u64> {
-        if index.len() != self.ndim() {
-            return Err(Error::Value(format!(
+        let nd = self.ndim();
+        if index.len() != nd {
+            return Err(self.index_error(name, index, None));
+        }
+        let mut elem = self.offset;
+        for d in 0..nd {
+            let i = index[d];
+            if i < 0 || i as u64 >= self.shape[d] {
+                return Err(self.index_error(name, index, Some(d)));
+            }
+            // In range and inside the validated extent, so this cannot overflow; still checked.
+            elem = match (i as u64)
+                .checked_mul(self.strides[d])
+                .and_then(|x| elem.checked_add(x))
+            {
+                Some(e) => e,
+                None => return Err(ovf(&format_args!("tensor {name}"), "the element offset")),
+            };
+        }
+        elem.checked_mul(self.dtype.size())
+            .ok_or_else(|| ovf(&format_args!("tensor {name}"), "the byte offset"))
+    }
+
+    /// The error for `index` of the wrong rank (`dim` `None`) or out of bounds in `dim`.
+    #[cold]
+    #[inline(never)]
+    fn index_error(&self, name: &dyn Display, index: &[i64], dim: Option<usize>) -> Error {
+        match dim {
+            None => Error::Value(format!(
                 "tensor {name}: index {index:?} has {} entries, tensor has rank {} (shape {:?})",
                 index.len(),
                 self.ndim(),
                 self.shape()
-            )));
+            )),
+            Some(d) => Error::Value(format!(
+                "tensor {name}: index {index:?} out of bounds for shape {:?} (dimension {d})",
+                self.shape()
+            )),
         }
-        let mut elem = self.offset;
-        for (d, ((&i, &n), &s)) in index
-            .iter()
-            .zip(self.shape())
-            .zip(self.strides())
-            .enumerate()
-        {
-            if i < 0 || i as u64 >= n {
-                return Err(Error::Value(format!(
-                    "tensor {name}: index {index:?} out of bounds for shape {:?} (dimension {d})",
-                    self.shape()
-                )));
-            }
-            // In range and inside the validated extent, so this cannot overflow; still checked.
-            elem = (i as u64)
-                .checked_mul(s)
-                .and_then(|x| elem.checked_add(x))
-                .ok_or_else(|| ovf(&format_args!("tensor {name}"), "the element offset"))?;
-        }
-        elem.checked_mul(self.dtype.size())
-            .ok_or_else(|| ovf(&format_args!("tensor {name}"), "the byte offset"))
     }
 
     /// The single element at `index`, as a rank-0 geometry at that element's offset (what an
     /// element access touches).
     pub fn element(&self, name: &dyn Display, index: &[i64]) -> Result<Geometry> {
         let byte = self.byte_offset_of(name, index)?;
-        let es = self.dtype.size();
-        Ok(Geometry {
-            dtype: self.dtype,
+        Ok(Geometry::element_at(self.dtype, byte / self.dtype.size()))
+    }
+
+    /// A single element of `dtype` at element offset `offset` (rank 0).
+    pub(crate) fn element_at(dtype: DType, offset: u64) -> Geometry {
+        Geometry {
+            dtype,
             ndim: 0,
             shape: [0; MAX_DIMS],
             strides: [0; MAX_DIMS],
-            offset: byte / es,
+            offset,
             numel: 1,
-            extent: es,
-        })
+            extent: dtype.size(),
+        }
     }
 
     /// The element offset of a sub-view `shape` at `offsets`, after checking that it lies inside
     /// this tensor in every dimension (the one rule behind `view` and batched views).
+    #[inline(always)]
     pub fn view_offset(&self, what: &dyn Display, shape: &[i64], offsets: &[i64]) -> Result<u64> {
         if shape.len() != self.ndim() || offsets.len() != self.ndim() {
             return Err(Error::Value(format!(
@@ -460,20 +476,51 @@ impl Geometry {
     }
 
     /// A sub-view: `shape` elements starting at `offsets` in every dimension, same strides.
+    ///
+    /// The orchestrator's hot path (`t.view(shape, offsets)` per task): a view with elements lies
+    /// inside this tensor in every dimension (`view_offset` checked that), so its element count,
+    /// extent and end are at most this tensor's, which `Geometry::new` validated; they are
+    /// computed directly. A view without elements takes `Geometry::new` (its offset may lie at
+    /// the very end of a dimension).
+    #[inline(always)]
     pub fn view(&self, what: &dyn Display, shape: &[i64], offsets: &[i64]) -> Result<Geometry> {
         let elem = self.view_offset(what, shape, offsets)?;
-        let mut new_shape = [0u64; MAX_DIMS];
-        for (d, &n) in shape.iter().enumerate() {
-            new_shape[d] = n as u64;
+        let nd = self.ndim();
+        let mut g = Geometry {
+            dtype: self.dtype,
+            ndim: self.ndim,
+            shape: [0; MAX_DIMS],
+            strides: self.strides,
+            offset: elem,
+            numel: 1,
+            extent: 0,
+        };
+        for (d, &n) in shape.iter().enumerate().take(nd) {
+            g.shape[d] = n as u64; // `view_offset` checked 0 <= n <= shape[d]
         }
-        Geometry::new(
-            what,
-            self.dtype,
-            &new_shape[..self.ndim()],
-            Some(self.strides()),
-            elem,
-        )
+        if g.shape[..nd].contains(&0) {
+            return Geometry::new(what, self.dtype, &g.shape[..nd], Some(self.strides()), elem);
+        }
+        let mut last = 0u64;
+        for d in 0..nd {
+            g.numel *= g.shape[d];
+            last += (g.shape[d] - 1) * self.strides[d];
+        }
+        g.extent = (last + 1) * self.dtype.size();
+        Ok(g)
     }
+
+    /// A placeholder (no elements, rank 0) for a slot of a fixed-size array of geometries that
+    /// holds none yet; never a tensor's layout.
+    pub const PLACEHOLDER: Geometry = Geometry {
+        dtype: DType::U8,
+        ndim: 0,
+        shape: [0; MAX_DIMS],
+        strides: [0; MAX_DIMS],
+        offset: 0,
+        numel: 0,
+        extent: 0,
+    };
 
     /// Visits the byte offset (relative to `start_byte`) of every element, in row-major order.
     pub fn for_each_element(&self, mut f: impl FnMut(u64)) {
@@ -575,6 +622,33 @@ mod tests {
         assert!(g.view(&"kv", &[1, 4], &[0, 0]).is_err());
         assert!(g.view(&"kv", &[-1, 4, 16], &[0, 0, 0]).is_err());
         assert!(g.view(&"kv", &[1, 4, 16], &[i64::MAX, 0, 0]).is_err());
+    }
+
+    proptest! {
+        /// The direct sub-view is the geometry `Geometry::new` makes of the same shape, strides
+        /// and offset, and refuses what `view_offset` refuses.
+        #[test]
+        fn views_match_new(
+            dims in proptest::collection::vec((1u64..6, 1u64..9, 0u64..6, 0u64..6), 0..5),
+            offset in 0u64..100,
+            di in 0usize..DType::ALL.len(),
+        ) {
+            let dt = DType::ALL[di];
+            let shape: Vec<u64> = dims.iter().map(|d| d.0).collect();
+            let strides: Vec<u64> = dims.iter().map(|d| d.1).collect();
+            let g = Geometry::new(&"t", dt, &shape, Some(&strides), offset).unwrap();
+            let sub: Vec<i64> = dims.iter().map(|d| d.2 as i64).collect();
+            let at: Vec<i64> = dims.iter().map(|d| d.3 as i64).collect();
+            match g.view(&"t", &sub, &at) {
+                Ok(v) => {
+                    let elem = g.view_offset(&"t", &sub, &at).unwrap();
+                    let sub: Vec<u64> = sub.iter().map(|&n| n as u64).collect();
+                    let want = Geometry::new(&"t", dt, &sub, Some(&strides), elem).unwrap();
+                    prop_assert_eq!(v, want);
+                }
+                Err(_) => prop_assert!(g.view_offset(&"t", &sub, &at).is_err()),
+            }
+        }
     }
 
     #[test]

@@ -171,8 +171,8 @@ pub struct KernelRef<'a> {
     /// memory.
     pub device_arrays: bool,
     /// The work one task does, for a cost model (`None`: bytes derived from the views, no
-    /// operations).
-    pub work: Option<DeclaredWork>,
+    /// operations). Borrowed, so a `KernelRef` stays small to pass along.
+    pub work: Option<&'a DeclaredWork>,
 }
 
 /// A handle to a device allocation: the worker that made it, its base address and its
@@ -220,7 +220,7 @@ impl RunCall<'_> {
     /// Checks the arguments against the signature before any device work: tensors first, as
     /// many as the signature lists, each of the dtype its entry names. Returns the tensor count.
     pub fn validate(&self) -> Result<usize> {
-        let who = format!("run {}", self.callable);
+        let who = format_args!("run {}", self.callable);
         let mut tensors = 0;
         let mut seen_scalar: Option<&str> = None;
         for a in self.args {

@@ -506,6 +506,20 @@ impl Worker {
         }
     }
 
+    /// Whether binding a run over `hosts` (the staged arguments' bytes) moves no bytes and waits
+    /// for nothing: no staged argument (so no upload, no poison fill, no arena to grow) and no
+    /// other library's work to order after. Such a bind is a few vector pushes; a host need not
+    /// release its interpreter lock for it.
+    pub(crate) fn bind_is_light(&self, hosts: &[&[u8]]) -> bool {
+        hosts.is_empty() && !self.mem.exports.order_pending()
+    }
+
+    /// Whether cleaning up `run` frees nothing that takes time: no fresh staging buffer to give
+    /// back and no per-run host copy to drop (see `RunState::cleanup_is_light`).
+    pub(crate) fn cleanup_is_light(&self, run: RunId) -> bool {
+        matches!(&self.run, Some(r) if r.id == run && r.cleanup_is_light())
+    }
+
     /// Name, geometry (relative to its allocation) and direction of argument `arg` of the run.
     pub(crate) fn run_tensor(&mut self, run: RunId, arg: u32) -> Result<TensorInfo> {
         let (r, _) = self.active(run)?;
@@ -517,9 +531,34 @@ impl Worker {
         })
     }
 
+    /// [`Worker::run_tensors`], `None` for the arguments `held` says the host already holds
+    /// (see `Orch::tensors_except`).
+    pub(crate) fn run_tensors_except(
+        &mut self,
+        run: RunId,
+        n: usize,
+        held: &(dyn Fn(u32, &str, &Geometry, Direction) -> bool + Sync),
+    ) -> Result<Vec<Option<TensorInfo>>> {
+        let (r, _) = self.active(run)?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n as u32 {
+            let a = r.arg(i)?;
+            out.push((!held(i, &a.name, &a.geometry, a.dir)).then(|| TensorInfo {
+                name: a.name.clone(),
+                geometry: a.geometry,
+                dir: a.dir,
+            }));
+        }
+        Ok(out)
+    }
+
     /// Name, geometry and direction of the first `n` arguments of the run (its tensors).
     pub(crate) fn run_tensors(&mut self, run: RunId, n: usize) -> Result<Vec<TensorInfo>> {
-        (0..n as u32).map(|i| self.run_tensor(run, i)).collect()
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n as u32 {
+            out.push(self.run_tensor(run, i)?);
+        }
+        Ok(out)
     }
 
     /// Whether an orchestrator access to argument `arg` of `run` needs no bulk work (see
@@ -546,6 +585,23 @@ impl Worker {
         self.enter(Phase::Orchestrate);
         let (r, _) = self.active(run)?;
         r.supply_staged(arg, host)
+    }
+
+    /// `get_tensor_data` on the hot path (see `RunState::read_quick`); `None` when the run is
+    /// not in progress or the read needs [`Worker::orch_read`].
+    #[inline]
+    pub(crate) fn orch_read_quick(
+        &mut self,
+        run: RunId,
+        arg: u32,
+        view: &Geometry,
+        index: &[i64],
+    ) -> Option<Result<Value>> {
+        self.enter(Phase::Orchestrate);
+        match &mut self.run {
+            Some(r) if r.id == run => r.read_quick(&mut self.mem, arg, view, index),
+            _ => None,
+        }
     }
 
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
@@ -605,16 +661,23 @@ impl Worker {
     }
 
     /// `submit`: one task; returns its index.
-    pub(crate) fn submit(
+    pub(crate) fn submit<G: std::borrow::Borrow<Geometry>>(
         &mut self,
         run: RunId,
-        kernel: KernelRef<'_>,
-        tensors: &[(u32, Geometry)],
+        kernel: &KernelRef<'_>,
+        tensors: &[(u32, G)],
         scalars: &[Value],
     ) -> Result<u64> {
-        let kernel = self.on_device(kernel);
-        self.check_priceable(&kernel, "submit")?;
-        self.fit_launch(&kernel, "submit")?;
+        // A kernel without device code (the common case) is taken as it is, not copied.
+        let on_device;
+        let kernel = if kernel.device.is_some() {
+            on_device = self.on_device(*kernel);
+            &on_device
+        } else {
+            kernel
+        };
+        self.check_priceable(kernel, "submit")?;
+        self.fit_launch(kernel, "submit")?;
         let (r, _) = self.active(run)?;
         r.submit(kernel, tensors, scalars)
     }
@@ -706,7 +769,7 @@ impl Worker {
         self.check_priceable(&kernel, "submit_many")?;
         self.fit_launch(&kernel, "submit_many")?;
         let (r, _) = self.active(run)?;
-        r.submit_batch(kernel, slots, scalars, count, new_call)
+        r.submit_batch(&kernel, slots, scalars, count, new_call)
     }
 
     /// Ends orchestration; returns the number of tasks to run.

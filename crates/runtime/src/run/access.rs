@@ -430,6 +430,59 @@ impl RunState {
         }
     }
 
+    /// `get_tensor_data` on the hot path: the element at `index` of `view` (a view of argument
+    /// `arg`) when everything is in place — the run orchestrating, the argument resolved for
+    /// the view cache's epoch, the index inside the view, the element inside the argument, no
+    /// task submitted earlier writing it. `None` otherwise: [`RunState::read`] then does the
+    /// same checks in the same order, and reports what failed (or establishes the view).
+    /// Nothing is counted unless the read is made here.
+    #[inline]
+    pub(crate) fn read_quick(
+        &mut self,
+        mem: &mut Memory,
+        arg: u32,
+        view: &Geometry,
+        index: &[i64],
+    ) -> Option<Result<Value>> {
+        if self.stage != Stage::Orchestrate {
+            return None;
+        }
+        let epoch = mem.views.epoch();
+        let a = self.args.get(arg as usize)?;
+        let r = a.resolved.as_ref().filter(|r| r.epoch == epoch)?;
+        let (base, _) = a.alloc?;
+        let byte = view.byte_offset_of(&a.name, index).ok()?;
+        let dtype = view.dtype();
+        let es = dtype.size();
+        let addr = base.0.checked_add(byte)?;
+        let (s, l) = a.span()?;
+        if !span_contains(s, l, addr, es) {
+            return None;
+        }
+        let args = &self.args;
+        let place = |i: u32| {
+            let a = &args[i as usize];
+            a.alloc.map(|(p, _)| (a.region, p.0))
+        };
+        let element = Geometry::element_at(dtype, byte / es);
+        if self
+            .hazards
+            .conflict(a.region, &element, false, &self.tasks, &place)
+            .is_some()
+        {
+            return None;
+        }
+        let buf = r.mem.read_element(r.host_offset(addr), es as usize).ok()?;
+        let mapped = r.mapped();
+        self.report.counters.orch_reads += 1;
+        if mapped {
+            if let Err(e) = self.mapped_reads(mem, arg, 1) {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(dtype.decode_word(buf)))
+    }
+
     /// `get_tensor_data`: the element at `index` of `view` (a view of argument `arg`).
     pub(crate) fn read(
         &mut self,
@@ -442,9 +495,9 @@ impl RunState {
         let addr = self.locate(mem, arg, &element, false)?;
         let r = self.resolved(arg);
         let es = view.dtype().size() as usize;
-        let mut buf = [0u8; 8];
-        r.mem
-            .read(r.host_offset(addr), &mut buf[..es])
+        let buf = r
+            .mem
+            .read_element(r.host_offset(addr), es)
             .map_err(|e| Error::host_view(&self.args[arg as usize].name, addr, es as u64, e))?;
         let mapped = r.mapped();
         self.report.counters.orch_reads += 1;

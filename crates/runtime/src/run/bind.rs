@@ -24,7 +24,8 @@ impl RunState {
     ) -> Result<()> {
         // Everything is validated before the first driver call.
         let mut staged = 0;
-        let mut device_bytes = Vec::new(); // the allocation size of each device argument, in order
+        // The allocation size of each device argument, in order.
+        let mut device_bytes = Vec::with_capacity(call.args.len());
         for a in call.args {
             match &a.value {
                 ArgValue::Device { buffer, geometry } => {

@@ -93,11 +93,12 @@ impl RunState {
             tasks: std::mem::take(&mut self.tasks),
             hazards: std::mem::take(&mut self.hazards),
             plan: std::mem::take(&mut self.plan),
+            args: std::mem::take(&mut self.args),
         };
         records.tasks.clear();
         records.hazards.clear();
         records.plan.clear();
-        drop(std::mem::take(&mut self.args));
+        records.args.clear();
         self.report.phases.cleanup = self.lap();
         let after = mem.dev.stats();
         let c = &mut self.report.counters;

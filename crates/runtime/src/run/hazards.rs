@@ -64,6 +64,9 @@ struct Region {
 #[derive(Debug, Default)]
 pub(crate) struct HazardIndex {
     regions: Vec<Region>,
+    /// The regions of device allocations, by base address (a compact table: a bind of many
+    /// device arguments looks each one up).
+    devices: Vec<(u64, u32)>,
     /// Task store slots indexed so far.
     indexed: u32,
 }
@@ -92,6 +95,17 @@ impl HazardIndex {
         (self.regions.len() - 1) as u32
     }
 
+    /// The region of the device allocation at `base`: the one made for an earlier device
+    /// argument over it (device arguments over one allocation share it), or a new one.
+    pub fn device_region(&mut self, base: DevPtr) -> u32 {
+        if let Some(&(_, r)) = self.devices.iter().find(|(b, _)| *b == base.0) {
+            return r;
+        }
+        let r = self.add_region(base);
+        self.devices.push((base.0, r));
+        r
+    }
+
     /// Forgets what was indexed (the regions stay): the next access indexes the task store
     /// again from its first slot (after tasks were taken back).
     pub fn reindex(&mut self) {
@@ -108,6 +122,7 @@ impl HazardIndex {
     /// Forgets everything, keeping the region table's memory for the next run.
     pub fn clear(&mut self) {
         self.regions.clear();
+        self.devices.clear();
         self.indexed = 0;
     }
 

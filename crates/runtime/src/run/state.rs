@@ -73,6 +73,7 @@ pub(crate) struct SpanCopy {
 
 impl RunArg {
     /// Absolute device span `(start, len)` of the tensor.
+    #[inline]
     pub fn span(&self) -> Option<(u64, u64)> {
         self.alloc
             .map(|(p, _)| (p.0 + self.geometry.start_byte(), self.geometry.extent()))
@@ -205,6 +206,8 @@ pub struct Records {
     pub(crate) tasks: TaskStore,
     pub(crate) hazards: HazardIndex,
     pub(crate) plan: crate::run::launch::LaunchPlan,
+    /// The argument table's memory (empty).
+    pub(crate) args: Vec<RunArg>,
 }
 
 /// See the module docs.
@@ -250,7 +253,7 @@ impl RunState {
     ) -> RunState {
         RunState {
             id,
-            args: Vec::new(),
+            args: records.args,
             tasks: records.tasks,
             hazards: records.hazards,
             plan: records.plan,
@@ -277,6 +280,12 @@ impl RunState {
         let ns = now.duration_since(self.mark).as_nanos() as u64;
         self.mark = now;
         ns
+    }
+
+    /// Whether cleanup frees nothing that takes time: no fresh staging allocation and no per-run
+    /// host copy of a span (a copy may be large; giving it back unmaps its pages).
+    pub(crate) fn cleanup_is_light(&self) -> bool {
+        self.fresh.is_empty() && self.args.iter().all(|a| a.span_copy.mem.is_none())
     }
 
     /// Whether a device argument of this run lives in the allocation at `ptr`.
@@ -307,10 +316,6 @@ impl RunState {
     /// The hazard region of a device argument over the allocation at `base`: shared with the
     /// earlier device arguments over the same allocation.
     pub(crate) fn device_region(&mut self, base: DevPtr) -> u32 {
-        self.args
-            .iter()
-            .find(|a| matches!(a.kind, ArgKind::Device) && a.alloc.is_some_and(|(p, _)| p == base))
-            .map(|a| a.region)
-            .unwrap_or_else(|| self.hazards.add_region(base))
+        self.hazards.device_region(base)
     }
 }

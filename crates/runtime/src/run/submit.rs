@@ -6,6 +6,7 @@
 //! the run argument it views. Everything is checked before anything is recorded, so a refused
 //! submit leaves the run as it was.
 
+use std::borrow::Borrow;
 use std::fmt::Display;
 
 use crate::dtype::{DType, Value};
@@ -227,42 +228,45 @@ impl RunState {
 
     /// `submit`: one task of `kernel` over views of this run's arguments (`(arg, view)` in the
     /// kernel's signature order) with `scalars`. Returns the task's index.
-    pub(crate) fn submit(
+    pub(crate) fn submit<G: Borrow<Geometry>>(
         &mut self,
-        kernel: KernelRef<'_>,
-        tensors: &[(u32, Geometry)],
+        kernel: &KernelRef<'_>,
+        tensors: &[(u32, G)],
         scalars: &[Value],
     ) -> Result<u64> {
-        self.check_submit(&kernel, tensors.len())?;
+        self.check_submit(kernel, tensors.len())?;
         let who = format_args!("submit {}", kernel.name);
         let shape = self.tasks.shape(&who, 1, tensors.len(), scalars.len())?;
         if let Some(d) = &kernel.device {
             let cols: Vec<BatchScalar<'_>> = scalars.iter().map(|v| BatchScalar::One(*v)).collect();
-            d.check(&who, &cols, tensors.iter().map(|(_, g)| g))?;
+            d.check(&who, &cols, tensors.iter().map(|(_, g)| g.borrow()))?;
         }
         for (i, (arg, g)) in tensors.iter().enumerate() {
-            let a = self.check_slot(&kernel, i, *arg, g.dtype())?;
+            let g = g.borrow();
+            let a = self.check_slot(kernel, i, *arg, g.dtype())?;
             check_contained(&who, a, g)?;
         }
-        let writes = |i: usize| kernel.sig.params()[i].dir.writes();
-        for (i, j) in written_pairs(tensors.len(), writes) {
-            let (ai, aj) = (
-                &self.args[tensors[i].0 as usize],
-                &self.args[tensors[j].0 as usize],
-            );
-            check_outputs_disjoint(
-                &who,
-                self.tasks.len(),
-                (i, ai, &tensors[i].1, writes(i)),
-                (j, aj, &tensors[j].1, writes(j)),
-            )?;
+        if tensors.len() > 1 {
+            let writes = |i: usize| kernel.sig.params()[i].dir.writes();
+            for (i, j) in written_pairs(tensors.len(), writes) {
+                let (ai, aj) = (
+                    &self.args[tensors[i].0 as usize],
+                    &self.args[tensors[j].0 as usize],
+                );
+                check_outputs_disjoint(
+                    &who,
+                    self.tasks.len(),
+                    (i, ai, tensors[i].1.borrow(), writes(i)),
+                    (j, aj, tensors[j].1.borrow(), writes(j)),
+                )?;
+            }
         }
         let task = self.tasks.len();
         for (i, (arg, g)) in tensors.iter().enumerate() {
             self.tasks.push_slot(Slot {
                 arg: *arg,
                 dir: kernel.sig.params()[i].dir,
-                geometry: *g,
+                geometry: *g.borrow(),
                 starts: None,
                 first_task: task,
                 count: 1,
@@ -282,13 +286,13 @@ impl RunState {
     /// another submit.
     pub(crate) fn submit_batch(
         &mut self,
-        kernel: KernelRef<'_>,
+        kernel: &KernelRef<'_>,
         slots: &[BatchSlot<'_>],
         scalars: &[BatchScalar<'_>],
         count: Option<u64>,
         new_call: bool,
     ) -> Result<u64> {
-        self.check_submit(&kernel, slots.len())?;
+        self.check_submit(kernel, slots.len())?;
         let who = format_args!("submit_many {}", kernel.name);
         let count = batch_count(&who, slots, scalars, count)?;
         let shape = self.tasks.shape(&who, count, slots.len(), scalars.len())?;
@@ -302,7 +306,7 @@ impl RunState {
         for (i, s) in slots.iter().enumerate() {
             match s {
                 BatchSlot::One { arg, geometry } => {
-                    let a = self.check_slot(&kernel, i, *arg, geometry.dtype())?;
+                    let a = self.check_slot(kernel, i, *arg, geometry.dtype())?;
                     check_contained(&who, a, geometry)?;
                 }
                 BatchSlot::Views {
@@ -310,7 +314,7 @@ impl RunState {
                     geometry,
                     starts,
                 } => {
-                    let a = self.check_slot(&kernel, i, *arg, geometry.dtype())?;
+                    let a = self.check_slot(kernel, i, *arg, geometry.dtype())?;
                     check_views(&who, a, geometry, starts)?;
                 }
             }

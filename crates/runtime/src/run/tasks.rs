@@ -48,8 +48,9 @@ struct Batch {
     device: Option<u32>,
     /// The kernel's host function takes device arrays.
     device_arrays: bool,
-    /// The work one task declares (for a cost model).
-    work: Option<DeclaredWork>,
+    /// Index into the store's declared works: the work one task declares (for a cost model).
+    /// Kept beside the batches, so a batch (one per single submit) stays small to copy.
+    work: Option<u32>,
 }
 
 /// How a batch of device code launches: the program (a worker's loaded-program key), the
@@ -111,6 +112,7 @@ pub(crate) struct TaskStore {
     scalars: Vec<Value>,
     devices: Vec<DeviceBatch>,
     consts: Vec<i64>,
+    works: Vec<DeclaredWork>,
     tasks: u64,
     /// Kernel names by the host's id (for messages); kept across runs, so a warm run adds none.
     names: Vec<(u32, Box<str>)>,
@@ -171,6 +173,7 @@ impl TaskStore {
         self.scalars.clear();
         self.devices.clear();
         self.consts.clear();
+        self.works.clear();
         self.tasks = 0;
     }
 
@@ -195,7 +198,7 @@ impl TaskStore {
                 (d, &self.consts[d.consts.clone()])
             }),
             kernel: b.kernel,
-            work: b.work,
+            work: b.work.map(|w| self.works[w as usize]),
         }
     }
 
@@ -228,6 +231,8 @@ impl TaskStore {
                 self.consts.truncate(d.consts.start);
             }
             self.devices.truncate(devices);
+            let works = self.batches.iter().filter_map(|b| b.work).max();
+            self.works.truncate(works.map_or(0, |w| w as usize + 1));
         }
         self.tasks = self.tasks.min(first);
     }
@@ -325,7 +330,7 @@ impl TaskStore {
     /// index.
     pub fn push_batch(
         &mut self,
-        kernel: KernelRef<'_>,
+        kernel: &KernelRef<'_>,
         shape: BatchShape,
         scalars: impl IntoIterator<Item = Value>,
     ) -> u64 {
@@ -361,7 +366,14 @@ impl TaskStore {
             per_task: shape.per_task,
             device,
             device_arrays: kernel.device_arrays,
-            work: kernel.work,
+            work: kernel.work.map(|w| {
+                // A kernel submitted again reuses its last entry.
+                if self.works.last() != Some(w) {
+                    self.works.push(*w);
+                }
+                // At most one entry per batch, and `shape` checked the batch index fits.
+                u32::try_from(self.works.len() - 1).unwrap_or(u32::MAX)
+            }),
         });
         let before = self.scalars.len();
         self.scalars.extend(scalars);
