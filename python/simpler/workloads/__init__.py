@@ -9,4 +9,5 @@ from __future__ import annotations
 #: Bench name -> module of scene tests.
 WORKLOADS: dict[str, str] = {
     "paged_attention": "simpler.workloads.paged_attention",
+    "paged_attention_unroll": "simpler.workloads.paged_attention_unroll",
 }
