@@ -491,9 +491,11 @@ def test_arch_specific_code_compiles_for_sm_90a(cuda, fake_vendor):
 def _shipped_sources() -> list[tuple[str, str]]:
     from simpler.tools import benchmarks, device_check
     from simpler.workloads import paged_attention_cuda as pac
+    from simpler.workloads import paged_attention_unroll_cuda as puc
 
     return [
         ("paged_attention", pac.SOURCE),
+        ("paged_attention_unroll", puc.SOURCE),
         ("launches_benchmark", benchmarks.LAUNCH_SOURCE),
         ("device_check_nothing", device_check.NOTHING_SOURCE),
     ]

@@ -22,6 +22,7 @@ import pytest
 import simpler as sp
 from simpler.testing import fake_cuda
 from simpler.workloads import paged_attention as pa
+from simpler.workloads import paged_attention_unroll as pu
 
 F32 = np.dtype(np.float32)
 
@@ -401,12 +402,36 @@ def test_paged_attention_runs_every_task_on_the_device(cuda, arm):
     assert cuda.stats()["module_loads"] == 1
 
 
+@pytest.mark.parametrize("arm", pu.ARMS)
+@pytest.mark.parametrize("case", ["CaseVarSeq4", "CaseTwoGroups", "CaseEmpty"])
+def test_unrolled_paged_attention_runs_every_task_on_the_device(cuda, arm, case):
+    """Every task of the unrolled graph is a device launch (no host path), golden holds over
+    rounds, and a batch of groups is one launch (the updates of one sequence: one per level)."""
+    params = dict(pu._BASES)[case]
+    x = pu.make_inputs(params)
+    names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
+    golden = pu.golden_paged_attention(*(x[n] for n in names), x["scale"])
+    with sp.ResidentTaskArgs(cuda) as res:
+        args = [res.add(n, x[n]) if n in pu.RESIDENT[arm] else x[n] for n in names]
+        for _ in range(2):
+            out = np.zeros_like(x["out"])
+            r = cuda.run(pu.CALLABLE, [*args, out, x["scale"]])
+            np.testing.assert_allclose(out, golden, rtol=1e-3, atol=1e-3)
+            c = r.counters
+            assert c["host_path_tasks"] == 0 and c["device_tasks"] == c["tasks"] > 0
+            assert c["tasks"] == pu.tasks_per_round(
+                x["context_lens"], params["block_size"], params["num_heads"]
+            )
+            assert c["device_launches"] <= c["submits"] + 1  # two groups of one sequence: 2 levels
+        del args
+
+
 def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):
-    """The CUDA C++ the package ships (paged attention's six entries, the launches benchmark's
-    kernel) compiles with the real NVRTC, found through the runtime's own search (the wheel's
-    folder on ``sys.path``; the fake NVRTC is not used here). The fake libcuda then refuses the
-    real cubin, which is how this test knows it got that far: a compile error would be a
-    ``CompileError``."""
+    """The CUDA C++ the package ships (paged attention's six entries, the unrolled one's five, the
+    launches benchmark's kernel) compiles with the real NVRTC, found through the runtime's own
+    search (the wheel's folder on ``sys.path``; the fake NVRTC is not used here). The fake libcuda
+    then refuses the real cubin, which is how this test knows it got that far: a compile error
+    would be a ``CompileError``."""
     from simpler import _cuda
 
     if not _cuda.nvrtc_dirs():
@@ -416,9 +441,12 @@ def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):
         "import numpy as np, simpler as sp\n"
         "from simpler.tools import benchmarks\n"
         "from simpler.workloads import paged_attention as pa, paged_attention_cuda as pac\n"
+        "from simpler.workloads import paged_attention_unroll as pu, paged_attention_unroll_cuda as puc\n"
         "bench = benchmarks.LAUNCH_SOURCE, benchmarks.LAUNCH_ENTRY\n"
-        "shipped = [(pac.SOURCE, e) for e in pac.KERNELS] + [bench]\n"
-        "used = {k.cuda.source for k in (pa.QK, pa.ZERO, benchmarks.LAUNCH_KERNEL)}\n"
+        "shipped = [(pac.SOURCE, e) for e in pac.KERNELS] + [(puc.SOURCE, e) for e in puc.KERNELS]\n"
+        "shipped += [bench]\n"
+        "unrolled = pu.kernels_for(16, 128, 128, 64)['qk']\n"
+        "used = {k.cuda.source for k in (pa.QK, pa.ZERO, unrolled, benchmarks.LAUNCH_KERNEL)}\n"
         "assert used == {s for s, _ in shipped}\n"
         "with sp.Worker('cuda') as w:\n"
         "    for src, entry in shipped:\n"
@@ -436,8 +464,9 @@ def test_the_shipped_cuda_sources_compile_with_the_real_nvrtc(fake_vendor):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split("\n")
     loads = [line for line in lines if line.endswith("cuModuleLoadData CUDA_ERROR_INVALID_IMAGE")]
-    assert len(loads) == 7, out.stdout  # every kernel compiled, then its real cubin was refused
-    assert lines[-2] == "2", out.stdout  # two sources: paged attention's (once) and the benchmark's
+    assert len(loads) == 12, out.stdout  # every kernel compiled, then its real cubin was refused
+    # three sources: paged attention's and the unrolled one's (once each) and the benchmark's
+    assert lines[-2] == "3", out.stdout
 
 
 def test_reading_an_export_while_another_thread_waits_for_the_device_does_not_hang(cuda, fake_vendor):

@@ -73,6 +73,7 @@ import numpy as np
 import simpler as sp
 
 from . import paged_attention as _pa
+from . import paged_attention_unroll_cuda as _pu_cuda
 
 #: The three residency arms of every case (the per-block workload's).
 ARMS = _pa.ARMS
@@ -175,8 +176,13 @@ _BODIES = {
     "update": (_update, [sp.IN, sp.IN, sp.IN, sp.INOUT, sp.INOUT, sp.INOUT, (sp.INOUT, "float32")]),
 }
 
-#: Entry name -> its :class:`simpler.CudaCode`, filled by the CUDA module when it is present.
-_CUDA: dict[str, sp.CudaCode] = {}
+# Each kernel also carries its CUDA device code (paged_attention_unroll_cuda.py): on the cuda
+# platform the runtime launches that natively; the numpy functions above are the reference and
+# run on sim. ``zero`` is the per-block workload's.
+_CUDA: dict[str, sp.CudaCode] = {
+    name: _pu_cuda.cuda_code(f"pu_{name}") for name in ("qk", "softmax", "pv", "pv_m16", "update")
+}
+_CUDA["zero"] = _pa._CUDA["zero"]
 
 
 def kernel_work(q_tile: int, head_dim: int, block_size: int, n_blocks: int) -> dict[str, sp.KernelWork]:
@@ -222,8 +228,11 @@ def kernels_for(q_tile: int, head_dim: int, block_size: int, n_blocks: int) -> d
     """The four kernels (``qk``, ``softmax``, ``pv``, ``update``) for groups of ``n_blocks``
     blocks of this shape, declaring the work of :func:`kernel_work`; made once per shape."""
     work = kernel_work(q_tile, head_dim, block_size, n_blocks)
+    cuda = dict(_CUDA)
+    if q_tile <= 16:  # one row tile of heads: the lighter PV entry
+        cuda["pv"] = _CUDA["pv_m16"]
     return {
-        name: sp.Kernel(fn, sig, name=name, cuda=_CUDA.get(name), work=work[name])
+        name: sp.Kernel(fn, sig, name=name, cuda=cuda[name], work=work[name])
         for name, (fn, sig) in _BODIES.items()
     }
 
@@ -231,7 +240,7 @@ def kernels_for(q_tile: int, head_dim: int, block_size: int, n_blocks: int) -> d
 @functools.cache
 def zero_kernel() -> sp.Kernel:
     """``zero``: the output rows of a sequence with an empty context (the per-block workload's)."""
-    return sp.Kernel(_pa._zero, [(sp.OUT, "float32")], name="zero", cuda=_CUDA.get("zero"))
+    return sp.Kernel(_pa._zero, [(sp.OUT, "float32")], name="zero", cuda=_CUDA["zero"])
 
 
 # -- orchestration ---------------------------------------------------------------------------------
