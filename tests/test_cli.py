@@ -558,3 +558,49 @@ def test_report_on_group_records_with_bad_numbers_or_ids_is_a_usage_error(
     err = capsys.readouterr().err
     assert err.startswith(f"simpler: error: {path}:2: not a bench record (") and message in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_without_a_workload_runs_the_unrolled_graphs_bench_cases_priced(monkeypatch):
+    """``simpler bench`` alone runs the unrolled paged attention's ``BENCH_CASES`` (Case1 and Case2;
+    here one small case stands in for them) under its ``BENCH_MODELS``, and its tables set the
+    seed's chip.run ratios beside the modeled round's, with why they differ."""
+    from simpler.workloads import DEFAULT_WORKLOAD
+    from simpler.workloads import paged_attention_unroll as pu
+
+    assert DEFAULT_WORKLOAD == "paged_attention_unroll" and pu.BENCH_CASES == ("Case1", "Case2")
+    monkeypatch.setattr(pu, "BENCH_CASES", ("CaseSmall1",))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["bench", "--rounds", "2"]) == 0
+    text = stdout.getvalue()
+    assert (
+        "== paged_attention_unroll :: PagedAttentionUnroll::CaseSmall1 (sim, 2 round(s), golden checked)"
+        in text
+    )
+    assert "CaseVarSeq4" not in text  # the bench cases only
+    assert "its ratios: Residency_bulk / Residency_staged = 0.589-0.691" in text
+    assert "Residency_all / Residency_bulk = 0.814-1.000" in text
+    for model in pu.BENCH_MODELS:
+        assert f"modeled round ratios ({model}; round = dispatch + execute)" in text
+    assert text.count("    why: our staged arm uploads") == 2
+
+
+def test_published_arms_without_a_model_say_how_to_get_the_modeled_ratios():
+    recs = [
+        {
+            "workload": "w",
+            "test": "T",
+            "case": "C",
+            "arm": arm,
+            "round": i + 1,
+            "callable": "paged_attention_unroll",
+            "phases": {p: 1000 for p in ("bind", "orchestrate", "execute", "copy_back", "cleanup")},
+            "counters": {},
+        }
+        for arm in ARMS
+        for i in range(2)
+    ]
+    lines = report.published_lines(report._group(recs)[("w", "T", "C")])
+    assert len(lines) == 3 and "--model ascend-a3" in lines[-1]
+    recs = [dict(r, callable="other") for r in recs]
+    assert report.published_lines(report._group(recs)[("w", "T", "C")]) == []

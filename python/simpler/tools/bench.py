@@ -21,6 +21,9 @@ split is skipped, with the reason.
 
 **Selection** follows :mod:`simpler.testing.runner` (the rules every front end shares); a selector also
 matches a case by its name without the arm, and naming a manual case (``--case B256_8K``) runs it.
+Without ``--case``, a workload module's ``BENCH_CASES`` (when it has them) are selected: the
+unrolled paged attention's ``Case1`` and ``Case2``; on sim without ``--model``, its
+``BENCH_MODELS`` price every round (the unrolled paged attention's: ``ascend-a3`` and ``h200``).
 
 **Records.** One dict per round: :meth:`RunReport.to_dict` (``callable``, ``ok``, ``phases``,
 ``counters``) plus ``workload``, ``test``, ``case``, ``case_name``, ``arm``, ``round`` (1-based),
@@ -41,6 +44,7 @@ group round, the same in the round's ``N`` records).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import importlib.util
@@ -183,6 +187,16 @@ def _scene_rounds(module: Any, opts: BenchOptions, log: Any, progress: Any) -> I
     classes = runner.scene_classes(module)
     if not classes:
         raise BenchError(f"{opts.workload} defines no scene test")
+    if opts.cases is None and getattr(module, "BENCH_CASES", None):
+        opts = dataclasses.replace(opts, cases=list(module.BENCH_CASES))
+    if (
+        opts.platform == "sim"
+        and "model" not in opts.worker_options
+        and getattr(module, "BENCH_MODELS", None)
+    ):
+        opts = dataclasses.replace(
+            opts, worker_options={**opts.worker_options, "model": ",".join(module.BENCH_MODELS)}
+        )
     planned = runner.plan_cases(classes, opts.runner_options(), aliases=lambda c: (split_arm(c)[0],))
     if not planned:
         raise BenchError(runner.unknown_case_message(classes, opts.cases or []))

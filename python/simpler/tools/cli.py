@@ -2,6 +2,7 @@
 
 ::
 
+    simpler bench                                  # the unrolled paged attention, Case1 and Case2
     simpler bench paged_attention --rounds 5 --case B64_8K --json pa.jsonl --plot pa.png
     simpler bench path/to/test_x.py --rounds 5 --case Residency_
     simpler report pa.jsonl [--plot pa.png]
@@ -31,7 +32,7 @@ from typing import IO, Any, NoReturn
 from .. import __version__
 from ..errors import PlatformUnavailableError
 from ..testing import runner
-from ..workloads import WORKLOADS
+from ..workloads import DEFAULT_WORKLOAD, WORKLOADS
 from .bench import BYTES_KEYS, PHASES, BenchError, BenchOptions, bench_records, split_arm
 from .report import ReportError, format_compare, format_tables, plot_records, read_jsonl
 
@@ -70,7 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run the arms of a workload for N rounds and print round tables")
     b.add_argument(
         "workload",
-        help=f"a scene-test file, file.py:function, or a shipped workload: {', '.join(sorted(WORKLOADS))}",
+        nargs="?",
+        default=DEFAULT_WORKLOAD,
+        help=f"a scene-test file, file.py:function, or a shipped workload: {', '.join(sorted(WORKLOADS))} "
+        f"(default: {DEFAULT_WORKLOAD}, whose Case1 and Case2 run when no --case is given)",
     )
     runner.add_runner_arguments(b.add_argument, rounds=5)
     b.add_argument("--json", metavar="OUT.jsonl", help="write every round's report as JSON lines")

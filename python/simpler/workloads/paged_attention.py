@@ -428,13 +428,13 @@ def golden_paged_attention(query, key_cache, value_cache, block_table, context_l
         q = query[b].astype(np.float32)  # [H, D]
         k = key_cache[blocks, :, 0, :].astype(np.float32)  # [n, bs, D]
         v = value_cache[blocks, :, 0, :].astype(np.float32)
-        s = np.einsum("hd,ntd->nht", q, k) * np.float32(scale)  # [n, H, bs]
+        s = np.matmul(q[None], k.transpose(0, 2, 1)) * np.float32(scale)  # [n, H, bs]
         valid = (np.arange(nblk * bs).reshape(nblk, 1, bs)) < ctx
         s = np.where(valid, s, -np.inf)
         m_blk = s.max(axis=2)  # [n, H]
         p = np.exp(s - m_blk[:, :, None]).astype(query.dtype).astype(np.float32)  # P rounded
         s_blk = p.sum(axis=2)
-        o_blk = np.einsum("nht,ntd->nhd", p, v)
+        o_blk = np.matmul(p, v)  # [n, H, D]
         m, tot, acc = m_blk[0], s_blk[0], o_blk[0]
         for j in range(1, nblk):
             m_new = np.maximum(m, m_blk[j])

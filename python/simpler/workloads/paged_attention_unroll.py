@@ -467,6 +467,18 @@ _BASES = [
 
 #: The cases ``simpler bench`` runs when none is named.
 BENCH_CASES = ("Case1", "Case2")
+#: The cost models ``simpler bench`` prices every round with on sim when ``--model`` is not given.
+BENCH_MODELS = ("ascend-a3", "h200")
+
+#: The seed's warm ``chip.run`` of upstream's unrolled paged attention on an A2/A3 card, per
+#: residency arm (ms, low and high over its runs): host staging of every argument, bulk residency
+#: (query and KV caches resident), and the control tensors resident too, read through host views.
+#: ``simpler bench`` prints their ratios beside the measured and modeled ones.
+SEED_CHIP_RUN_MS = {
+    "Residency_staged": (1.006, 1.013),
+    "Residency_bulk": (0.597, 0.695),
+    "Residency_all": (0.566, 0.597),
+}
 
 
 def _cases() -> list[dict]:
