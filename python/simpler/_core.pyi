@@ -293,7 +293,8 @@ _Precision = Literal["bf16", "fp16", "fp8", "int8", "fp32"]
 @final
 class KernelWork:
     """The work one task of a kernel does, for the sim cost models: bytes read and written
-    (``None``: derived from the task's views) and operations by precision."""
+    (``None``: derived from the task's views), operations by precision, and the share of each
+    model's device rates the kernel reaches (``efficiency``)."""
 
     def __new__(
         cls,
@@ -301,6 +302,7 @@ class KernelWork:
         bytes_read: int | None = None,
         bytes_written: int | None = None,
         flops: Mapping[_Precision, int] | None = None,
+        efficiency: float | Mapping[str, float] | None = None,
     ) -> Self: ...
     @property
     def bytes_read(self) -> int | None: ...
@@ -308,6 +310,8 @@ class KernelWork:
     def bytes_written(self) -> int | None: ...
     @property
     def flops(self) -> dict[_Precision, int]: ...
+    @property
+    def efficiency(self) -> dict[str, float]: ...
 
 @final
 class Launch:

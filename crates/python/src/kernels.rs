@@ -64,6 +64,9 @@ fn function_parts(
 /// ``fp8`` and ``int8`` run on the matrix units, ``fp32`` on the vector units; ``ascend-a3``
 /// has no fp8 units, and a worker with that model refuses to submit a kernel declaring fp8
 /// operations). A kernel without declared operations is priced by its bytes alone.
+/// ``efficiency`` (a fraction in (0, 1], or a dict of model name -> fraction) is the share of
+/// the device's memory bandwidth and throughput the kernel's structure reaches; a model the
+/// kernel does not name prices it at the model's own default (``docs/cost-model.md``).
 #[pyclass(module = "simpler._core", name = "KernelWork", frozen)]
 pub struct KernelWork {
     pub work: DeclaredWork,
@@ -72,11 +75,12 @@ pub struct KernelWork {
 #[pymethods]
 impl KernelWork {
     #[new]
-    #[pyo3(signature = (*, bytes_read=None, bytes_written=None, flops=None))]
+    #[pyo3(signature = (*, bytes_read=None, bytes_written=None, flops=None, efficiency=None))]
     fn new(
         bytes_read: Option<&Bound<'_, PyAny>>,
         bytes_written: Option<&Bound<'_, PyAny>>,
         flops: Option<&Bound<'_, PyAny>>,
+        efficiency: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let read: Option<u64> =
             convert::typed(bytes_read, "KernelWork", "bytes_read", "a byte count")?;
@@ -105,9 +109,48 @@ impl KernelWork {
                     .collect::<PyResult<Vec<_>>>()
             })
             .transpose()?;
-        let work =
-            DeclaredWork::new("(KernelWork)", read, written, &flops.unwrap_or_default()).py()?;
+        let efficiency: Vec<(String, f64)> = match efficiency.filter(|e| !e.is_none()) {
+            None => Vec::new(),
+            Some(e) => {
+                if let Ok(d) = e.cast::<PyDict>() {
+                    d.iter()
+                        .map(|(k, v)| match (k.extract::<String>(), v.extract::<f64>()) {
+                            (Ok(k), Ok(v)) => Ok((k, v)),
+                            _ => Err(type_err(format!(
+                                "KernelWork: efficiency maps model names to fractions, not {k} -> {v}"
+                            ))),
+                        })
+                        .collect::<PyResult<Vec<_>>>()?
+                } else if let Ok(v) = e.extract::<f64>() {
+                    simpler_driver::model::MODELS
+                        .iter()
+                        .map(|m| (m.to_string(), v))
+                        .collect()
+                } else {
+                    return Err(type_err(format!(
+                        "KernelWork: efficiency must be a fraction or a dict of model -> fraction, not {}",
+                        crate::errors::type_name(e)
+                    )));
+                }
+            }
+        };
+        let work = DeclaredWork::new("(KernelWork)", read, written, &flops.unwrap_or_default())
+            .and_then(|w| w.with_efficiency("(KernelWork)", &efficiency))
+            .py()?;
         Ok(KernelWork { work })
+    }
+
+    /// The fraction of each model's device rates the kernel declares it reaches, by model (only
+    /// the declared ones; a model not named prices the kernel at its own default).
+    #[getter]
+    fn efficiency<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for m in simpler_driver::model::MODELS {
+            if let Some(e) = self.work.efficiency(m) {
+                d.set_item(m, e)?;
+            }
+        }
+        Ok(d)
     }
 
     /// Bytes one task reads, or ``None`` (derived from its views).
@@ -139,8 +182,17 @@ impl KernelWork {
             .entries()
             .map(|(p, n)| format!("{}={n}", p.name()))
             .collect();
+        let eff: Vec<String> = simpler_driver::model::MODELS
+            .iter()
+            .filter_map(|m| self.work.efficiency(m).map(|e| format!("{m}={e}")))
+            .collect();
+        let eff = if eff.is_empty() {
+            String::new()
+        } else {
+            format!(", efficiency={{{}}}", eff.join(", "))
+        };
         format!(
-            "KernelWork(bytes_read={:?}, bytes_written={:?}, flops={{{}}})",
+            "KernelWork(bytes_read={:?}, bytes_written={:?}, flops={{{}}}{eff})",
             self.work.bytes_read,
             self.work.bytes_written,
             flops.join(", ")

@@ -460,6 +460,14 @@ impl Orchestrator {
             dims: l.dims,
             consts: &l.consts,
         });
+        let threads = launch.map(|l| {
+            let d = l.dims;
+            d.grid
+                .iter()
+                .chain(&d.block)
+                .map(|&x| u64::from(x))
+                .product()
+        });
         KernelRef {
             id,
             name: &k.name,
@@ -467,6 +475,7 @@ impl Orchestrator {
             device,
             device_arrays: k.device_arrays.is_some(),
             work: k.work.as_ref(),
+            threads,
         }
     }
 

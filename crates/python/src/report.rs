@@ -135,7 +135,8 @@ impl PyRunReport {
     /// ``batches``, ``tasks``, ``launches`` (one per dependence level of a batch, as CUDA
     /// launches it), ``per_task`` and ``work`` (``bytes_read``, ``bytes_written``, ``flops``
     /// by precision) and ``modeled`` (by model: ``overhead_ns``, ``memory_ns``,
-    /// ``compute_ns`` and ``ns``; see ``docs/cost-model.md``).
+    /// ``compute_ns``, ``ns`` and ``rate``, the fraction of the device's rates the kernel ran
+    /// at: its efficiency times its launches' fill; see ``docs/cost-model.md``).
     #[getter]
     fn kernels<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let rows = self
@@ -158,6 +159,7 @@ impl PyRunReport {
                     c.set_item("memory_ns", m.memory_ns.round() as u64)?;
                     c.set_item("compute_ns", m.compute_ns.round() as u64)?;
                     c.set_item("ns", m.ns)?;
+                    c.set_item("rate", (m.rate() * 1e4).round() / 1e4)?;
                     by.set_item(m.model, c)?;
                 }
                 d.set_item("modeled", by)?;

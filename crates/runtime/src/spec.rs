@@ -120,6 +120,9 @@ pub struct DeclaredWork {
     pub bytes_read: Option<u64>,
     pub bytes_written: Option<u64>,
     pub flops: simpler_driver::model::Flops,
+    /// The fraction of each model's device rates the kernel reaches, in parts per million, one
+    /// entry per [`simpler_driver::model::MODELS`] name (0: not declared, the model's default).
+    pub efficiency_ppm: [u32; simpler_driver::model::MODELS.len()],
 }
 
 impl DeclaredWork {
@@ -157,6 +160,46 @@ impl DeclaredWork {
         }
         Ok(out)
     }
+
+    /// This work with the efficiency `kernel` declares per model (`(model name, fraction)`,
+    /// the fraction in (0, 1]); an unknown or repeated model, or a fraction outside (0, 1], is
+    /// an error naming the kernel.
+    pub fn with_efficiency(
+        mut self,
+        kernel: &str,
+        per_model: &[(String, f64)],
+    ) -> Result<DeclaredWork> {
+        use simpler_driver::model::MODELS;
+        for (name, e) in per_model {
+            let i = MODELS.iter().position(|m| m == name).ok_or_else(|| {
+                Error::Value(format!(
+                    "kernel {kernel}: work efficiency names a model of {}, not '{name}'",
+                    MODELS.join(", ")
+                ))
+            })?;
+            if !(e.is_finite() && *e > 0.0 && *e <= 1.0) {
+                return Err(Error::Value(format!(
+                    "kernel {kernel}: work efficiency for {name} must be in (0, 1], not {e}"
+                )));
+            }
+            if self.efficiency_ppm[i] != 0 {
+                return Err(Error::Value(format!(
+                    "kernel {kernel}: work efficiency names {name} twice"
+                )));
+            }
+            self.efficiency_ppm[i] = ((e * 1e6).round() as u32).max(1);
+        }
+        Ok(self)
+    }
+
+    /// The efficiency declared for `model`, if any.
+    pub fn efficiency(&self, model: &str) -> Option<f64> {
+        let i = simpler_driver::model::MODELS
+            .iter()
+            .position(|m| *m == model)?;
+        let ppm = self.efficiency_ppm[i];
+        (ppm > 0).then(|| f64::from(ppm) / 1e6)
+    }
 }
 
 /// A kernel as the run cycle records it: the host's id for it, its name and its signature,
@@ -173,6 +216,9 @@ pub struct KernelRef<'a> {
     /// The work one task does, for a cost model (`None`: bytes derived from the views, no
     /// operations). Borrowed, so a `KernelRef` stays small to pass along.
     pub work: Option<&'a DeclaredWork>,
+    /// The threads one task's launch runs (its grid times its block), wherever the kernel's
+    /// launch function ran (sim included, where `device` is dropped): a cost model's fill.
+    pub threads: Option<u64>,
 }
 
 /// A handle to a device allocation: the worker that made it, its base address and its

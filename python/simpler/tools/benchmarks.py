@@ -1,7 +1,7 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
 ``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [launches]
-[lifecycle] [group] [--quick] [--platform P]``
+[graphs] [lifecycle] [group] [--quick] [--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
   malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
@@ -29,6 +29,14 @@
   (``device_launches``, ``device_tasks``, ``host_path_tasks``). On sim the kernel's numpy
   reference runs; on cuda its CUDA code (through the fake libcuda's host implementation when
   that is the driver). Every element is checked afterwards.
+* ``graphs`` — paged attention's two graphs on the same inputs (upstream's Case1: 256 sequences of
+  8,192 tokens; ``--quick``: Case2, 64 sequences), every tensor but ``out`` resident, their rounds
+  interleaved, on ``--platform``: per warm round the host's cost of each graph — orchestrate (the
+  Python orchestration and its submits), the host's part of execute (launch planning, the rows'
+  upload and the launch calls: execute less the wait for the device, ``execute_wait_ns``) and
+  the argument path — with tasks, submits and launches per round, and the ratios. The unrolled
+  graph makes 1,024 tasks a round at Case1, the per-block one 65,792; outputs are checked against
+  the golden after the rounds.
 * ``lifecycle`` — ten workers opened and closed in a row on ``--platform`` (ascend or cuda):
   one shared vendor session against a session given back after every worker, with the fake
   vendor libraries' modeled lifecycle cost (``simpler.tools.bench_lifecycle``).
@@ -659,6 +667,88 @@ def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None
     return figures
 
 
+def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) -> dict[str, Any]:
+    """The per-block and the unrolled paged attention on the same inputs (see the module doc);
+    prints the table and returns per graph the warm medians (ns) and the last round's counters."""
+    from ..workloads import paged_attention as pa
+    from ..workloads import paged_attention_unroll as pu
+
+    rounds = rounds or (3 if quick else 5)
+    fake = fake_cuda.install_if_fake() if platform == "cuda" else False
+    where = f"{platform} (fake libcuda)" if fake else platform
+    case = "Case2" if quick else "Case1"
+    x = pu.make_inputs(dict(pu._MANUAL)[case])
+    names = ("query", "key_cache", "value_cache", "block_table", "context_lens")
+    graphs = {"per-block": pa.CALLABLE, "unrolled": pu.CALLABLE}
+    rows: dict[str, list[dict[str, float]]] = {g: [] for g in graphs}
+    counters: dict[str, dict[str, int]] = {}
+    outs = {g: np.zeros_like(x["out"]) for g in graphs}
+    with Worker(platform) as w:
+        bufs = {}
+        try:
+            for n in names:
+                bufs[n] = w.malloc(x[n].nbytes)
+                w.copy_to(bufs[n], x[n])
+            args = [bufs[n].tensor(x[n].shape, x[n].dtype) for n in names]
+            for r in range(rounds):
+                order = list(graphs) if r % 2 == 0 else list(graphs)[::-1]
+                for g in order:
+                    rep = w.run(graphs[g], [*args, outs[g], x["scale"]])
+                    p, c = rep.phases, rep.counters
+                    host_exec = p["execute"] - c["execute_wait_ns"]
+                    rows[g].append(
+                        {
+                            "orchestrate": p["orchestrate"],
+                            "execute_host": host_exec,
+                            "args": p["bind"] + p["copy_back"] + p["cleanup"],
+                            "host": p["orchestrate"] + host_exec + p["bind"] + p["copy_back"] + p["cleanup"],
+                            "execute": p["execute"],
+                        }
+                    )
+                    counters[g] = {
+                        k: int(c[k]) for k in ("tasks", "submits", "device_launches", "host_path_tasks")
+                    }
+            del args
+        finally:
+            for b in bufs.values():
+                b.free()
+    golden = pa.golden_paged_attention(*(x[n] for n in names), x["scale"])
+    ok = {g: bool(np.allclose(o, golden, rtol=1e-3, atol=1e-3)) for g, o in outs.items()}
+    print(
+        f"\n== paged attention's graphs on {where}, upstream's {case} inputs, resident "
+        f"(median of {rounds - 1} warm round(s), interleaved; host = orchestrate + execute's host part "
+        "+ bind/copy_back/cleanup) =="
+    )
+    print(
+        f"{'graph':<10} {'orchestrate':>12} {'exec host':>12} {'args':>12} {'host':>12} {'execute':>12}"
+        f"   {'tasks':>6} {'submits':>7} {'launches':>8} golden"
+    )
+    figures: dict[str, Any] = {
+        "platform": platform,
+        "fake": fake,
+        "case": case,
+        "rounds": rounds,
+        "graphs": {},
+    }
+    med: dict[str, dict[str, float]] = {}
+    for g in graphs:
+        warm = rows[g][1:] or rows[g]
+        med[g] = {k: median(v[k] for v in warm) for k in warm[0]}
+        c = counters[g]
+        print(
+            f"{g:<10} {_fmt_ns(med[g]['orchestrate']):>12} {_fmt_ns(med[g]['execute_host']):>12} "
+            f"{_fmt_ns(med[g]['args']):>12} {_fmt_ns(med[g]['host']):>12} {_fmt_ns(med[g]['execute']):>12}   "
+            f"{c['tasks']:>6} {c['submits']:>7} {c['device_launches']:>8} {'yes' if ok[g] else 'NO'}"
+        )
+        figures["graphs"][g] = {**med[g], **c, "golden": ok[g]}
+    ratio = med["unrolled"]["host"] / med["per-block"]["host"] if med["per-block"]["host"] else float("inf")
+    print(f"host cost per warm round: unrolled / per-block = {ratio:.3f}")
+    figures["host_ratio"] = ratio
+    if not all(ok.values()):
+        raise AssertionError(f"graphs: golden failed for {[g for g, v in ok.items() if not v]}")
+    return figures
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m simpler.tools.benchmarks",
@@ -670,13 +760,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--platform",
         default="sim",
-        help="platform of the mirrors, launches and lifecycle benchmarks (default sim)",
+        help="platform of the mirrors, launches, graphs and lifecycle benchmarks (default sim)",
     )
     return p
 
 
 #: The benchmarks, by name.
-BENCHES = ("staging", "views", "bind", "mirrors", "orchestration", "launches", "lifecycle", "group")
+BENCHES = (
+    "staging",
+    "views",
+    "bind",
+    "mirrors",
+    "orchestration",
+    "launches",
+    "graphs",
+    "lifecycle",
+    "group",
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -693,6 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         "mirrors": lambda quick: bench_mirrors(quick, a.platform),
         "orchestration": bench_orchestration,
         "launches": lambda quick: bench_launches(quick, a.platform),
+        "graphs": lambda quick: bench_graphs(quick, a.platform),
         "lifecycle": lambda quick: bench_lifecycle(quick, a.platform),
         "group": bench_group,
     }

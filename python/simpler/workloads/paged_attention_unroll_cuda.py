@@ -24,8 +24,8 @@ entry              row fields             consts                 per-task grid /
 ``pu_softmax``     scores, probs, m, l,   QT, BS, n              (QT, 1, 1) / (256, 1, 1): a CTA per
                    scale, valid_last                             head row; the row (up to 8,192
                                                                  scores) held in registers
-``pu_pv``          probs, value_cache,    QT, D, BS, n, NB       (ceil(D / 32), 1, 1) / (256, 1, 1):
-                   ids, oi                                       a CTA per 32 columns of D, its 8
+``pu_pv``          probs, value_cache,    QT, D, BS, n, NB       (ceil(D / 16), 1, 1) / (512, 1, 1):
+                   ids, oi                                       a CTA per 16 columns of D, its 16
                                                                  warps splitting the blocks; V staged
                                                                  with 16-byte loads, bf16 ``mma.sync``,
                                                                  partials summed in shared memory
@@ -60,11 +60,12 @@ from ..testing.fake_cuda import Launch, Region
 MAX_HEAD_DIM = 256
 #: The most query heads of one task (upstream's ``q_tile`` limit).
 MAX_Q_TILE = 128
-#: Threads of a ``pu_qk`` CTA (4 warps) and of ``pu_softmax`` / ``pu_pv`` CTAs (8 warps).
+#: Threads of a ``pu_qk`` CTA (4 warps) and of a ``pu_softmax`` CTA (8 warps).
 QK_THREADS = 128
 ROW_THREADS = 256
-#: Columns of D one ``pu_pv`` CTA computes (four 8-wide ``mma`` tiles).
-PV_COLS = 32
+#: Columns of D one ``pu_pv`` CTA computes (two 8-wide ``mma`` tiles), and its threads (16 warps).
+PV_COLS = 16
+PV_THREADS = 512
 #: Scores of one softmax row held in registers (256 threads x 32); longer rows are read twice.
 SOFTMAX_REGS = ROW_THREADS * 32
 #: Most threads of a ``pu_update`` CTA.
@@ -79,13 +80,15 @@ _DEFINES = f"""
 #define PU_QK_THREADS {QK_THREADS}
 #define PU_ROW_THREADS {ROW_THREADS}
 #define PU_PV_COLS {PV_COLS}
+#define PU_PV_THREADS {PV_THREADS}
 #define PU_UPDATE_THREADS {UPDATE_THREADS}
 """
 
 _BODY = r"""
 #define PU_FULL 0xffffffffu
 #define PU_ROW_ITEMS 8 /* float4 per thread held by pu_softmax: 32 scores */
-#define PU_PV_WARPS (PU_ROW_THREADS / 32)
+#define PU_PV_WARPS (PU_PV_THREADS / 32)
+#define PU_PV_NT (PU_PV_COLS / 8) /* 8-wide mma column tiles per pu_pv CTA */
 #define PU_PV_STEP 32 /* tokens a pu_pv warp stages at once */
 #define PU_PV_LD (PU_PV_COLS + 8) /* bf16 per staged V row (padded) */
 
@@ -343,21 +346,22 @@ struct pu_pv_row {
     long long qt, dim, bs, n, nb; /* consts */
 };
 
-/* grid (ceil(D / PU_PV_COLS), 1, tasks), block (PU_ROW_THREADS): CTA x computes columns
-   [x * 32, x * 32 + 32) of oi. Warp w takes blocks w, w + 8, ...; per PU_PV_STEP tokens it stages
-   its V rows' 32 columns in shared memory (16-byte loads), reads P fragments from global memory,
-   and accumulates 16 x 8 tiles with mma (RT row tiles at once; more rows take more passes).
-   The warps' partials are summed in shared memory, then written. */
+/* grid (ceil(D / PU_PV_COLS), 1, tasks), block (PU_PV_THREADS): CTA x computes columns
+   [x * 16, x * 16 + 16) of oi. Warp w takes blocks w, w + 16, ...; per PU_PV_STEP tokens it stages
+   its V rows' 16 columns in shared memory (16-byte loads), reads P fragments from global memory,
+   and accumulates 16 x 8 tiles with mma (RT row tiles at once; more rows take more passes over
+   V). The warps' partials are summed in shared memory, then written. 16 warps per 16 columns:
+   a task of D = 128 is 4,096 threads, so a few dozen tasks fill the device. */
 template <int RT>
 static __device__ void pu_pv_body(const pu_pv_row& r) {
     const int QT = (int)r.qt, D = (int)r.dim, BS = (int)r.bs;
-    if (blockDim.x != PU_ROW_THREADS || blockDim.y != 1 || D > PU_MAX_DIM || QT > PU_MAX_QT) return;
+    if (blockDim.x != PU_PV_THREADS || blockDim.y != 1 || D > PU_MAX_DIM || QT > PU_MAX_QT) return;
     const int d0 = blockIdx.x * PU_PV_COLS;
     if (d0 >= D) return;
     __shared__ float acc[PU_MAX_QT * PU_PV_COLS];
     __shared__ pu_u4 vs_raw[PU_PV_WARPS * PU_PV_STEP * PU_PV_LD / 8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    for (int i = threadIdx.x; i < QT * PU_PV_COLS; i += PU_ROW_THREADS) acc[i] = 0.0f;
+    for (int i = threadIdx.x; i < QT * PU_PV_COLS; i += PU_PV_THREADS) acc[i] = 0.0f;
     __syncthreads();
     const int MT = (QT + 15) >> 4;
     const int cols = D - d0 < PU_PV_COLS ? D - d0 : PU_PV_COLS;
@@ -366,11 +370,11 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
     const bool p_pairs = (BS & 1) == 0 && (reinterpret_cast<unsigned long long>(r.probs) & 3ull) == 0;
     pu_bf16* my = reinterpret_cast<pu_bf16*>(vs_raw) + warp * PU_PV_STEP * PU_PV_LD;
     for (int mt0 = 0; mt0 < MT; mt0 += RT) {
-        float c[RT][4][4]; /* [row tile][column tile][fragment] */
+        float c[RT][PU_PV_NT][4]; /* [row tile][column tile][fragment] */
 #pragma unroll
         for (int a = 0; a < RT; ++a)
 #pragma unroll
-            for (int b = 0; b < 4; ++b)
+            for (int b = 0; b < PU_PV_NT; ++b)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) c[a][b][e] = 0.0f;
         for (long long j = warp; j < r.n; j += PU_PV_WARPS) {
@@ -381,10 +385,10 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
             for (int s0 = 0; s0 < BS; s0 += PU_PV_STEP) {
                 __syncwarp();
                 if (vec) {
-                    /* PU_PV_STEP rows x 32 columns = 4 x 16 bytes per row */
+                    /* PU_PV_STEP rows x 16 columns = 2 x 16 bytes per row */
 #pragma unroll
-                    for (int i = 0; i < PU_PV_STEP * 4 / 32; ++i) {
-                        const int q = i * 32 + lane, rr = q >> 2, cc = (q & 3) << 3;
+                    for (int i = 0; i < PU_PV_STEP * 2 / 32; ++i) {
+                        const int q = i * 32 + lane, rr = q >> 1, cc = (q & 1) << 3;
                         pu_u4 v = {0u, 0u, 0u, 0u};
                         const pu_bf16* src = vb + (long long)(s0 + rr) * D + cc;
                         if (s0 + rr < BS) v = *reinterpret_cast<const pu_u4*>(src);
@@ -400,9 +404,9 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
                 __syncwarp();
                 for (int k0 = 0; k0 < PU_PV_STEP && s0 + k0 < BS; k0 += 16) {
                     /* B[k][n] = V[s0 + k0 + k][d0 + 8 * nt + n], from the staged rows */
-                    unsigned int b[4][2];
+                    unsigned int b[PU_PV_NT][2];
 #pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) {
+                    for (int nt = 0; nt < PU_PV_NT; ++nt) {
                         const pu_bf16* bp = my + (k0 + 2 * t) * PU_PV_LD + nt * 8 + g;
                         b[nt][0] = pu_pack(bp[0], bp[PU_PV_LD]);
                         b[nt][1] = pu_pack(bp[8 * PU_PV_LD], bp[9 * PU_PV_LD]);
@@ -428,7 +432,7 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
                             }
                         }
 #pragma unroll
-                        for (int nt = 0; nt < 4; ++nt) pu_mma(c[a][nt], af, b[nt]);
+                        for (int nt = 0; nt < PU_PV_NT; ++nt) pu_mma(c[a][nt], af, b[nt]);
                     }
                 }
             }
@@ -438,7 +442,7 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
             const int mt = mt0 + a;
             if (mt >= MT) break;
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < PU_PV_NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int row = mt * 16 + g + (e >= 2 ? 8 : 0), col = nt * 8 + 2 * t + (e & 1);
@@ -447,7 +451,7 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < QT * PU_PV_COLS; i += PU_ROW_THREADS) {
+    for (int i = threadIdx.x; i < QT * PU_PV_COLS; i += PU_PV_THREADS) {
         const int row = i / PU_PV_COLS, col = i - row * PU_PV_COLS;
         if (col < cols) r.oi[(long long)row * D + d0 + col] = acc[i];
     }
@@ -455,12 +459,12 @@ static __device__ void pu_pv_body(const pu_pv_row& r) {
 
 /* Up to 64 query heads per pass (4 row tiles of accumulators in registers); more take more passes
    over V. */
-extern "C" __global__ void __launch_bounds__(PU_ROW_THREADS) pu_pv(const pu_pv_row* rows) {
+extern "C" __global__ void __launch_bounds__(PU_PV_THREADS) pu_pv(const pu_pv_row* rows) {
     pu_pv_body<4>(rows[blockIdx.z]);
 }
 
-/* At most 16 query heads (one row tile): a quarter of the accumulators, so more CTAs fit an SM. */
-extern "C" __global__ void __launch_bounds__(PU_ROW_THREADS, 2) pu_pv_m16(const pu_pv_row* rows) {
+/* At most 16 query heads (one row tile): a quarter of the accumulators. */
+extern "C" __global__ void __launch_bounds__(PU_PV_THREADS, 2) pu_pv_m16(const pu_pv_row* rows) {
     pu_pv_body<1>(rows[blockIdx.z]);
 }
 
@@ -602,7 +606,7 @@ def softmax_launch(scores_shape, probs_shape, m_shape, l_shape) -> dict:
 
 
 def pv_launch(probs_shape, vc_shape, ids_shape, oi_shape) -> dict:
-    """``pu_pv``: a CTA per 32 columns of D, consts ``(QT, D, BS, n, NB)``."""
+    """``pu_pv``: a CTA per 16 columns of D, consts ``(QT, D, BS, n, NB)``."""
     n, qt, bs = _tiles("pu_pv", "probs", probs_shape)
     nb, v_bs, dim = _cache("pu_pv", "value_cache", vc_shape)
     _require(
@@ -615,7 +619,7 @@ def pv_launch(probs_shape, vc_shape, ids_shape, oi_shape) -> dict:
     _vec("pu_pv", "ids", ids_shape, n)
     _limits("pu_pv", qt, dim)
     grid = (_cdiv(dim, PV_COLS), 1, 1)
-    return {"grid": grid, "block": (ROW_THREADS, 1, 1), "shared": 0, "consts": (qt, dim, bs, n, nb)}
+    return {"grid": grid, "block": (PV_THREADS, 1, 1), "shared": 0, "consts": (qt, dim, bs, n, nb)}
 
 
 def update_launch(mg_shape, lg_shape, oig_shape, m_shape, l_shape, acc_shape, out_shape) -> dict:
@@ -754,7 +758,7 @@ def _host_softmax(launch: Launch) -> None:
 def _host_pv(launch: Launch) -> None:
     """Host ``pu_pv`` and ``pu_pv_m16``: row (probs, value_cache, ids, oi, QT, D, BS, n, NB)."""
     rows = launch.rows(9)
-    if launch.block != (ROW_THREADS, 1, 1):
+    if launch.block != (PV_THREADS, 1, 1):
         return
     tasks = []
     for row in rows:

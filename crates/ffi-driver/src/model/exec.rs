@@ -134,6 +134,13 @@ pub struct DeviceRates {
     /// has no units for (see [`DeviceRates::runs`]).
     pub tflops: [f64; 5],
     pub dispatch: Dispatch,
+    /// The fraction of the memory bandwidth and throughput above that a kernel reaches when it
+    /// declares none of its own (`KernelWork(efficiency=...)`).
+    pub kernel_efficiency: f64,
+    /// The threads a launch must keep resident to stream at the device's rates (its streaming
+    /// multiprocessors times the threads each needs); a launch of fewer runs at that fraction
+    /// of them. 0: not priced (a device whose tasks are handed to cores one by one).
+    pub fill_threads: u64,
 }
 
 /// What a batch of tasks costs, and how: `overhead_ns` (launches or per-task dispatch),
@@ -173,11 +180,28 @@ impl DeviceRates {
         self.tflops[p.index()] > 0.0
     }
 
-    /// What a batch of tasks doing `work` in total costs: `levels` holds the task count of
-    /// each dependence level (one entry for independent tasks), and a launching device makes
-    /// `launches` launches of it. Operations at a precision the device does not
-    /// [`run`](DeviceRates::runs) price as infinite time: callers refuse them first.
+    /// What a batch of tasks doing `work` in total costs at the device's full rates: `levels`
+    /// holds the task count of each dependence level (one entry for independent tasks), and a
+    /// launching device makes `launches` launches of it. Operations at a precision the device
+    /// does not [`run`](DeviceRates::runs) price as infinite time: callers refuse them first.
     pub fn price(&self, levels: &[u64], launches: u64, work: &Work) -> ExecCost {
+        self.price_at(levels, launches, work, 1.0)
+    }
+
+    /// The fraction of the device's rates a launch of `threads` threads can use: 1 when the
+    /// device prices no fill ([`DeviceRates::fill_threads`] 0) or the launch fills it.
+    pub fn fill(&self, threads: u64) -> f64 {
+        if self.fill_threads == 0 || threads >= self.fill_threads {
+            1.0
+        } else {
+            (threads.max(1) as f64 / self.fill_threads as f64).min(1.0)
+        }
+    }
+
+    /// [`DeviceRates::price`] with the memory and compute time of the batch at `rate` (in
+    /// (0, 1]) of the device's rates: a kernel's efficiency times its launches' fill.
+    pub fn price_at(&self, levels: &[u64], launches: u64, work: &Work, rate: f64) -> ExecCost {
+        let rate = if rate > 0.0 { rate.min(1.0) } else { 1.0 };
         let overhead_ns = match self.dispatch {
             Dispatch::PerLaunch { ns } => launches as f64 * ns,
             Dispatch::PerTask { ns, cores } => {
@@ -189,15 +213,15 @@ impl DeviceRates {
             }
         };
         let bytes = work.bytes_read as f64 + work.bytes_written as f64;
-        let compute_ns = work
+        let compute_ns: f64 = work
             .flops
             .entries()
             .map(|(p, n)| n as f64 / (self.tflops[p.index()] * 1e3))
             .sum();
         ExecCost {
             overhead_ns,
-            memory_ns: bytes / self.memory_gbps,
-            compute_ns,
+            memory_ns: bytes / (self.memory_gbps * rate),
+            compute_ns: compute_ns / rate,
         }
     }
 }
@@ -210,6 +234,8 @@ mod tests {
         memory_gbps: 1_000.0,
         tflops: [100.0, 100.0, 200.0, 200.0, 10.0],
         dispatch: Dispatch::PerLaunch { ns: 2_000.0 },
+        kernel_efficiency: 1.0,
+        fill_threads: 0,
     };
 
     #[test]
@@ -245,6 +271,36 @@ mod tests {
         assert_eq!(per_task.price(&[1; 10], 10, &none).ns(), 8_000);
         // Levels of 24, 1 and 30 tasks: 1 + 1 + 2 waves.
         assert_eq!(per_task.price(&[24, 1, 30], 3, &none).ns(), 3_200);
+    }
+
+    #[test]
+    fn a_rate_below_one_stretches_memory_and_compute_not_overhead() {
+        let mut flops = Flops::default();
+        flops.set(Precision::Fp32, 50_000_000); // 5 us at 10 TFLOP/s
+        let work = Work {
+            bytes_read: 2_000_000, // 2 us at 1000 GB/s
+            bytes_written: 0,
+            flops,
+        };
+        let c = RATES.price_at(&[8], 1, &work, 0.5);
+        assert_eq!(
+            (c.overhead_ns, c.memory_ns, c.compute_ns),
+            (2_000.0, 4_000.0, 10_000.0)
+        );
+        assert_eq!(
+            RATES.price_at(&[8], 1, &work, 0.0),
+            RATES.price(&[8], 1, &work)
+        );
+        // Fill: none priced without fill_threads; a launch of a quarter of them runs at 0.25.
+        assert_eq!(RATES.fill(1), 1.0);
+        let filled = DeviceRates {
+            fill_threads: 1_000,
+            ..RATES
+        };
+        assert_eq!(
+            (filled.fill(250), filled.fill(1_000), filled.fill(5_000)),
+            (0.25, 1.0, 1.0)
+        );
     }
 
     #[test]

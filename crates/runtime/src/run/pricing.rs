@@ -61,6 +61,11 @@ impl RunState {
             };
             let work = per_task.times(count);
             let (levels, launches) = self.batch_shape(i);
+            // Threads of one launch, where the kernel carries device code (its launch function
+            // runs on sim too): the average tasks per launch times each task's threads.
+            let threads = b
+                .threads
+                .map(|per_task| per_task.saturating_mul(count.div_ceil(launches.max(1))));
             let at = match ids.iter().position(|&k| k == b.kernel) {
                 Some(at) => at,
                 None => {
@@ -87,7 +92,14 @@ impl RunState {
             row.launches += launches;
             row.work.add(&work);
             for ((m, k), t) in models.iter().zip(&mut row.modeled).zip(&mut total) {
-                let cost: ExecCost = m.exec.price(&levels, launches, &work);
+                let efficiency = declared
+                    .efficiency(m.name)
+                    .unwrap_or(m.exec.kernel_efficiency);
+                let rate = efficiency * threads.map_or(1.0, |n| m.exec.fill(n));
+                let cost: ExecCost = m.exec.price_at(&levels, launches, &work, rate);
+                let busy = cost.memory_ns.max(cost.compute_ns);
+                k.busy_ns += busy;
+                k.full_rate_ns += busy * rate.clamp(f64::MIN_POSITIVE, 1.0);
                 k.overhead_ns += cost.overhead_ns;
                 k.memory_ns += cost.memory_ns;
                 k.compute_ns += cost.compute_ns;

@@ -123,6 +123,22 @@ pub struct KernelModeled {
     pub memory_ns: f64,
     pub compute_ns: f64,
     pub ns: u64,
+    /// The batches' time streaming or computing (`max(memory, compute)`, summed), and what it
+    /// would have been at the device's full rates: their ratio is [`KernelModeled::rate`].
+    pub busy_ns: f64,
+    pub full_rate_ns: f64,
+}
+
+impl KernelModeled {
+    /// The fraction of the device's rates the kernel's batches ran at (its efficiency times
+    /// its launches' fill, weighted by time); 1 when they ran at full rates or did nothing.
+    pub fn rate(&self) -> f64 {
+        if self.busy_ns > 0.0 {
+            self.full_rate_ns / self.busy_ns
+        } else {
+            1.0
+        }
+    }
 }
 
 /// The work of one kernel over a run, and its price under each cost model.

@@ -48,8 +48,9 @@ struct Batch {
     device: Option<u32>,
     /// The kernel's host function takes device arrays.
     device_arrays: bool,
-    /// Index into the store's declared works: the work one task declares (for a cost model).
-    /// Kept beside the batches, so a batch (one per single submit) stays small to copy.
+    /// Index into the store's pricing entries: the work one task declares and the threads of
+    /// one task's launch (for a cost model). Kept beside the batches, so a batch (one per single
+    /// submit) stays small to copy.
     work: Option<u32>,
 }
 
@@ -75,6 +76,8 @@ pub(crate) struct BatchInfo<'a> {
     pub device: Option<(&'a DeviceBatch, &'a [i64])>,
     pub kernel: u32,
     pub work: Option<DeclaredWork>,
+    /// Threads of one task's launch, wherever its launch function ran (sim included).
+    pub threads: Option<u64>,
 }
 
 /// The integer widths of a batch about to be recorded, checked by [`TaskStore::shape`]: the
@@ -112,7 +115,8 @@ pub(crate) struct TaskStore {
     scalars: Vec<Value>,
     devices: Vec<DeviceBatch>,
     consts: Vec<i64>,
-    works: Vec<DeclaredWork>,
+    /// Pricing entries of the batches: the work one task declares, the threads of its launch.
+    works: Vec<(Option<DeclaredWork>, Option<u64>)>,
     tasks: u64,
     /// Kernel names by the host's id (for messages); kept across runs, so a warm run adds none.
     names: Vec<(u32, Box<str>)>,
@@ -198,7 +202,8 @@ impl TaskStore {
                 (d, &self.consts[d.consts.clone()])
             }),
             kernel: b.kernel,
-            work: b.work.map(|w| self.works[w as usize]),
+            work: b.work.and_then(|w| self.works[w as usize].0),
+            threads: b.work.and_then(|w| self.works[w as usize].1),
         }
     }
 
@@ -366,10 +371,11 @@ impl TaskStore {
             per_task: shape.per_task,
             device,
             device_arrays: kernel.device_arrays,
-            work: kernel.work.map(|w| {
+            work: (kernel.work.is_some() || kernel.threads.is_some()).then(|| {
+                let entry = (kernel.work.copied(), kernel.threads);
                 // A kernel submitted again reuses its last entry.
-                if self.works.last() != Some(w) {
-                    self.works.push(*w);
+                if self.works.last() != Some(&entry) {
+                    self.works.push(entry);
                 }
                 // At most one entry per batch, and `shape` checked the batch index fits.
                 u32::try_from(self.works.len() - 1).unwrap_or(u32::MAX)

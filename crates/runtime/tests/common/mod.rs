@@ -165,6 +165,7 @@ pub fn kernel<'a>(id: u32, name: &'a str, s: &'a Signature) -> KernelRef<'a> {
         device: None,
         device_arrays: false,
         work: None,
+        threads: None,
     }
 }
 
