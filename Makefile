@@ -50,12 +50,18 @@ rust-test:
 # HAL (small allocations refused and mirrored, large ones mapped, as on 64 KiB-page hosts), and
 # on the cuda platform through the fake libcuda (every view a page-locked mirror); then the
 # device checks of `make device-check`, from the in-tree build against the fake libcuda.
-# The ported upstream scene tests (examples/upstream) run every small case on sim, manual ones
-# included; on the fake ascend, their upstream-sized cases (Case1: 256 sequences of 8K tokens,
-# hours of host-path kernels over a fake) are left to a real card.
+# The ported upstream scene tests (examples/upstream) run every case on sim, manual ones included
+# (the unrolled port's Case1-Case3 too, about a minute); on the fake ascend, their upstream-sized
+# cases (Case1: 256 sequences of 8K tokens, hours of host-path kernels over a fake) are left to a
+# real card, and on the fake libcuda they are not listed (upstream's platforms); the small cases
+# run on all three.
 UPSTREAM_PA := examples/upstream/paged_attention/test_upstream_paged_attention
+UPSTREAM_PAU := examples/upstream/paged_attention_unroll/test_upstream_paged_attention_unroll
+# The unrolled port's Case1 (not manual upstream) runs once, in the upstream run on sim below.
+UPSTREAM_PAU_CASE1 := --deselect $(UPSTREAM_PAU)_numpy.py::TestPagedAttentionUnrollManualScopeNumpy::Case1 \
+	--deselect $(UPSTREAM_PAU).py::TestPagedAttentionUnrollManualScope::Case1
 UPSTREAM_BIG := --deselect $(UPSTREAM_PA)_numpy.py::TestPagedAttentionNumpy::Case1 \
-	--deselect $(UPSTREAM_PA).py::TestPagedAttention::Case1
+	--deselect $(UPSTREAM_PA).py::TestPagedAttention::Case1 $(UPSTREAM_PAU_CASE1)
 FAKE_ASCEND := target/fake-ascend-libs
 FAKE_CUDA := target/fake-cuda-libs
 py-test: build $(RAY_STAMP)
@@ -66,7 +72,8 @@ py-test: build $(RAY_STAMP)
 	ln -sf ../debug/libfake_cuda.so $(FAKE_CUDA)/libcuda.so.1
 	$(PY) -m mypy.stubtest --ignore-disjoint-bases simpler._core
 	$(VENV)/bin/pytest -q -p no:cacheprovider
-	$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform sim --simpler-rounds 3 --simpler-svm never
+	$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform sim --simpler-rounds 3 --simpler-svm never \
+		$(UPSTREAM_PAU_CASE1)
 	SIMPLER_ASCEND_LIB_DIR=$(CURDIR)/$(FAKE_ASCEND) FAKE_ASCEND_MAP=min:65536 \
 		$(VENV)/bin/pytest -q -p no:cacheprovider examples --simpler-platform ascend --simpler-rounds 3 $(UPSTREAM_BIG)
 	SIMPLER_CUDA_LIB=$(CURDIR)/$(FAKE_CUDA)/libcuda.so.1 \

@@ -41,7 +41,11 @@ The checks (``--platform cuda``, the default):
 * ``paged_attention.*`` — the shipped workload's Small1 / Small2 cases, all three arms, golden
   checked, with the batched orchestration and with the per-task one; on cuda every task runs on
   the device (``host_path_tasks == 0``, ``device_tasks == tasks``).
-* ``bench.paged_attention[B64_8K]`` and ``[B256_8K]`` (``--quick``: Small1, Small2) — the bench's
+* ``paged_attention_unroll.*`` — the unrolled workload's CaseVarSeq4 / CaseTwoGroups cases, all
+  three arms, golden checked, every task on the device on cuda.
+* ``bench.paged_attention_unroll[Case1]`` and ``[Case2]`` (``--quick``: CaseVarSeq4,
+  CaseTwoGroups), then ``bench.paged_attention[B64_8K]`` and ``[B256_8K]`` (``--quick``: Small1,
+  Small2) — the bench's
   three arms interleaved (:func:`simpler.tools.bench.bench_records`, golden checked): per-phase
   warm medians per arm, the dispatch ratios bulk/staged and all/bulk, execute ms per round; then
   the model's error: the same case priced on sim (2 rounds) under the cost model of the device's
@@ -592,12 +596,13 @@ def check_resident_round_trip(ctx: Context) -> Figures:
 # -- b: the shipped workload's cases on the platform, golden checked -----------------------------------
 
 
-def _case_check(case_name: str, per_task: bool = False) -> Check:
+def _case_check(case_name: str, per_task: bool = False, unrolled: bool = False) -> Check:
     def check(ctx: Context) -> Figures:
         _need_bfloat16()
         from ..workloads import paged_attention as pa
+        from ..workloads import paged_attention_unroll as pu
 
-        cls: type = pa.PagedAttention
+        cls: type = pu.PagedAttentionUnroll if unrolled else pa.PagedAttention
         if per_task:
 
             class PerTask(pa.PagedAttention):
@@ -633,14 +638,14 @@ def _case_check(case_name: str, per_task: bool = False) -> Check:
 # -- c: the bench's three arms -------------------------------------------------------------------------
 
 
-def _bench_check(case: str) -> Check:
+def _bench_check(case: str, workload: str = "paged_attention") -> Check:
     def check(ctx: Context) -> Figures:
         _need_bfloat16()
         from .bench import BenchOptions, bench_records
         from .report import format_tables
 
         rounds = 3 if ctx.quick else 5
-        opts = BenchOptions(workload="paged_attention", rounds=rounds, platform=ctx.platform, cases=[case])
+        opts = BenchOptions(workload=workload, rounds=rounds, platform=ctx.platform, cases=[case])
         # The device's part of execute, timed with events around each batch of launches.
         before = os.environ.get("SIMPLER_DEVICE_TIMING")
         os.environ["SIMPLER_DEVICE_TIMING"] = "1"
@@ -652,7 +657,7 @@ def _bench_check(case: str) -> Check:
             else:
                 os.environ["SIMPLER_DEVICE_TIMING"] = before
         if records:
-            with open(ctx.out / f"bench_{case}.jsonl", "w", encoding="utf-8") as f:
+            with open(ctx.out / f"bench_{workload}_{case}.jsonl", "w", encoding="utf-8") as f:
                 for rec in records:
                     f.write(json.dumps(rec, sort_keys=True) + "\n")
             print(format_tables(records))
@@ -697,7 +702,7 @@ def _bench_check(case: str) -> Check:
             figures["dispatch_ratio_all_over_bulk"] = round(
                 dispatch["Residency_all"] / dispatch["Residency_bulk"], 4
             )
-        figures.update(_model_error(ctx, case, records))
+        figures.update(_model_error(ctx, case, records, workload))
         return figures
 
     return check
@@ -712,7 +717,9 @@ PLATFORM_MODEL = {"cuda": "h200", "ascend": "ascend-a3"}
 MODEL_ROUNDS = 2
 
 
-def _model_error(ctx: Context, case: str, measured: list[dict[str, Any]]) -> Figures:
+def _model_error(
+    ctx: Context, case: str, measured: list[dict[str, Any]], workload: str = "paged_attention"
+) -> Figures:
     """The model's error: the same case priced on sim (golden skipped: the device run checked
     it) under the model of the device's platform (:data:`PLATFORM_MODEL`), printed beside the
     device's measured phases with the ratio measured / modeled; the ratios become figures
@@ -724,7 +731,7 @@ def _model_error(ctx: Context, case: str, measured: list[dict[str, Any]]) -> Fig
     if model is None:
         return {}
     opts = BenchOptions(
-        workload="paged_attention",
+        workload=workload,
         rounds=MODEL_ROUNDS,
         platform="sim",
         cases=[case],
@@ -781,8 +788,9 @@ def _shipped_cuda_sources() -> list[tuple[str, str]]:
     sources = [("launches_benchmark", LAUNCH_SOURCE), ("device_check_nothing", NOTHING_SOURCE)]
     try:
         from ..workloads import paged_attention_cuda as pac
+        from ..workloads import paged_attention_unroll_cuda as puc
 
-        sources.insert(0, ("paged_attention", pac.SOURCE))
+        sources[:0] = [("paged_attention", pac.SOURCE), ("paged_attention_unroll", puc.SOURCE)]
     except ImportError:  # pragma: no cover - the workloads import without ml_dtypes
         pass
     return sources
@@ -877,6 +885,13 @@ def _checks(quick: bool) -> list[tuple[str, Check]]:
     checks.append(
         ("paged_attention.per_task.Small1_Residency_all", _case_check("Small1_Residency_all", True))
     )
+    for base in ("CaseVarSeq4", "CaseTwoGroups"):
+        for arm in ("Residency_staged", "Residency_bulk", "Residency_all"):
+            name = f"paged_attention_unroll.{base}_{arm}"
+            checks.append((name, _case_check(f"{base}_{arm}", unrolled=True)))
+    # The unrolled graph leads (upstream's Case1 and Case2, event-timed); the per-block graph follows.
+    for case in ("CaseVarSeq4", "CaseTwoGroups") if quick else ("Case1", "Case2"):
+        checks.append((f"bench.paged_attention_unroll[{case}]", _bench_check(case, "paged_attention_unroll")))
     for case in ("Small1", "Small2") if quick else ("B64_8K", "B256_8K"):
         checks.append((f"bench.paged_attention[{case}]", _bench_check(case)))
     checks.append(("export.queued_work", check_export_queued))
@@ -885,7 +900,7 @@ def _checks(quick: bool) -> list[tuple[str, Check]]:
     return checks
 
 
-#: The names of the checks, in order (``--quick`` replaces the bench's cases with Small1, Small2).
+#: The names of the checks, in order (``--quick`` replaces the bench's cases with small ones).
 CHECKS = tuple(name for name, _ in _checks(False))
 
 
