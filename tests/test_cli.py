@@ -583,6 +583,8 @@ def test_bench_without_a_workload_runs_the_unrolled_graphs_bench_cases_priced(mo
     for model in pu.BENCH_MODELS:
         assert f"modeled round ratios ({model}; round = dispatch + execute)" in text
     assert text.count("    why: our staged arm uploads") == 2
+    assert "tasks per round: 4 in 4 submit(s), every arm" in text  # one group of 3 blocks
+    assert "one allocation task per sequence (Case1: 1,024 + 256, Case2: 512 + 64)" in text
 
 
 def test_published_arms_without_a_model_say_how_to_get_the_modeled_ratios():

@@ -324,6 +324,33 @@ def _ratios(d: Mapping[str, float]) -> list[str]:
     return out
 
 
+def _tasks_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """Tasks and submits per round (the last round of each arm; once when every arm agrees), and
+    the callable's note on what it counts (:data:`PUBLISHED_ARMS`' module's ``TASKS_NOTE``)."""
+    per_arm = {
+        arm: (
+            int(rs[-1].get("counters", {}).get("tasks", 0)),
+            int(rs[-1].get("counters", {}).get("submits", 0)),
+        )
+        for arm, rs in arms.items()
+    }
+    if not any(t for t, _ in per_arm.values()):
+        return []
+    if len(set(per_arm.values())) == 1:
+        tasks, submits = next(iter(per_arm.values()))
+        text = f"  tasks per round: {tasks:,} in {submits:,} submit(s), every arm"
+    else:
+        text = "  tasks per round: " + "; ".join(
+            f"{a} {t:,} in {s:,} submit(s)" for a, (t, s) in per_arm.items()
+        )
+    lines = [text]
+    entry = PUBLISHED_ARMS.get(str(next(iter(arms.values()))[0].get("callable", "")))
+    note = getattr(importlib.import_module(entry[0]), "TASKS_NOTE", None) if entry else None
+    if note:
+        lines.append(f"    ({note})")
+    return lines
+
+
 #: Published per-arm figures to set beside a callable's arms: callable name -> (module, attribute,
 #: what they are). The attribute maps arm -> (low, high) in ms.
 PUBLISHED_ARMS = {
@@ -503,6 +530,7 @@ def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str,
             f"  {arm:<18} {disp[arm] / div:>13.3f} {ratio:>10} {args[arm] / div:>11.3f} {a_ratio:>10} "
             f"{_warm_median(s['execute']) / div:>13.3f} {_fmt_bytes(_warm_median(s['bytes/round'])):>12}"
         )
+    lines += _tasks_lines(arms)
     best = {arm: _warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
     for label, d in (("dispatch ratios", disp), ("on the best warm round", best)):
         ratios = _ratios(d)

@@ -470,6 +470,13 @@ BENCH_CASES = ("Case1", "Case2")
 #: The cost models ``simpler bench`` prices every round with on sim when ``--model`` is not given.
 BENCH_MODELS = ("ascend-a3", "h200")
 
+#: What the bench's "tasks per round" counts for this workload.
+TASKS_NOTE = (
+    "four kernel tasks per group of up to 64 blocks; the running max, sum and output of each "
+    "sequence are run-scoped scratch, not tasks, where upstream's graph adds one allocation task "
+    "per sequence (Case1: 1,024 + 256, Case2: 512 + 64)"
+)
+
 #: The seed's warm ``chip.run`` of upstream's unrolled paged attention on an A2/A3 card, per
 #: residency arm (ms, low and high over its runs): host staging of every argument, bulk residency
 #: (query and KV caches resident), and the control tensors resident too, read through host views.
