@@ -29,16 +29,22 @@ from simpler.workloads import paged_attention_unroll as pu  # noqa: E402
 
 
 def _pa_generate_inputs(params):
-    """Upstream's recipe, in torch."""
+    """Upstream's recipe, in torch; drawn from the case's ``seed`` where it names one (the cases
+    this port adds: see ``pau_port``)."""
     s = pu.shape_of(params)
+    g = torch.Generator()
+    if params.get("seed") is not None:
+        g.manual_seed(params["seed"])
+    else:
+        g.seed()
     dtype = getattr(torch, params.get("dtype", "bfloat16"))
     b, h, d, bs = params["batch"], params["num_heads"], params["head_dim"], params["block_size"]
     nb = s["total_blocks"]
     return [
-        ("query", torch.empty(b, h, d).uniform_(-0.5, 0.5).to(dtype)),
-        ("key_cache", torch.empty(nb, bs, 1, d).uniform_(-0.5, 0.5).to(dtype)),
-        ("value_cache", torch.empty(nb, bs, 1, d).uniform_(-1, 1).to(dtype)),
-        ("block_table", torch.randint(0, nb, (b, s["max_blocks"]), dtype=torch.int32)),
+        ("query", torch.empty(b, h, d).uniform_(-0.5, 0.5, generator=g).to(dtype)),
+        ("key_cache", torch.empty(nb, bs, 1, d).uniform_(-0.5, 0.5, generator=g).to(dtype)),
+        ("value_cache", torch.empty(nb, bs, 1, d).uniform_(-1, 1, generator=g).to(dtype)),
+        ("block_table", torch.randint(0, nb, (b, s["max_blocks"]), generator=g, dtype=torch.int32)),
         ("context_lens", torch.tensor(s["context_lens"], dtype=torch.int32)),
         ("out", torch.zeros(b, h, d, dtype=torch.float32)),
         ("scale", ctypes.c_float(1.0)),

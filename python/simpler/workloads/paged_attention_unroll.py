@@ -60,7 +60,9 @@ bfloat16; a block table drawn uniformly with replacement over every column; ``sc
 golden is upstream's: an online softmax block by block with P rounded to bfloat16 before its sum
 (:func:`~simpler.workloads.paged_attention.golden_paged_attention`), compared at rtol = atol =
 1e-3. The kernels take one maximum per group rather than per block, so their P is rounded at
-other points; that difference is inside the tolerance, as on upstream's device.
+other points. Over long contexts that difference averages far below the tolerance; over a
+context of a few tokens (a block, then one token) it can pass it on a rare draw, which is why
+the small cases here draw from fixed seeds.
 """
 
 from __future__ import annotations
