@@ -182,3 +182,73 @@ class ExternalSigint:
         finally:
             signal.signal(signal.SIGINT, self._previous)
         return False
+
+
+class SignalsInTurn:
+    """Ctrl+C for the main thread once per condition, in turn: the first SIGINT once
+    ``readies[0]()`` holds, the next once ``readies[1]()`` holds, and so on; from a thread of its
+    own, never after the ``with`` block ends (a condition not reached by then sends nothing).
+    Every SIGINT is counted by a handler of the block's own, and one sent but not surfaced by
+    the block's end is taken there (then :class:`LateSignal`), as with :class:`SignalWhen`.
+
+    ``sent`` is how many went out, ``delivered`` how many surfaced inside the block."""
+
+    def __init__(self, *readies: Callable[[], bool], timeout: float = 120.0) -> None:
+        self._readies = readies
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-signals", daemon=True)
+        self._handler = _CountingSigint()
+        self._previous = None
+        self._main = threading.main_thread().ident
+        self.sent = 0
+
+    @property
+    def delivered(self) -> int:
+        return self._handler.delivered
+
+    def _run(self) -> None:
+        end = time.monotonic() + self._timeout
+        for ready in self._readies:
+            while not ready():
+                if self._stop.is_set() or time.monotonic() > end:
+                    return
+                self._stop.wait(0.005)
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                assert self._main is not None
+                signal.pthread_kill(self._main, signal.SIGINT)
+                self.sent += 1
+
+    def __enter__(self) -> SignalsInTurn:
+        assert threading.current_thread() is threading.main_thread(), "SIGINT goes to the main thread"
+        self._previous = signal.signal(signal.SIGINT, self._handler)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        with self._lock:
+            self._stop.set()
+        self._thread.join()
+        late = False
+        end = time.monotonic() + 10.0
+        try:
+            while True:  # every SIGINT sent surfaces here at the latest, each one taken
+                try:
+                    while self.delivered < self.sent and time.monotonic() < end:
+                        time.sleep(0.001)
+                    break
+                except KeyboardInterrupt:
+                    late = True
+        finally:
+            signal.signal(signal.SIGINT, self._previous)
+        if late and exc_type is None:
+            raise LateSignal("a SIGINT surfaced only after the code it was aimed at had finished")
+        return False

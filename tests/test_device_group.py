@@ -6,16 +6,21 @@ import gc
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
-from _signals import interrupt_main_when, kill_when, marker_exists
+from _signals import SignalsInTurn, interrupt_main_when, kill_when, marker_exists
 
 import simpler as sp
-from simpler.group import DeviceGroup, DeviceGroupError
+from simpler.group import DeviceGroup, DeviceGroupError, RemoteError
+from simpler.group import _group as group_module
 
 _NO_RAY = importlib.util.find_spec("ray") is None
 _NEEDS_RAY = pytest.mark.skipif(_NO_RAY, reason="ray is not installed (requirements/ray.txt)")
@@ -289,3 +294,447 @@ def test_a_child_dead_between_rounds_is_named_and_nothing_is_left_behind(backend
     assert g.close() == []
     _gone(g.pids)
     assert _blocks() <= before, "the round's shared memory was unlinked"
+
+
+# -- the edges of a group: threads, what cannot cross, forks, interrupts, exits -------------------
+
+
+def echo(ctx, token, out=None, pause=0.0):
+    """Writes ``token`` into ``out`` and returns it with the device, after ``pause`` seconds."""
+    if pause:
+        time.sleep(pause)
+    if out is not None:
+        out[...] = token
+    return ctx.device, token
+
+
+_CALLS = [0]
+
+
+def count_calls(ctx, *args):
+    """How many times this function ran in this device's process (a call never sent is not
+    counted)."""
+    _CALLS[0] += 1
+    return _CALLS[0]
+
+
+def _accounted(g, timeout=60.0):
+    """Every process and shared-memory block the group started is accounted for: open, every
+    process runs and only the current round's arrays and the mailbox exist; closed, every process
+    has ended and no block is left."""
+    res = g._resources()
+    existing = [b for b in res["blocks"] if os.path.exists(f"/dev/shm/{b}")]
+    if g.closed:
+        _gone(res["pids"], timeout)
+        assert existing == [], f"{g!r} left shared memory behind: {existing}"
+    else:
+        assert all(_running(p) for p in res["pids"]), f"a device process of {g!r} has ended"
+        assert sorted(existing) == sorted(res["held"]), f"{g!r}: blocks {existing}, holding {res['held']}"
+
+
+def _ended(pids, timeout=60.0):
+    """Every process of ``pids`` has ended (a zombie has: its parent has not reaped it yet)."""
+    end = time.monotonic() + timeout
+    while any(_running(p) for p in pids):
+        assert time.monotonic() < end, f"a process of {pids} is still running"
+        time.sleep(0.01)
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_calls_from_several_threads_run_one_at_a_time_each_with_its_own_results(backend):
+    errors = []
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+
+        def caller(t):
+            try:
+                for r in range(8):
+                    tokens = [t * 1000 + r * 10 + d for d in range(2)]
+                    outs = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
+                    got = g.round(echo, [(tokens[d], outs[d], 0.002) for d in range(2)])
+                    assert got == [(0, tokens[0]), (1, tokens[1])], f"thread {t} got another call's results"
+                    assert [o.tolist() for o in outs] == [[tokens[0]] * 3, [tokens[1]] * 3]
+            except BaseException as e:  # reported by the test's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert errors == []
+        assert not g.closed
+        _accounted(g)
+    _accounted(g)
+
+
+def test_an_array_of_object_references_is_refused_by_name_before_anything_is_sent(backend):
+    refs = np.array([object(), object()], dtype=object)
+    fields = np.zeros(2, dtype=[("n", np.int32), ("o", object)])
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        first = g.round(count_calls)
+        refused = r"device 0 \(round\): argument 1 is an array of dtype object"
+        with pytest.raises(sp.ArgumentError, match=refused):
+            g.round(count_calls, args=(np.ones(2), refs))
+        with pytest.raises(sp.ArgumentError, match=r"device 1 \(round\): argument 0\['k'\]\[1\] .*dtype \["):
+            g.round(count_calls, [((),), ({"k": [0, fields]},)])
+        with pytest.raises(sp.ArgumentError, match=refused.replace("round", "run")):
+            g.run(make_acc, args=[np.ones(4, np.float32), refs])
+        rs = g.resident_set()
+        with pytest.raises(sp.ArgumentError, match=r"device 0 \(add 'o'\): an array of dtype object"):
+            rs.add("o", refs, sp.IN)
+        assert not rs.released, "nothing was sent: the set stays"
+        # No device process saw any of them.
+        assert g.round(count_calls) == [c + 1 for c in first]
+        _accounted(g)
+
+
+def test_an_argument_that_cannot_be_pickled_fails_the_call_and_keeps_the_group(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        rs = g.resident_set()
+        rs.add("acc", np.arange(4, dtype=np.float32), sp.INOUT)
+        first = g.round(count_calls)
+        lock = threading.Lock()
+        with pytest.raises(sp.ArgumentError, match=r"device 1 \(round\): an argument cannot be sent.*lock"):
+            g.round(count_calls, [(1,), (lock,)])
+        if backend == "multiprocessing":  # Ray carries a lambda by value
+            with pytest.raises(sp.ArgumentError, match=r"device 0 \(round\): an argument cannot be sent"):
+                g.round(count_calls, args=(lambda: None,))
+        assert not g.closed and not rs.released
+        assert g.round(count_calls) == [c + 1 for c in first], "no device saw the call"
+        np.testing.assert_array_equal(rs.gather("acc")[1], np.arange(4, dtype=np.float32))
+        _accounted(g)
+
+
+_FORKED = """
+import os, sys
+import numpy as np
+import simpler as sp
+from simpler.group import DeviceGroup
+from simpler.group.examples import accumulate
+
+if __name__ == "__main__":
+    g = DeviceGroup("sim", devices=[0, 1])
+    x = np.ones(2, np.float32)
+    g.round(accumulate, args=(x,))
+    pid = os.fork()
+    if pid == 0:  # a helper: its copy of the group is inert, and it exits normally
+        try:
+            g.round(accumulate, args=(x,))
+            print("helper: the round ran", flush=True)
+        except sp.StateError as e:
+            print("helper: refused:", e, flush=True)
+        print("helper: close", g.close(), flush=True)
+        del g
+        sys.exit(0)  # the exit hooks run (multiprocessing's among them)
+    _, status = os.waitpid(pid, 0)
+    print("parent: helper exited", os.waitstatus_to_exitcode(status), flush=True)
+    print("parent: round", g.round(accumulate, args=(x,)), flush=True)
+    g.close()
+"""
+
+
+def _script(tmp_path, text, *args, timeout=120):
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(text))
+    return subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
+
+
+def test_a_forked_childs_copy_of_a_group_is_inert_and_never_touches_the_parents_devices(tmp_path):
+    out = _script(tmp_path, _FORKED)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("helper: refused:") and "forked" in line for line in lines), out.stdout
+    assert "helper: close []" in lines
+    assert "parent: helper exited 0" in lines
+    assert "parent: round [2.0, 2.0]" in lines, out.stdout + out.stderr
+
+
+def test_a_second_ctrl_c_while_the_children_stop_leaves_nothing_behind(backend, tmp_path, monkeypatch):
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    g.round(describe, args=(np.zeros(4),))  # a block of shared arrays in use
+    marker = tmp_path / "in-round"
+    stopping = threading.Event()
+    kill = type(g._backend).kill
+
+    def kill_slowly(self, index):
+        # The first kill waits here for the second Ctrl+C: it lands half-way through the stop.
+        if not stopping.is_set():
+            stopping.set()
+            end = time.monotonic() + 60
+            while time.monotonic() < end:
+                time.sleep(0.001)
+        kill(self, index)
+
+    monkeypatch.setattr(type(g._backend), "kill", kill_slowly)
+    with SignalsInTurn(marker_exists(marker), stopping.is_set) as ctrl_c:
+        with pytest.raises(KeyboardInterrupt):
+            g.round(sleep_then, args=(60, str(marker)))
+    assert (ctrl_c.sent, ctrl_c.delivered) == (2, 2)
+    assert g.closed
+    _accounted(g)
+    assert g.close() == []
+
+
+def test_close_finishes_a_stop_that_was_interrupted_more_than_it_outlasts(backend, tmp_path, monkeypatch):
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    g.round(describe, args=(np.zeros(4),))
+    marker = tmp_path / "in-round"
+    stopping = threading.Event()
+    kill = type(g._backend).kill
+
+    def kill_slowly(self, index):
+        if not stopping.is_set():
+            stopping.set()
+            end = time.monotonic() + 60
+            while time.monotonic() < end:
+                time.sleep(0.001)
+        kill(self, index)
+
+    monkeypatch.setattr(type(g._backend), "kill", kill_slowly)
+    monkeypatch.setattr(group_module, "_STOP_ATTEMPTS", 1)
+    with SignalsInTurn(marker_exists(marker), stopping.is_set) as ctrl_c:
+        with pytest.raises(KeyboardInterrupt):
+            g.round(sleep_then, args=(60, str(marker)))
+    assert ctrl_c.delivered == 2
+    assert g.closed and g._stop_pending, "the stop was left half-way"
+    assert g.close() == []
+    assert not g._stop_pending
+    _accounted(g)
+
+
+_ORPHANED = """
+import sys, time
+from pathlib import Path
+
+def busy(ctx, marker):
+    Path(f"{marker}.{ctx.index}").touch()
+    time.sleep(600)  # what the device is doing when its parent dies
+
+if __name__ == "__main__":
+    from simpler.group import DeviceGroup
+    g = DeviceGroup("sim", devices=[0, 1])
+    print(" ".join(str(p) for p in g.pids), flush=True)
+    g.round(busy, args=(sys.argv[1],))
+"""
+
+
+def test_device_processes_end_within_seconds_of_their_parents_death(tmp_path):
+    script = tmp_path / "orphaned.py"
+    script.write_text(textwrap.dedent(_ORPHANED))
+    marker = tmp_path / "busy"
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    pids = []
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        end = time.monotonic() + 120
+        while not all(Path(f"{marker}.{i}").exists() for i in range(2)):
+            assert time.monotonic() < end and parent.poll() is None, "the round never started"
+            time.sleep(0.01)
+        parent.kill()  # SIGKILL: no exit hook, no close
+        parent.wait()
+        end = time.monotonic() + 30  # "within seconds", with room for a loaded machine
+        while any(_running(p) for p in pids) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in pids), "a device process outlived its parent by 30 s"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        for p in pids:  # what a failure would leave behind
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
+
+
+_LEFT_OPEN = """
+import atexit
+import numpy as np
+import simpler as sp
+from simpler.group import DeviceGroup
+from simpler.group.examples import accumulate
+
+def after():  # registered before the group's exit hook: runs after it
+    codes = [c.proc.exitcode for c in g._backend.children]
+    print("at exit: closed", g.closed, "exit codes", codes, flush=True)
+
+if __name__ == "__main__":
+    atexit.register(after)
+    g = DeviceGroup("sim", devices=[0, 1])
+    rs = g.resident_set()
+    rs.add("w", np.ones(4, np.float32), sp.IN)
+    g.round(accumulate, args=(np.ones(2, np.float32),))
+    print("end of script", flush=True)
+"""
+
+
+def test_a_group_left_open_at_exit_warns_and_closes_in_order_without_a_traceback(tmp_path):
+    out = _script(tmp_path, _LEFT_OPEN)
+    assert out.returncode == 0, out.stderr
+    assert "ResourceWarning: unclosed DeviceGroup('sim', devices=[0, 1]" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    # Closed by the group's hook, before multiprocessing's: the children released everything
+    # and exited by themselves (status 0), none was terminated.
+    assert "at exit: closed True exit codes [0, 0]" in out.stdout.splitlines(), out.stdout
+
+
+@pytest.mark.parametrize("platform", ["sim", "cuda", "ascend"])
+def test_device_id_is_refused_the_devices_name_each_processs_device(platform):
+    with pytest.raises(sp.ArgumentError, match=r"device_id=0 is not an option of a group.*devices=\[0, 1\]"):
+        DeviceGroup(platform, devices=[0, 1], device_id=0)
+
+
+def test_a_0d_array_crosses_as_it_is_and_a_0d_resident_tensor_gathers_0d(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        got = g.round(describe, args=(np.array(2.5, np.float32),))
+        assert [d[0][:3] for d in got] == [("<f4", (), 2.5)] * 2
+        outs = [np.array(0, np.int64), np.array(0, np.int64)]
+        g.round(echo, [(7, outs[0]), (8, outs[1])])
+        assert [(o.shape, int(o)) for o in outs] == [((), 7), ((), 8)]
+        rs = g.resident_set()
+        rs.add("z", np.array(1.5, np.float32), sp.INOUT)
+        assert [(z.shape, float(z)) for z in rs.gather("z")] == [((), 1.5)] * 2
+
+
+def test_inject_fault_on_a_dead_device_closes_the_group_like_every_other_call(backend):
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    g.round(describe, args=(np.zeros(4),))
+    os.kill(g.pids[1], signal.SIGKILL)
+    _ended([g.pids[1]])
+    with pytest.raises(DeviceGroupError, match=r"device 1 \(process \d+\) died during inject_fault") as ei:
+        g.inject_fault(1, "alloc")
+    assert (ei.value.device, ei.value.phase) == (1, "inject_fault")
+    assert g.closed
+    _accounted(g)
+
+
+def test_a_zero_byte_resident_tensor_gathers_as_the_empty_array(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        rs = g.resident_set()
+        rs.add("e", np.zeros((0, 3), np.float32), sp.INOUT)
+        rs.add("x", np.arange(4, dtype=np.float32), sp.IN)
+        got = rs.gather("e")
+        assert [(a.shape, a.dtype) for a in got] == [((0, 3), np.float32)] * 2
+        assert g.round(count_calls)  # the set and the group stay usable
+        np.testing.assert_array_equal(rs.gather("x")[0], np.arange(4, dtype=np.float32))
+
+
+def test_a_message_or_answer_larger_than_the_mailbox_crosses_whole(backend):
+    from simpler.group._mp import SLOT_BYTES
+
+    big = list(range(SLOT_BYTES // 2))  # not an array: pickled, several slots' worth
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        assert g.round(echo, args=(big,)) == [(0, big), (1, big)]
+        rs = g.resident_set()
+        w = np.arange(1 << 18, dtype=np.float32)  # a 1 MiB answer per device
+        rs.add("w", w, sp.IN)
+        for part in rs.gather("w"):
+            np.testing.assert_array_equal(part, w)
+        assert g.round(count_calls)
+
+
+# -- what a round gives back ---------------------------------------------------------------------
+
+
+def write_then_fail(ctx, out):
+    out[...] = 7.0
+    if ctx.index == 1:
+        raise RuntimeError("device 1 fails after device 0 wrote its output")
+
+
+def test_a_round_where_one_device_raises_leaves_every_callers_array_unchanged(backend):
+    outs = [np.zeros(4, np.float32), np.zeros(4, np.float32)]
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        with pytest.raises(RemoteError, match=r"device 1 \(round\): device 1 fails"):
+            g.round(write_then_fail, [(outs[0],), (outs[1],)])
+        assert [o.tolist() for o in outs] == [[0.0] * 4] * 2, "a failed round copied something back"
+
+
+_RELEASES = "releases.log"
+
+
+def spy_on_releases(ctx, path):
+    """From now on, this device's process logs each resident set it releases and the names its
+    frees belonged to, in order, into ``path``."""
+    from simpler.group._host import DeviceHost
+
+    real = DeviceHost.release_set
+    if getattr(real, "spied", False):
+        return
+
+    def release_set(self, set_id):
+        held = self.sets.get(set_id)
+        names = {}
+        if held is not None:
+            for n in held[1].names:
+                names[held[1][n].buffer.ptr] = n
+        mark = len(self.worker.call_log())
+        real(self, set_id)
+        freed = [names.get(c[1], hex(c[1])) for c in self.worker.call_log()[mark:] if c[0] == "free"]
+        with open(path, "a") as f:
+            f.write(f"{self.device} {set_id} {' '.join(freed)}\n")
+
+    release_set.spied = True
+    DeviceHost.release_set = release_set
+
+
+def test_close_releases_resident_sets_newest_first_each_last_in_first_out(backend, tmp_path):
+    log = tmp_path / _RELEASES
+    g = DeviceGroup("sim", devices=[0, 1], backend=backend)
+    g.round(spy_on_releases, args=(str(log),))
+    for k in range(3):
+        rs = g.resident_set()
+        for name in ("a", "b", "c"):
+            rs.add(f"{name}{k}", np.zeros(4, np.float32), sp.INOUT)
+    g.close()
+    lines = log.read_text().splitlines()
+    for d in (0, 1):
+        mine = [line.split()[1:] for line in lines if line.split()[0] == str(d)]
+        # Set ids 3, 2, 1 (the newest first), each freeing c, b, a (the last added first).
+        assert mine == [[str(k + 1), f"c{k}", f"b{k}", f"a{k}"] for k in (2, 1, 0)], mine
+
+
+def write_bits(ctx, out):
+    out.view(np.uint64)[...] = [0x8000000000000000, 0x7FF8000000000123, 0xFFF0000000000001]
+
+
+def test_negative_zero_and_nan_payloads_written_over_zeros_come_back_bit_identical(backend):
+    outs = [np.zeros(3, np.float64), np.zeros(3, np.float64)]
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        g.round(write_bits, [(outs[0],), (outs[1],)])
+    for o in outs:
+        assert o.view(np.uint64).tolist() == [0x8000000000000000, 0x7FF8000000000123, 0xFFF0000000000001]
+
+
+def big_array(ctx, n):
+    return np.full(n, ctx.index, np.float32)
+
+
+def test_returned_and_gathered_arrays_are_writable_copies(backend):
+    n = 1 << 18  # 1 MiB: Ray returns it from its object store
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        got = g.round(big_array, args=(n,))
+        rs = g.resident_set()
+        rs.add("w", np.arange(n, dtype=np.float32), sp.IN)
+        gathered = rs.gather("w")
+    for arr in [*got, *gathered]:
+        assert arr.flags.writeable
+        arr[0] = 42.0  # the caller owns it
+    assert not np.shares_memory(got[0], got[1]) and not np.shares_memory(gathered[0], gathered[1])

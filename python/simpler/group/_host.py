@@ -168,8 +168,13 @@ class DeviceHost:
 
     def add(self, set_id: int, name: str, value: Any, direction: Any) -> tuple[tuple[int, ...], str]:
         """Adds one tensor to the set: its shape and dtype on this device."""
-        t = self.sets[set_id][1].add(name, self.resolve(value), direction)
-        return tuple(t.shape), t.dtype
+        host = self.resolve(value)
+        if isinstance(host, np.ndarray) and host.nbytes == 0:
+            # A zero-byte tensor allocates nothing: the set keeps the host array itself, which
+            # must not be a view of the parent's shared memory (unmapped after the call).
+            host = host.copy()
+        t = self.sets[set_id][1].add(name, host, direction)
+        return tuple(t.shape), str(t.dtype)
 
     def release_set(self, set_id: int) -> None:
         """Releases the set in LIFO order (the runtime's rule), idempotently."""
@@ -183,6 +188,9 @@ class DeviceHost:
         out = {}
         for name in names:
             t = self.tensor(GroupTensor(self.device, set_id, name, self.sets[set_id][0]))
+            if isinstance(t, np.ndarray):  # a zero-byte tensor: no allocation, the host array
+                out[name] = t.copy()
+                continue
             arr = np.empty(t.shape, t.np_dtype)
             self.worker.copy_from(arr, t)
             out[name] = arr

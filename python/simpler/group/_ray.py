@@ -111,7 +111,9 @@ class ObjectStoreArrays:
             return s
         key = next(self._keys)
         if arr.nbytes <= INLINE_BYTES:
-            s = Stored(key, np.ascontiguousarray(arr), writable)
+            # A copy in C order, of the array's own shape (``np.ascontiguousarray`` would make a
+            # 0-d array 1-d: numpy's docs of it).
+            s = Stored(key, np.array(arr, order="C", copy=True), writable)
         else:
             s = Stored(key, None, writable)
             self._refs[key] = _ray().put(arr)
@@ -351,21 +353,13 @@ class Backend:
         self._answers[index] = None
         self._calls[index] = (method, self.actors[index].dispatch.remote(message, *refs))
 
-    def start(self, index: int, method: str, args: tuple[Any, ...]) -> None:
-        """Starts ``method`` on device ``index``'s actor (the answer is read by :meth:`finish`)."""
-        self._submit(index, method, *self._message(method, args))
+    def encode(self, method: str, args: tuple[Any, ...]) -> tuple[str, bytes, list[Any]]:
+        """A call, pickled for an actor (raises, before anything is sent, when it cannot be)."""
+        return (method, *self._message(method, args))
 
-    def start_all(self, method: str, per_device: list[tuple[Any, ...]]) -> None:
-        """Starts ``method`` on every actor, each with its arguments; arguments the same for
-        all are pickled once."""
-        first = per_device[0]
-        if all(a is first for a in per_device):
-            message, refs = self._message(method, first)
-            for i in range(len(per_device)):
-                self._submit(i, method, message, refs)
-            return
-        for i, args in enumerate(per_device):
-            self.start(i, method, args)
+    def start(self, index: int, message: tuple[str, bytes, list[Any]]) -> None:
+        """Starts an encoded call on device ``index``'s actor (its answer: :meth:`finish`)."""
+        self._submit(index, *message)
 
     def wait_any(self, indices: list[int], timeout: float | None) -> list[int]:
         """The calls among ``indices`` that have an answer (or a dead actor). Without a timeout:
@@ -442,6 +436,9 @@ class Backend:
         except Exception:  # gone already
             pass
 
+    def reap(self, index: int, timeout: float) -> None:
+        """After :meth:`kill`: nothing to wait for here (Ray ends the actor's process)."""
+
     def stop(self, index: int, timeout: float) -> None:
         """After ``close``: the actor exits (its exit hooks run), or is killed after ``timeout``."""
         if self._gone[index]:
@@ -457,6 +454,13 @@ class Backend:
             self.kill(index)
         self._gone[index] = True
         self._calls[index] = self._answers[index] = None
+
+    def shutdown(self) -> None:
+        """Lets the round's objects go (every actor has ended)."""
+        self._store.close()
+
+    def forget(self) -> None:
+        """In a forked child: nothing to let go (the group's copy is inert)."""
 
     def shared_arrays(self) -> bool:
         """False: no shared memory; arrays go through the object store (:meth:`arena`)."""

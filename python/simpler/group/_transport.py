@@ -16,6 +16,7 @@ Only three kinds of value cross it:
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 import sys
 from multiprocessing import shared_memory
@@ -73,6 +74,8 @@ class SharedArrays:
         self._block: shared_memory.SharedMemory | None = None
         self._used = 0
         self._placed: dict[int, tuple[np.ndarray, ShmRef, bool]] = {}
+        #: Every block this arena created, by name (for an account of what it holds).
+        self.blocks: list[str] = []
 
     def reserve(self, arrays: list[np.ndarray]) -> None:
         """Makes room for ``arrays`` (one block for the round; reused when large enough)."""
@@ -82,9 +85,11 @@ class SharedArrays:
         if self._block is not None and self._block.size >= need:
             return
         self.close()
+        # Named after this process, so that a block left behind says whose it was.
         self._block = shared_memory.SharedMemory(
-            name=f"simpler-{secrets.token_hex(6)}", create=True, size=max(need, 1 << 16)
+            name=f"simpler-{os.getpid()}-{secrets.token_hex(6)}", create=True, size=max(need, 1 << 16)
         )
+        self.blocks.append(self._block.name)
 
     def place(self, arr: np.ndarray, writable: bool) -> ShmRef:
         """The arena's copy of ``arr`` (copied in once per round, whatever reads it)."""
@@ -117,11 +122,15 @@ class SharedArrays:
                 arr[...] = shared
 
     def close(self) -> None:
-        """Unlinks the arena's block."""
+        """Unlinks the arena's block. Idempotent, and safe to call again after an interruption."""
         self._placed.clear()
-        if self._block is not None:
-            self._block.close()
-            self._block.unlink()
+        block = self._block
+        if block is not None:
+            block.close()
+            try:
+                block.unlink()
+            except FileNotFoundError:  # unlinked by an earlier, interrupted close
+                pass
             self._block = None
 
 
@@ -135,7 +144,7 @@ class Attached:
         """The array ``ref`` names, in place (writes reach the parent)."""
         block = self._blocks.get(ref.block)
         if block is None:
-            block = _attach(ref.block)
+            block = attach(ref.block)
             self._blocks[ref.block] = block
         arr = np.ndarray(ref.shape, ref.dtype, buffer=block.buf, offset=ref.offset, strides=ref.strides)
         if not ref.writable:
@@ -148,7 +157,7 @@ class Attached:
             self._blocks.pop(name).close()
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
+def attach(name: str) -> shared_memory.SharedMemory:
     """Maps the parent's block ``name`` without taking ownership of it (the parent unlinks it)."""
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
