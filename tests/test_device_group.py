@@ -711,16 +711,31 @@ def test_close_releases_resident_sets_newest_first_each_last_in_first_out(backen
         assert mine == [[str(k + 1), f"c{k}", f"b{k}", f"a{k}"] for k in (2, 1, 0)], mine
 
 
-def write_bits(ctx, out):
-    out.view(np.uint64)[...] = [0x8000000000000000, 0x7FF8000000000123, 0xFFF0000000000001]
+_QUIET_NAN, _OTHER_NAN = 0x7FF8000000000001, 0x7FF8000000000123
 
 
-def test_negative_zero_and_nan_payloads_written_over_zeros_come_back_bit_identical(backend):
-    outs = [np.zeros(3, np.float64), np.zeros(3, np.float64)]
+def write_bits(ctx, *outs):
+    """Writes ``-0.0`` into the first array, a NaN with another payload into the second and
+    the third."""
+    for out, bits in zip(outs, (0x8000000000000000, _OTHER_NAN, _OTHER_NAN)):
+        out.view(np.uint64)[...] = bits
+
+
+def test_negative_zero_and_nan_payloads_written_over_the_callers_come_back_bit_identical(backend):
+    # -0.0 over 0.0 (equal as values), a NaN over a NaN of another payload (equal as NaNs), a
+    # NaN over 0.0: each array by itself, so that none is written back for another's sake.
+    def fresh():
+        return [np.zeros(2), np.full(2, _QUIET_NAN, np.uint64).view(np.float64), np.zeros(2)]
+
+    outs = [fresh(), fresh()]
     with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
-        g.round(write_bits, [(outs[0],), (outs[1],)])
-    for o in outs:
-        assert o.view(np.uint64).tolist() == [0x8000000000000000, 0x7FF8000000000123, 0xFFF0000000000001]
+        g.round(write_bits, outs)
+    for dev in outs:
+        assert [o.view(np.uint64).tolist() for o in dev] == [
+            [0x8000000000000000] * 2,
+            [_OTHER_NAN] * 2,
+            [_OTHER_NAN] * 2,
+        ]
 
 
 def big_array(ctx, n):
