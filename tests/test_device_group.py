@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -16,7 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _group_calls import hold_next, stamp, stamp_and_alloc
+from _group_calls import make_acc as make_light_acc
 from _signals import SignalsInTurn, interrupt_main_when, kill_when, marker_exists
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import simpler as sp
 from simpler.group import DeviceGroup, DeviceGroupError, RemoteError
@@ -30,11 +38,16 @@ BACKENDS = ["multiprocessing", pytest.param("ray", marks=_NEEDS_RAY)]
 @pytest.fixture(scope="module", autouse=True)
 def local_ray(request):
     """A local Ray for the tests on the ray backend: started once (2 CPUs, no dashboard) and shut
-    down after this module's tests, so that its processes do not idle through the rest of the
-    suite; nothing when no selected test runs on ray, or when a Ray is up already (someone
-    else's, left running)."""
+    down after the module's tests, so that its processes do not idle through the rest of the
+    suite; nothing when no selected test of the module runs on ray (a ``backend`` parameter, or
+    a class whose ``backend`` is ``"ray"``), or when a Ray is up already (someone else's, left
+    running). Another test module uses it by importing it."""
     on_ray = any(
-        getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "ray"
+        item.module is request.module
+        and (
+            (getattr(item, "callspec", None) is not None and item.callspec.params.get("backend") == "ray")
+            or getattr(item.cls, "backend", None) == "ray"
+        )
         for item in request.session.items
     )
     if _NO_RAY or not on_ray:
@@ -753,3 +766,274 @@ def test_returned_and_gathered_arrays_are_writable_copies(backend):
         assert arr.flags.writeable
         arr[0] = 42.0  # the caller owns it
     assert not np.shares_memory(got[0], got[1]) and not np.shares_memory(gathered[0], gathered[1])
+
+
+# -- a state machine over a group, on both backends -------------------------------------------
+#
+# A hypothesis state machine over a device group of two sim devices, on both backends.
+#
+# Random sequences of rounds (each device given a token and an output array of its own), rounds
+# from several threads at once, resident adds (replicated or stacked), gathers, runs that evolve a
+# resident tensor, set releases, injected faults, device processes killed (between calls, or in
+# the middle of a round, an add, a gather, a release or a close), Ctrl+C at the same points (and a
+# second one while the group stops its children, during the kill of either device), closes and
+# reopens. A model holds every resident tensor's contents. After every step, for every group the
+# example opened:
+#
+# * open: every device process it started runs, and the shared-memory blocks that exist are
+#   exactly those it holds (its mailbox and its current block of arrays);
+# * closed: every device process it started has ended and none of its blocks exists;
+#
+# and every result, output array and gathered tensor is the one of its own call (tokens are never
+# reused). Example and step counts are a small share of the hypothesis profile's
+# (tests/conftest.py): this machine starts device processes at every open.
+
+
+#: The calls a device can be caught in the middle of.
+POINTS = ["call", "add", "read", "release_set", "close"]
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """See the module docs; ``backend`` is set by the subclasses below."""
+
+    backend = "multiprocessing"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="group-machine-"))
+        self.markers = itertools.count()
+        self.tokens = itertools.count(1, 10)
+        self.groups: list[DeviceGroup] = []
+        self.g: DeviceGroup | None = None
+        self._open()
+
+    # -- the model -----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        self.g = DeviceGroup("sim", devices=[0, 1], backend=self.backend)
+        self.groups.append(self.g)
+        #: Open resident sets: (set, {name: [device 0's contents, device 1's]}), oldest first.
+        self.sets: list[tuple[sp.GroupResidentSet, dict[str, list[np.ndarray]]]] = []
+
+    def _closed(self) -> None:
+        """The group was closed (by a death, an interruption or ``close``): it refuses calls, and
+        the next step has a new group (the invariant keeps accounting for the closed one)."""
+        assert self.g is not None and self.g.closed
+        with pytest.raises(sp.StateError, match="closed"):
+            self.g.round(stamp, args=(0, np.zeros(1)))
+        self._open()
+
+    def _marker(self) -> Path:
+        return self.tmp / f"m{next(self.markers)}"
+
+    def _token(self) -> int:
+        return next(self.tokens)
+
+    def teardown(self) -> None:
+        for g in self.groups:
+            g.close()
+        for g in self.groups:
+            _accounted(g)
+        shutil.rmtree(self.tmp)
+
+    @invariant()
+    def everything_is_accounted_for(self) -> None:
+        for g in self.groups:
+            _accounted(g)
+
+    # -- rules ---------------------------------------------------------------------------------
+
+    def _round(self, fn) -> list[np.ndarray]:
+        token = self._token()
+        outs = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
+        got = self.g.round(fn, [(token, outs[0]), (token, outs[1])])
+        assert got == [(0, token), (1, token + 1)], f"results of another call: {got} for token {token}"
+        assert [o.tolist() for o in outs] == [[token] * 3, [token + 1] * 3]
+        return outs
+
+    @rule()
+    def round(self) -> None:
+        self._round(stamp)
+
+    @rule(threads=st.integers(2, 3))
+    def rounds_from_threads(self, threads: int) -> None:
+        event("rounds from threads")
+        errors: list[BaseException] = []
+
+        def caller() -> None:
+            try:
+                for _ in range(3):
+                    self._round(stamp)
+            except BaseException as e:
+                errors.append(e)
+
+        ts = [threading.Thread(target=caller) for _ in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert errors == []
+
+    @rule(new_set=st.booleans(), stacked=st.booleans(), rows=st.integers(2, 5), seed=st.integers(0, 2**16))
+    def add(self, new_set: bool, stacked: bool, rows: int, seed: int) -> None:
+        if new_set or not self.sets:
+            self.sets.append((self.g.resident_set(), {}))
+        rs, model = self.sets[-1]
+        name = f"t{len(model)}"
+        value = np.random.default_rng(seed).integers(-100, 100, (rows, 2)).astype(np.float32)
+        rs.add(name, value, sp.INOUT, layout="stacked" if stacked else "replicated")
+        model[name] = list(np.array_split(value, 2)) if stacked else [value.copy(), value.copy()]
+
+    def _some_tensor(self, pick: int) -> tuple[sp.GroupResidentSet, dict, str] | None:
+        tensors = [(rs, m, n) for rs, m in self.sets for n in m]
+        return tensors[pick % len(tensors)] if tensors else None
+
+    @rule(pick=st.integers(0, 100))
+    def gather(self, pick: int) -> None:
+        found = self._some_tensor(pick)
+        if found is None:
+            return
+        rs, model, name = found
+        got = rs.gather(name)
+        parts = np.array_split(got, [len(model[name][0])]) if isinstance(got, np.ndarray) else got
+        for part, want in zip(parts, model[name]):
+            np.testing.assert_array_equal(part, want)
+
+    @rule(pick=st.integers(0, 100))
+    def run_evolves_a_resident_tensor(self, pick: int) -> None:
+        found = self._some_tensor(pick)
+        if found is None:
+            return
+        rs, model, name = found
+        ws = [np.full(m.shape, self._token(), np.float32) for m in model[name]]
+        reports = self.g.run(make_light_acc, [[ws[i], rs[name][i]] for i in range(2)])
+        assert all(r["ok"] for r in reports)
+        for i in range(2):
+            model[name][i] = model[name][i] + ws[i]
+
+    @rule(pick=st.integers(0, 100))
+    def release(self, pick: int) -> None:
+        if not self.sets:
+            return
+        rs, _ = self.sets.pop(pick % len(self.sets))
+        rs.release()
+
+    @rule(device=st.integers(0, 1))
+    def injected_fault(self, device: int) -> None:
+        event("fault injected")
+        self.g.inject_fault(device, "alloc")
+        outs = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
+        with pytest.raises(sp.DeviceError, match=rf"device {device} \(round\)"):
+            self.g.round(stamp_and_alloc, [(self._token(), outs[0]), (self._token(), outs[1])])
+        assert [o.tolist() for o in outs] == [[0] * 3] * 2, "a failed round copied something back"
+        self._round(stamp_and_alloc)  # the fault was spent; the group stays usable
+
+    @rule(device=st.integers(0, 1))
+    def device_dies_between_calls(self, device: int) -> None:
+        event("device killed between calls")
+        pid = self.g.pids[device]
+        os.kill(pid, 9)
+        _ended([pid])
+        with pytest.raises(DeviceGroupError, match=rf"device {device} \(process {pid}\) died during round"):
+            self._round(stamp)
+        self._closed()
+
+    def _trigger(self, point: str, pick: int) -> None:
+        """A call that reaches ``point`` on every device."""
+        g = self.g
+        if point == "call":
+            self._round(stamp)
+        elif point == "add":
+            g.resident_set().add("held", np.zeros(4, np.float32), sp.IN)
+        elif point == "read":
+            found = self._some_tensor(pick)
+            rs = found[0] if found else g.resident_set()
+            if not found:
+                rs.add("x", np.zeros(4, np.float32), sp.IN)
+            rs.gather(found[2] if found else "x")
+        elif point == "release_set":
+            (g.resident_set() if not self.sets else self.sets[pick % len(self.sets)][0]).release()
+        else:
+            g.close()
+
+    @rule(point=st.sampled_from(POINTS), device=st.integers(0, 1), pick=st.integers(0, 100))
+    def device_dies_in_a_call(self, point: str, device: int, pick: int) -> None:
+        event(f"device killed in {point}")
+        marker = self._marker()
+        self.g.round(hold_next, args=(device, point, str(marker)))
+        pid = self.g.pids[device]
+        with kill_when(pid, marker_exists(marker)) as kill:
+            with pytest.raises(DeviceGroupError, match=rf"device {device} \(process {pid}\) died during"):
+                self._trigger(point, pick)
+        assert kill.sent
+        self._closed()
+
+    @rule(
+        point=st.sampled_from(POINTS),
+        device=st.integers(0, 1),
+        again=st.sampled_from([None, 0, 1]),
+        pick=st.integers(0, 100),
+    )
+    def ctrl_c_in_a_call(self, point: str, device: int, again: int | None, pick: int) -> None:
+        """Ctrl+C while ``device`` is in ``point``; with ``again``, a second one while the group
+        kills that device."""
+        event(f"Ctrl+C in {point}" + (" and while stopping" if again is not None else ""))
+        marker = self._marker()
+        self.g.round(hold_next, args=(device, point, str(marker)))
+        readies = [marker_exists(marker)]
+        if again is not None:
+            b = self.g._backend
+            stopping = threading.Event()
+            real_kill = b.kill
+
+            def kill(index: int) -> None:
+                if index == again and not stopping.is_set():
+                    stopping.set()  # the second Ctrl+C lands here
+                    end = time.monotonic() + 60
+                    while time.monotonic() < end:
+                        time.sleep(0.001)
+                real_kill(index)
+
+            b.kill = kill
+            readies.append(stopping.is_set)
+        with SignalsInTurn(*readies) as ctrl_c:
+            with pytest.raises(KeyboardInterrupt):
+                self._trigger(point, pick)
+        assert ctrl_c.delivered == len(readies)
+        self._closed()
+
+    # (An argument, so that hypothesis, which orders rules by their argument count and draws the
+    # first one more often, does not favour this rule, which ends a group.)
+    @rule(release_first=st.booleans())
+    def close(self, release_first: bool) -> None:
+        if release_first:
+            for rs, _ in reversed(self.sets):
+                rs.release()
+        summaries = self.g.close()
+        assert [s["errors"] for s in summaries] == [[], []]
+        self._closed()
+
+
+class MultiprocessingGroupMachine(GroupMachine):
+    backend = "multiprocessing"
+
+
+class RayGroupMachine(GroupMachine):
+    backend = "ray"
+
+
+#: A small share of the profile's counts: every open starts device processes (Ray's are slower).
+_SCALE = settings.default.max_examples / 100
+_STEPS = settings.default.stateful_step_count
+
+TestMultiprocessingGroup = MultiprocessingGroupMachine.TestCase
+TestMultiprocessingGroup.settings = settings(
+    settings.default, max_examples=max(1, round(8 * _SCALE)), stateful_step_count=max(4, _STEPS // 5)
+)
+TestRayGroup = pytest.mark.skipif(_NO_RAY, reason="ray is not installed (requirements/ray.txt)")(
+    RayGroupMachine.TestCase
+)
+TestRayGroup.settings = settings(
+    settings.default, max_examples=max(1, round(2 * _SCALE)), stateful_step_count=max(4, _STEPS // 8)
+)
+TestRayGroup.backend = "ray"  # the local_ray fixture starts a Ray for the classes that say so
