@@ -608,6 +608,35 @@ def test_a_group_left_open_at_exit_warns_and_closes_in_order_without_a_traceback
     assert "at exit: closed True exit codes [0, 0]" in out.stdout.splitlines(), out.stdout
 
 
+_BUSY_AT_EXIT = """
+import sys, threading, time
+from pathlib import Path
+from simpler.group import DeviceGroup
+from simpler.group import _group
+
+def busy(ctx, marker):
+    Path(marker).touch()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    _group._CLOSE_TIMEOUT_S = 1.0  # how long the exit hook waits for the call in progress
+    g = DeviceGroup("sim", devices=[0, 1])
+    threading.Thread(target=g.round, args=(busy,), kwargs={"args": (sys.argv[1],)}, daemon=True).start()
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.01)
+    print("end of script", g.pids, flush=True)
+"""
+
+
+def test_a_group_busy_in_a_daemon_thread_at_exit_is_killed_not_waited_for(tmp_path):
+    marker = tmp_path / "busy"
+    out = _script(tmp_path, _BUSY_AT_EXIT, str(marker), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "was still in a call at exit: its device processes are killed" in out.stderr, out.stderr
+    pids = [int(p) for p in out.stdout.split("[", 1)[1].split("]")[0].split(",")]
+    _ended(pids, timeout=60)
+
+
 @pytest.mark.parametrize("platform", ["sim", "cuda", "ascend"])
 def test_device_id_is_refused_the_devices_name_each_processs_device(platform):
     with pytest.raises(sp.ArgumentError, match=r"device_id=0 is not an option of a group.*devices=\[0, 1\]"):

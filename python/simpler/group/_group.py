@@ -119,7 +119,15 @@ def _close_at_exit() -> None:
             stacklevel=1,
         )
         try:
-            g.close()
+            # A daemon thread may be in a call still: it is waited for, not forever.
+            if not g._lock.acquire(timeout=_CLOSE_TIMEOUT_S):
+                log.error("%r was still in a call at exit: its device processes are killed", g)
+                g._stop_all(kill=True)
+                continue
+            try:
+                g.close()
+            finally:
+                g._lock.release()
         except BaseException as e:  # every group is attempted; the error says what went wrong
             log.error("closing %r at exit: %s: %s", g, type(e).__name__, e)
 
