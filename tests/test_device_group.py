@@ -859,17 +859,19 @@ class GroupMachine(RuleBasedStateMachine):
         return next(self.tokens)
 
     def teardown(self) -> None:
-        for g in self.groups:
-            g.close()
-        for g in self.groups:
-            _accounted(g)
-        shutil.rmtree(self.tmp)
+        try:
+            for g in self.groups:
+                g.close()
+            for g in self.groups:
+                _accounted(g)
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     @invariant()
     def everything_is_accounted_for(self) -> None:
         for g in self.groups:
-            # (A process left running fails here after 30 s: each example hypothesis shrinks
-            # a failure to pays it again.)
+            # (A process left running fails here after 30 s; hypothesis pays that again for
+            # each example it tries while shrinking a failure.)
             _accounted(g, timeout=30.0)
 
     # -- rules ---------------------------------------------------------------------------------
