@@ -16,6 +16,9 @@ drift of the machine hits both alike. A round measures, on sim:
 * ``get_tensor_data``: 16,384 reads ``int(orch.get_tensor_data(t, (i, j)))`` of a resident
   (64, 256) int32 table (a host mirror), per read, against ``int(arr[i, j])`` on a numpy array
   timed right before it in the same process, and their ratio.
+* ``group x2 round``: ``DeviceGroup("sim", devices=[0, 1]).round(noop)`` on the multiprocessing
+  backend, ``noop`` the group benchmark's function that returns None: the fixed cost of a round
+  fanned out to two device processes (median of 201 rounds).
 
 The child code uses only the public API both builds share. Prints every round and then, per
 figure, the median and the best (min) over the rounds of each build, and after / before (a stall
@@ -39,6 +42,8 @@ from statistics import median
 import numpy as np
 import simpler
 from simpler.args import ResidentTaskArgs
+from simpler.group import DeviceGroup
+from simpler.tools.bench_group import noop
 from simpler.worker import ArgDirection, Callable, Kernel, Worker
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
@@ -104,6 +109,8 @@ c_reads = Callable(reads, [IN], name="reads")
 c_fixed = Callable(lambda o, *ts: o.submit(EMPTY), [IN] * 20, name="fixed")
 w.run(c_reads, [table])  # the host view is established once, outside the rounds
 w.run(c_fixed, args)
+group = DeviceGroup("sim", devices=[0, 1], backend="multiprocessing")
+group.round(noop)
 print(json.dumps({"simpler": simpler.__file__}), flush=True)
 for line in sys.stdin:
     if line.strip() != "round":
@@ -117,6 +124,11 @@ for line in sys.stdin:
         disp.append(r.dispatch_ns)
     numpy_ns = plain()
     w.run(c_reads, [table])
+    fan = []
+    for _ in range(201):
+        t0 = time.perf_counter_ns()
+        group.round(noop)
+        fan.append(time.perf_counter_ns() - t0)
     out = {
         "submit_view_ns": got["submit_view"],
         "warm_run_ns": median(walls),
@@ -124,8 +136,10 @@ for line in sys.stdin:
         "numpy_read_ns": numpy_ns,
         "get_ns": got["get"],
         "get_ratio": got["get"] / numpy_ns,
+        "group_round_ns": median(fan),
     }
     print(json.dumps(out), flush=True)
+group.close()
 res.release()
 w.free(buf)
 w.free(tbuf)
@@ -140,6 +154,7 @@ FIGURES = (
     ("numpy_read_ns", "numpy int(arr[i, j])", "ns"),
     ("get_ns", "get_tensor_data", "ns"),
     ("get_ratio", "get_tensor_data / numpy", "x"),
+    ("group_round_ns", "group x2 round", "us"),
 )
 
 
