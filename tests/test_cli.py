@@ -563,7 +563,7 @@ def test_report_on_group_records_with_bad_numbers_or_ids_is_a_usage_error(
 def test_bench_without_a_workload_runs_the_unrolled_graphs_bench_cases_priced(monkeypatch):
     """``simpler bench`` alone runs the unrolled paged attention's ``BENCH_CASES`` (Case1 and Case2;
     here one small case stands in for them) under its ``BENCH_MODELS``, and its tables set the
-    seed's chip.run ratios beside the modeled round's, with why they differ."""
+    chip.run ratios upstream published beside the modeled round's, with why they differ."""
     from simpler.workloads import DEFAULT_WORKLOAD
     from simpler.workloads import paged_attention_unroll as pu
 

@@ -356,8 +356,8 @@ def _tasks_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
 PUBLISHED_ARMS = {
     "paged_attention_unroll": (
         "simpler.workloads.paged_attention_unroll",
-        "SEED_CHIP_RUN_MS",
-        "the seed's warm chip.run of upstream's unrolled paged attention on an A2/A3 card",
+        "PUBLISHED_CHIP_RUN_MS",
+        "the warm chip.run upstream published for its unrolled paged attention on an A2/A3 card",
     ),
 }
 
