@@ -8,7 +8,8 @@ or replicated). See ``docs/device-groups.md``.
 
 from __future__ import annotations
 
-from ._group import BACKENDS, DeviceGroup, DeviceGroupError, GroupResidentSet, RemoteError
+from ._errors import DeviceGroupError, RemoteError
+from ._group import BACKENDS, DeviceGroup, GroupResidentSet
 from ._host import DeviceContext
 from ._transport import GroupTensor
 

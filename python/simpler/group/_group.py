@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import errors
 from .._core import PLATFORMS
+from ._errors import DeviceGroupError, rebuild_remote
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
 
@@ -35,41 +36,6 @@ _KILL_TIMEOUT_S = 10.0
 
 #: How many interruptions a stop outlasts before it leaves the rest to ``close()``.
 _STOP_ATTEMPTS = 100
-
-
-class DeviceGroupError(errors.SimplerError, RuntimeError):
-    """A device of a group failed as a process: it died (killed, crashed, out of memory) or
-    could not be reached. ``device`` and ``phase`` say which and when; the group is closed."""
-
-    def __init__(self, message: str, device: int | None = None, phase: str = ""):
-        super().__init__(message)
-        self.device = device
-        self.phase = phase
-
-
-class RemoteError(errors.SimplerError, RuntimeError):
-    """An exception a device's process raised whose type is not one of simpler's (a
-    ``RuntimeError``, an ``AssertionError`` of a kernel, ...): ``kind`` is its type name,
-    ``device`` and ``phase`` say where. The group stays usable."""
-
-    def __init__(self, message: str, kind: str, device: int, phase: str):
-        super().__init__(message)
-        self.kind = kind
-        self.device = device
-        self.phase = phase
-
-
-#: Exceptions a child raised, rebuilt by type name (anything else: RemoteError).
-_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
-_ERRORS.update({"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError})
-
-
-def _remote(device: int, phase: str, kind: str, message: str, trace: str) -> BaseException:
-    cls = _ERRORS.get(kind)
-    text = f"device {device} ({phase}): {message}"
-    e = cls(text) if cls is not None else RemoteError(f"{text} [{kind}]", kind, device, phase)
-    e.__notes__ = [f"raised in the process of device {device}:\n{trace}"]  # type: ignore[attr-defined]
-    return e
 
 
 def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> dict[str, Any]:
@@ -381,7 +347,7 @@ class DeviceGroup:
             raise DeviceGroupError(msg, d, phase)
         for i in idx:
             if answers[i][0] == "err":
-                raise _remote(self.devices[i], phase, *answers[i][1])
+                raise rebuild_remote(self.devices[i], phase, *answers[i][1])
         return [answers[i][1] for i in idx]
 
     def _pack(self, per_device: Sequence[Any], what: str) -> tuple[list[Any], str | None]:

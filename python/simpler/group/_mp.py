@@ -42,6 +42,7 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ._errors import DeviceGroupError
 from ._host import DeviceHost, capture
 from ._transport import attach
 
@@ -257,8 +258,6 @@ class Child:
             if kind:
                 call_id, n = self.outbox.head()
                 if call_id != self._call_id:
-                    from ._group import DeviceGroupError
-
                     raise DeviceGroupError(
                         f"device {self.device} (process {self.pid()}) answered call {call_id} while "
                         f"call {self._call_id} was in progress: calls and answers are out of step",

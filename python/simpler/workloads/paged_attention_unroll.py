@@ -481,8 +481,9 @@ TASKS_NOTE = (
 
 #: The warm ``chip.run`` upstream published for its unrolled paged attention on an A2/A3 card
 #: (hw-native-sys/simpler, pull request "Perf: declare L2 tensor residency per argument"), per
-#: residency arm (ms, low and high over its two ten-round repetitions): host staging of every argument, bulk residency
-#: (query and KV caches resident), and the control tensors resident too, read through host views.
+#: residency arm (ms, low and high over its two ten-round repetitions): host staging of every
+#: argument, bulk residency (query and KV caches resident), and the control tensors resident
+#: too, read through host views.
 #: ``simpler bench`` prints their ratios beside the measured and modeled ones.
 PUBLISHED_CHIP_RUN_MS = {
     "Residency_staged": (1.006, 1.013),
