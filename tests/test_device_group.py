@@ -231,8 +231,9 @@ def _gone(pids, timeout=60.0):
 
 
 def _blocks() -> set[str]:
-    """The group shared-memory blocks that exist now."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith("simpler-")}
+    """The group shared-memory blocks of this process that exist now (a group names its blocks
+    after the process that made them; another test run on the machine makes its own)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"simpler-{os.getpid()}-")}
 
 
 # -- more of what the children run --------------------------------------------------------------
