@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import simpler as sp
-from simpler.testing import fake_cuda
+from simpler.testing import fake_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,11 +64,11 @@ class FakeVendor:
 
     def worker(self, platform: str, **opts: Any) -> sp.Worker:
         """A worker on ``platform`` over its fake library (see :meth:`use`); on cuda the fake
-        runs device launches through the host implementations of ``simpler.testing.fake_cuda``
+        runs device launches through the host implementations of ``simpler.testing.fake_kernels``
         and compiles with its own NVRTC."""
         self.use(platform)
         if platform == "cuda":
-            fake_cuda.install_if_fake()
+            fake_kernels.install_if_fake()
         return sp.Worker(platform, **opts)
 
     def cuda_lib(self) -> ctypes.CDLL:

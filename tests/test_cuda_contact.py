@@ -24,7 +24,7 @@ from _signals import SignalWhen
 from test_device_exec import SAXPY, SEEN, saxpy_kernel
 
 import simpler as sp
-from simpler.testing import fake_cuda
+from simpler.testing import fake_kernels
 
 LEGACY, PER_THREAD, NON_BLOCKING = 1, 2, 1
 F32 = np.dtype(np.float32)
@@ -451,7 +451,7 @@ def test_a_device_newer_than_nvrtc_gets_ptx_for_the_newest_architecture_it_knows
     try:
         info = sp.nvrtc_info((12, 8), (12, 0))
         assert (info["target"], info["target_kind"]) == ("compute_90", "ptx"), info
-        fake_cuda.install_if_fake()
+        fake_kernels.install_if_fake()
         with caplog.at_level(logging.WARNING, logger="simpler"), sp.Worker("cuda") as w:
             y = np.zeros(4, np.float32)
             k = saxpy_kernel(SAXPY + "\n// for a 12.0 device\n")

@@ -22,7 +22,10 @@ import pytest
 
 import simpler as sp
 from simpler import _core
-from simpler.testing import fake_cuda
+from simpler.testing import (
+    fake_cuda,
+    fake_kernels,  # noqa: F401  (registers the host implementations dispatched here)
+)
 from simpler.tools import preflight
 from simpler.workloads import paged_attention as pa
 from simpler.workloads import paged_attention_cuda as pac

@@ -61,8 +61,8 @@ def test_short_contexts_match_the_golden_on_sim(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_short_contexts_match_the_golden_on_cuda(fake_vendor, seed):
     fake_vendor.use("cuda")
-    from simpler.testing import fake_cuda
+    from simpler.testing import fake_kernels
 
-    fake_cuda.install_if_fake()
+    fake_kernels.install_if_fake()
     out, x = _run("cuda", _short_case(seed))
     np.testing.assert_allclose(out, _golden(x), rtol=1e-3, atol=1e-3)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import simpler as sp
@@ -77,3 +80,89 @@ def test_the_native_crate_modules_form_no_cycle():
 
     for m in sorted(uses):
         visit(m, ())
+
+
+_PACKAGE = Path(__file__).resolve().parent.parent / "python" / "simpler"
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Each module of the package -> the modules of the package it imports, wherever the import
+    stands (in a function too), except under ``if TYPE_CHECKING:`` (names for annotations only,
+    never executed). ``from . import x`` counts as importing ``x`` when ``x`` is a module; the
+    native module counts as ``simpler._core``."""
+    files = {}
+    for f in _PACKAGE.rglob("*.py"):
+        parts = list(f.relative_to(_PACKAGE.parent).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    modules = {*files, "simpler._core"}
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def walk(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+        out: list[ast.Import | ast.ImportFrom] = []
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                out += walk(node.orelse)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.append(node)
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    out += walk([child])
+        return out
+
+    graph: dict[str, set[str]] = {}
+    for name, f in files.items():
+        package = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in walk(ast.parse(f.read_text()).body):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = package[: len(package) - node.level + 1] if node.level else []
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+                subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [*subs, mod]
+            deps |= {m for t in targets if (m := known(t)) is not None and m != name}
+        graph[name] = deps
+    return graph
+
+
+def test_the_package_modules_form_no_cycle():
+    """No module of the package imports, directly or through others, a module that imports it
+    back (lazy imports inside functions included), so every module can be read, and loaded,
+    after the ones it uses."""
+    graph = _package_imports()
+    assert len(graph) > 30 and "simpler.testing.scene" in graph["simpler.testing"]
+    done: set[str] = set()
+
+    def visit(m: str, path: tuple[str, ...]) -> None:
+        assert m not in path, f"cycle: {' -> '.join((*path[path.index(m) :], m))}"
+        if m in done:
+            return
+        for d in sorted(graph.get(m, ())):
+            visit(d, (*path, m))
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m, ())
+
+
+def test_import_simpler_loads_the_library_not_the_harness_nor_the_groups():
+    """``import simpler`` loads the library; the harness and the device groups load when one of
+    their names is first read from it."""
+    code = (
+        "import sys, simpler\n"
+        "print(sorted(m for m in sys.modules if m.startswith('simpler.')))\n"
+        "simpler.SceneTestCase, simpler.DeviceGroup\n"
+        "print('simpler.testing' in sys.modules, 'simpler.group' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded, after = out.splitlines()
+    assert not [m for m in ast.literal_eval(loaded) if m.startswith(("simpler.testing", "simpler.group"))], (
+        loaded
+    )
+    assert after == "True True"

@@ -10,15 +10,18 @@ Three capabilities in one library:
 
 The package's parts: the library surface (this module: workers, buffers, tensors, resident
 sets, callables; :mod:`simpler.errors`), the testing harness (:mod:`simpler.testing`: scene
-tests, the standalone runner, the pytest plugin), the tools (:mod:`simpler.tools`: the
-``simpler`` command, bench and report) and the workloads shipped with it
-(:mod:`simpler.workloads`). See ``docs/`` and the README for a tour.
+tests, the standalone runner, the pytest plugin; its main names are re-exported here and
+loaded when first read, as are the device groups of :mod:`simpler.group`), the tools
+(:mod:`simpler.tools`: the ``simpler`` command, bench and report) and the workloads shipped with
+it (:mod:`simpler.workloads`). See ``docs/`` and the README for a tour.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
+from typing import TYPE_CHECKING, Any
 
 try:
     #: The installed version (of the ``simpler-residency`` distribution).
@@ -58,8 +61,6 @@ from .errors import (
     SimplerError,
     StateError,
 )
-from .group import DeviceGroup, DeviceGroupError, GroupResidentSet
-from .testing import CaseRun, SceneTestCase, main, run_case, scene_test
 from .worker import (
     ArgDirection,
     Buffer,
@@ -84,6 +85,38 @@ from .worker import (
 IN = ArgDirection.IN
 OUT = ArgDirection.OUT
 INOUT = ArgDirection.INOUT
+
+#: Names of the testing harness and of device groups, re-exported here but loaded when first
+#: read: ``import simpler`` loads the library, not the harness nor the process groups.
+_LAZY = {
+    "CaseRun": "testing",
+    "SceneTestCase": "testing",
+    "main": "testing",
+    "run_case": "testing",
+    "scene_test": "testing",
+    "DeviceGroup": "group",
+    "DeviceGroupError": "group",
+    "GroupResidentSet": "group",
+}
+
+if TYPE_CHECKING:
+    from .group import DeviceGroup, DeviceGroupError, GroupResidentSet
+    from .testing import CaseRun, SceneTestCase, main, run_case, scene_test
+
+
+def __getattr__(name: str) -> Any:
+    """The harness's and the groups' names (:data:`_LAZY`), imported when first read."""
+    sub = _LAZY.get(name)
+    if sub is None:
+        raise AttributeError(f"module 'simpler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{sub}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "IN",

@@ -10,17 +10,11 @@ by ``simpler`` itself. For files ported from the upstream runtime: :data:`PLATFO
 
 from __future__ import annotations
 
+from ._cases import PLATFORM_ALIASES, scene_level, scene_runtime
+from .caserun import CaseRun
 from .runner import main
-from .scene import (
-    PLATFORM_ALIASES,
-    CaseRun,
-    SceneTestCase,
-    SceneTestWarning,
-    run_case,
-    scene_level,
-    scene_runtime,
-    scene_test,
-)
+from .running import run_case
+from .scene import SceneTestCase, SceneTestWarning, scene_test
 from .scene_group import GroupCaseRun, GroupRound
 
 __all__ = [

@@ -1,6 +1,10 @@
 """What a scene test declares, checked: platform names, case entries, and how a case's
 arguments split across devices (the defaults behind ``SceneTestCase.SPLIT``).
 
+It also says what makes a class a scene test (:func:`scene_base`, :func:`is_scene_test`) and
+reads what the ``scene_test`` decorator recorded on it, so that the modules that run cases need
+not import :mod:`simpler.testing.scene`, which sits above them (it runs its cases through them).
+
 Internal to :mod:`simpler.testing`; :mod:`simpler.testing.scene` re-exports the public names.
 """
 
@@ -171,7 +175,8 @@ def check_split(split: object, where: str) -> None:
             raise ArgumentTypeError(f"{where}: SPLIT['{k}'] is an axis (int) or None, not {axis!r}")
 
 
-def _host(v: Any) -> Any:
+def host_fixture(v: Any) -> Any:
+    """A fixture's numpy view (a torch tensor's memory; anything else as it is)."""
     return _arrays.host_array(v, "fixture")
 
 
@@ -191,7 +196,7 @@ def split_by_axes(
     for spec in args.specs:
         if isinstance(spec, Scalar):
             continue
-        arr = _host(spec.value)
+        arr = host_fixture(spec.value)
         if not isinstance(arr, np.ndarray):
             raise ArgumentError(
                 f"{where}: tensor '{spec.name}' is a {type(arr).__name__}; a case on several devices "
@@ -210,7 +215,7 @@ def split_by_axes(
             for p in parts:
                 p.add(spec)
             continue
-        arr = _host(spec.value)
+        arr = host_fixture(spec.value)
         axis = split.get(spec.name)
         if axis is None:
             whole = np.array(arr, copy=True, order="C")
@@ -239,8 +244,8 @@ def merge_by_axes(
                 f"{where}: output '{name}' goes whole to every device (SPLIT gives it no axis), so "
                 "the devices' outputs cannot be joined: split it, or override merge_outputs"
             )
-        joined = np.concatenate([np.asarray(_host(p[name])) for p in parts], axis=axis)
-        target = _host(args[name])
+        joined = np.concatenate([np.asarray(host_fixture(p[name])) for p in parts], axis=axis)
+        target = host_fixture(args[name])
         if joined.shape != target.shape:
             raise ArgumentError(
                 f"{where}: output '{name}': the devices' parts join to shape {joined.shape}, "
@@ -267,3 +272,90 @@ def release_then_close(label: str, resident: Any, close: Any, failed: bool) -> N
     finally:
         if close is not None:
             close()
+
+
+# -- what makes a class a scene test -------------------------------------------------------------
+
+#: What the ``scene_test`` decorator records in a class's own namespace.
+LEVEL_ATTR = "_scene_test_level"
+RUNTIME_ATTR = "_scene_test_runtime"
+COMPARE_ATTR = "_scene_test_compare"  # "ours" or "upstream": how compare_outputs is called
+
+#: Set in the base class's own namespace (``SceneTestCase``): the harness below it recognises a
+#: scene test's class by it.
+BASE_ATTR = "_scene_test_base"
+
+
+def scene_base(cls: object) -> type | None:
+    """The scene-test base class (``SceneTestCase``) that ``cls`` derives from, or ``None`` when
+    ``cls`` is not such a class."""
+    if not isinstance(cls, type):
+        return None
+    return next((c for c in cls.__mro__ if c.__dict__.get(BASE_ATTR)), None)
+
+
+def check_scene_class(cls: object, who: str = "run_case") -> None:
+    """``ArgumentTypeError`` unless ``cls`` is a ``SceneTestCase`` subclass."""
+    if scene_base(cls) is None:
+        raise ArgumentTypeError(f"{who}: expected a SceneTestCase subclass")
+
+
+def can_split(cls: type) -> bool:
+    """Whether a scene test can run on several devices: it sets ``SPLIT`` or overrides
+    ``split_args``."""
+    base = scene_base(cls)
+    return cls.SPLIT is not None or (base is not None and cls.split_args is not base.split_args)
+
+
+def case_devices(cls: type, case: Mapping[str, Any] | str, devices: int | None = None) -> int:
+    """The device count a case runs on: ``devices`` (``--devices``) when given, else the case's
+    ``devices``, else the class's ``DEVICES``."""
+    if devices is not None:
+        return check_devices(devices, "devices")
+    c = find_case(cls, case)
+    return int(c.get("devices", getattr(cls, "DEVICES", 1)))
+
+
+def is_scene_test(obj: object) -> bool:
+    """Whether ``obj`` is a class decorated with ``scene_test``."""
+    return scene_base(obj) is not None and LEVEL_ATTR in obj.__dict__
+
+
+def scene_level(cls: type) -> int:
+    """The level a scene test was declared with."""
+    return int(cls.__dict__[LEVEL_ATTR])
+
+
+def scene_runtime(cls: type) -> str | None:
+    """The ``runtime`` a scene test was declared with (upstream's runtime name; ``None`` when
+    none was given). Recorded only: this harness has one runtime."""
+    if not is_scene_test(cls):
+        raise ArgumentTypeError(f"scene_runtime: {cls!r} is not a class decorated with scene_test")
+    return cls.__dict__[RUNTIME_ATTR]
+
+
+def find_case(cls: type, case: Mapping[str, Any] | str) -> Mapping[str, Any]:
+    """The case entry of ``cls`` that ``case`` names (or ``case`` itself, an entry)."""
+    if isinstance(case, str):
+        for c in cls.CASES:
+            if c["name"] == case:
+                return c
+        raise ArgumentError(f"{cls.__name__}: no case named '{case}'")
+    return case
+
+
+def declared_level(cls: type) -> int:
+    """The level a case of ``cls`` runs at: the decorator's, or 2 for an undecorated class."""
+    return scene_level(cls) if LEVEL_ATTR in cls.__dict__ else 2
+
+
+def declared_compare(cls: type) -> str:
+    """How ``cls``'s ``compare_outputs`` is called (``"ours"`` or ``"upstream"``): as the
+    decorator recorded it, or read from the override's signature for an undecorated class."""
+    recorded = cls.__dict__.get(COMPARE_ATTR)
+    if recorded:
+        return str(recorded)
+    base = scene_base(cls)
+    if base is None:
+        raise ArgumentTypeError(f"{cls!r} is not a SceneTestCase subclass")
+    return compare_style(cls, base.compare_outputs)

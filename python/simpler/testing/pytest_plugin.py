@@ -39,12 +39,15 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..errors import ArgumentError, ArgumentTypeError
-from . import runner, scene
+from . import _cases, runner, running
+
+if TYPE_CHECKING:
+    from .scene import SceneTestCase
 
 #: The prefix of every option the plugin declares.
 PREFIX = "simpler-"
@@ -114,7 +117,7 @@ def st_device_ids(request: pytest.FixtureRequest) -> list[int]:
 
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
     """Collects a scene-test class defined in the module being collected."""
-    if not scene.is_scene_test(obj):
+    if not _cases.is_scene_test(obj):
         return None
     module = getattr(collector, "obj", None)
     if getattr(obj, "__module__", None) != getattr(module, "__name__", object()):
@@ -131,7 +134,7 @@ class SceneClass(pytest.Class):
 
 
 class SceneCase(pytest.Item):
-    """One case of a scene test, run through :func:`simpler.testing.scene.run_case`."""
+    """One case of a scene test, run through :func:`simpler.testing.run_case`."""
 
     def __init__(self, *, case: dict[str, Any], **kw: Any):
         super().__init__(**kw)
@@ -146,14 +149,14 @@ class SceneCase(pytest.Item):
             self.add_marker(pytest.mark.skip(reason=reason))
 
     @property
-    def scene_class(self) -> type[scene.SceneTestCase]:
+    def scene_class(self) -> type[SceneTestCase]:
         """The scene-test class of this case."""
         return self.parent.obj
 
     def runtest(self) -> None:
         """Runs the case on the configured platform and rounds; records the reports."""
         o = _opts(self.config)
-        self.reports = scene.run_case(
+        self.reports = running.run_case(
             self.scene_class,
             self.case,
             platform=o.platform,
@@ -176,7 +179,7 @@ class SceneCase(pytest.Item):
     def _traceback_filter(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
         """Starts failure tracebacks at the scene runner (not pytest's own frames)."""
         tb = excinfo.traceback
-        return tb.cut(path=Path(scene.__file__)).filter(excinfo)
+        return tb.cut(path=Path(running.__file__)).filter(excinfo)
 
 
 def _marker_platforms(m: pytest.Mark, item: pytest.Item) -> list[str] | None:
@@ -191,7 +194,7 @@ def _marker_platforms(m: pytest.Mark, item: pytest.Item) -> list[str] | None:
     names = [v] if isinstance(v, str) else v
     if not isinstance(names, (list, tuple, set, frozenset)):
         raise ArgumentTypeError(f"{item.nodeid}: {m.name} marker: a list of platform names, not {v!r}")
-    return scene.platform_list(names, f"{item.nodeid}: {m.name} marker: ")
+    return _cases.platform_list(names, f"{item.nodeid}: {m.name} marker: ")
 
 
 def _marker_case(item: pytest.Item) -> dict[str, Any] | None:
@@ -212,7 +215,7 @@ def _plain_skip(item: pytest.Item, case: dict[str, Any], o: runner.RunnerOptions
     """Why a plain test with upstream markers skips on this platform (``None``: it runs)."""
     if not runner.case_runs_on(case, o.platform):
         return f"test runs on {', '.join(case['platforms']) or 'no platform'}, not {o.platform}"
-    if o.manual == "exclude" and scene.manual_on(case, o.platform):
+    if o.manual == "exclude" and _cases.manual_on(case, o.platform):
         return f"manual test (run with --{PREFIX}manual include)"
     return None
 
@@ -224,7 +227,7 @@ def _ported(item: pytest.Item) -> bool:
     if {"st_platform", "st_device_ids"} & set(getattr(item, "fixturenames", ())):
         return True
     module = getattr(item, "module", None)
-    return module is not None and any(scene.is_scene_test(v) for v in vars(module).values())
+    return module is not None and any(_cases.is_scene_test(v) for v in vars(module).values())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

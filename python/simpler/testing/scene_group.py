@@ -45,18 +45,8 @@ from .. import _arrays
 from ..args import TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection
-from . import fake_cuda
-from ._cases import release_then_close
-from .scene import (
-    _COMPARE_ATTR,
-    _LEVEL_ATTR,
-    CaseRun,
-    SceneTestCase,
-    _compare,
-    _host,
-    compare_style,
-    scene_level,
-)
+from ._cases import declared_compare, declared_level, host_fixture, release_then_close
+from .caserun import CaseRun, compare
 
 __all__ = ["GroupCaseRun", "GroupRound", "device_round", "dispatch_ns"]
 
@@ -158,7 +148,9 @@ def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> dict[str, Any]:
     """One round of a scene case on one device, in that device's process: runs the scene
     test's ``CALLABLE`` with ``args`` on the device's worker; the report as a dict."""
     if ctx.worker.platform == "cuda" and "cuda" not in _INSTALLED:
-        fake_cuda.install_if_fake()  # a GPU-less machine: the fake's host kernels, here too
+        from .fake_kernels import install_if_fake
+
+        install_if_fake()  # a GPU-less machine: the fake's host kernels, here too
         _INSTALLED.add("cuda")
     return ctx.worker.run(_load_callable(ref), args).to_dict()
 
@@ -184,7 +176,7 @@ class GroupCaseRun(CaseRun):
 
     def __init__(
         self,
-        cls: type[SceneTestCase],
+        cls: type,
         case: Mapping[str, Any] | str,
         platform: str = "sim",
         rounds: int = 1,
@@ -207,10 +199,8 @@ class GroupCaseRun(CaseRun):
 
     def _start(self) -> None:
         cls, label, n = self.cls, self.label, self.devices
-        self._level = scene_level(cls) if _LEVEL_ATTR in cls.__dict__ else 2
-        self._compare_as = cls.__dict__.get(_COMPARE_ATTR) or compare_style(
-            cls, SceneTestCase.compare_outputs
-        )
+        self._level = declared_level(cls)
+        self._compare_as = declared_compare(cls)
         self._ref = _class_ref(cls)
         args = self._inst.generate_args(self.params)
         if not isinstance(args, TaskArgsBuilder):
@@ -232,8 +222,10 @@ class GroupCaseRun(CaseRun):
         self._staged_out = [t for t in outputs if t not in self._resident]
         self._resident_out = [t for t in outputs if t in self._resident]
         self._evolving = bool(self._resident_out)
-        self._initial = [{t: np.array(_host(p[t]), copy=True) for t in self._staged_out} for p in parts]
-        self._initial_whole = {t: np.array(_host(args[t]), copy=True) for t in self._staged_out}
+        self._initial = [
+            {t: np.array(host_fixture(p[t]), copy=True) for t in self._staged_out} for p in parts
+        ]
+        self._initial_whole = {t: np.array(host_fixture(args[t]), copy=True) for t in self._staged_out}
         # One read-only view per array (an array every device reads is placed once); the arrays
         # are held, so no id is reused.
         ro: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -241,7 +233,7 @@ class GroupCaseRun(CaseRun):
         for p in parts:
             views = {}
             for t in self._staged_in:
-                arr = _host(p[t])
+                arr = host_fixture(p[t])
                 views[t] = ro.setdefault(id(arr), (arr, _readonly(arr)))[1]
             self._inputs.append(views)
         if self.golden is not None and not self._evolving:
@@ -250,11 +242,13 @@ class GroupCaseRun(CaseRun):
             from ..group import DeviceGroup
 
             if self.platform == "cuda":
-                fake_cuda.install_if_fake()  # what the device processes inherit (NVRTC's path)
+                from .fake_kernels import install_if_fake
+
+                install_if_fake()  # what the device processes inherit (NVRTC's path)
             self.group = DeviceGroup(self.platform, devices=list(range(n)), **self.worker_options)
         self._set = self.group.resident_set()
         for name in self._resident:
-            self._set.add(name, [_host(p[name]) for p in parts], dirs[name])
+            self._set.add(name, [host_fixture(p[name]) for p in parts], dirs[name])
 
     def _check_parts(self, parts: Any, args: TaskArgsBuilder, dirs: Mapping[str, Any]) -> None:
         """``split_args``'s answer: ``n`` builders with ``args``'s arguments, host arrays, no
@@ -270,7 +264,7 @@ class GroupCaseRun(CaseRun):
                 what = p.names if isinstance(p, TaskArgsBuilder) else type(p).__name__
                 raise ArgumentError(f"{where}: device {i}'s part must have the arguments {names}, not {what}")
             for t in p.tensors():
-                arr = _host(t.value)
+                arr = host_fixture(t.value)
                 if not isinstance(arr, np.ndarray):
                     raise ArgumentError(
                         f"{where}: device {i}'s '{t.name}' is a {type(arr).__name__}; a device's "
@@ -279,7 +273,7 @@ class GroupCaseRun(CaseRun):
                 if args.spec(t.name).child_memory and arr.nbytes == 0:
                     raise ArgumentError(f"{where}: device {i}'s resident '{t.name}' is empty")
         for name, d in dirs.items():
-            arrs = [_host(p[name]) for p in parts]
+            arrs = [host_fixture(p[name]) for p in parts]
             if d is not ArgDirection.IN and any(
                 np.shares_memory(a, b) for i, a in enumerate(arrs) for b in arrs[i + 1 :]
             ):
@@ -297,7 +291,7 @@ class GroupCaseRun(CaseRun):
             elif t.name in self._inputs[i]:
                 row.append(self._inputs[i][t.name])
             else:
-                row.append(_host(t.value))
+                row.append(host_fixture(t.value))
         return row + [_arrays.host_scalar(s.value) for s in p.scalars()]
 
     def _round(self) -> GroupRound:  # type: ignore[override]
@@ -308,7 +302,7 @@ class GroupCaseRun(CaseRun):
         if r > 0:
             for p, snaps in zip(self.parts, self._initial):
                 for t, snap in snaps.items():
-                    np.copyto(_host(p[t]), snap)
+                    np.copyto(host_fixture(p[t]), snap)
         rows = [(self._ref, self._row(i)) for i in range(self.devices)]
         t0 = time.perf_counter_ns()
         reports = self.group.round(device_round, rows)
@@ -327,9 +321,9 @@ class GroupCaseRun(CaseRun):
             if self.golden is not None and self._evolving and self._set is not None:
                 for name in self._resident_out:
                     for p, arr in zip(self.parts, self._set.gather(name)):
-                        np.copyto(_host(p[name]), arr)
+                        np.copyto(host_fixture(p[name]), arr)
                 self._inst.merge_outputs(self.parts, self.args, self.params)
-                _compare(self, f"{self.label}, after {len(self.reports)} round(s) (resident outputs)")
+                compare(self, f"{self.label}, after {len(self.reports)} round(s) (resident outputs)")
         except BaseException as e:
             self._note(e)
             raise

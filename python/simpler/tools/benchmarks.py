@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testing import fake_cuda
+from ..testing import fake_cuda, fake_kernels
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
 from .bench_group import bench_group
 from .bench_lifecycle import bench_lifecycle
@@ -570,7 +570,7 @@ def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None
     rounds = rounds or (3 if quick else 7)
     fake = False
     if platform == "cuda":
-        fake = fake_cuda.install_if_fake()  # CI's GPU-less machines: the fake runs the launches
+        fake = fake_kernels.install_if_fake()  # CI's GPU-less machines: the fake runs the launches
     where = f"{platform} (fake libcuda)" if fake else platform
     calls = {(n, arm): _launch_callable(arm, n) for n in sizes for arm in LAUNCH_ARMS}
     samples: dict[tuple[int, str], list[tuple[float, float]]] = {k: [] for k in calls}
@@ -674,7 +674,7 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
     from ..workloads import paged_attention_unroll as pu
 
     rounds = rounds or (3 if quick else 5)
-    fake = fake_cuda.install_if_fake() if platform == "cuda" else False
+    fake = fake_kernels.install_if_fake() if platform == "cuda" else False
     where = f"{platform} (fake libcuda)" if fake else platform
     case = "Case2" if quick else "Case1"
     x = pu.make_inputs(dict(pu._MANUAL)[case])

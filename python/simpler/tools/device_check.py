@@ -100,7 +100,7 @@ from .._arrays import np_dtype
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, DeviceError, PlatformUnavailableError
 from ..testing import fake_cuda
-from ..testing.scene import run_case
+from ..testing.running import run_case
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker
 from . import preflight
 
@@ -963,7 +963,7 @@ def run_checks(
     fake = False
     if platform == "cuda":
         _register_fake_impls()
-        fake = fake_cuda.install_if_fake()  # CI: the fake's host kernels run the launches
+        fake = _install_if_fake()  # CI: the fake's host kernels run the launches
     ctx = Context(platform, quick, fake, out, facts)
     meta = {
         "kind": "run",
@@ -1090,7 +1090,15 @@ def _fake_first(platform: str) -> Fn[[], object] | None:
     """What runs before the preflight's NVRTC choice: on cuda, the fake libcuda's set-up (its
     host kernels, and NVRTC pointed at the fake's own), so the choice printed is the one the
     checks get; nothing on a real driver."""
-    return fake_cuda.install_if_fake if platform == "cuda" else None
+    return _install_if_fake if platform == "cuda" else None
+
+
+def _install_if_fake() -> bool:
+    """On the fake libcuda: the shipped workloads' host kernels, registered (they import the
+    workloads, which load after the preflight)."""
+    from ..testing import fake_kernels
+
+    return fake_kernels.install_if_fake()
 
 
 def main(argv: list[str] | None = None) -> int:

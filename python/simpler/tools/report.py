@@ -28,7 +28,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import report_devices
 from .bench import BYTES_KEYS, PHASES
+from .report_format import (
+    BASELINE,
+    arm_ratios,
+    fmt_bytes,
+    fmt_ratio,
+    golden_note,
+    spread,
+    warm_median,
+    warm_min,
+)
 
 __all__ = [
     "MODEL_ROWS",
@@ -45,9 +56,6 @@ __all__ = [
 #: The rows of the measured-vs-modeled table: every phase, the dispatch path (every phase but
 #: execute) and the whole round.
 MODEL_ROWS: tuple[str, ...] = (*PHASES, "dispatch", "round")
-
-#: The arm every other arm is compared with.
-BASELINE = "Residency_staged"
 
 #: The record keys every bench record has (a file without them is not a bench file).
 _REQUIRED = ("phases", "counters", "arm", "case", "dispatch_ns")
@@ -199,36 +207,6 @@ def _table_rows(rs: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
     return rows
 
 
-def _fmt_bytes(b: float) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= div:
-            return f"{b / div:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
-def _spread(warm: Sequence[float]) -> str:
-    """``(max - min) / median`` of the warm rounds, in percent (``-`` without two of them)."""
-    if len(warm) < 2:
-        return "-"
-    med = statistics.median(warm)
-    return f"{(max(warm) - min(warm)) / med * 100:.0f}%" if med else "-"
-
-
-def _warm_median(xs: list[float]) -> float:
-    return statistics.median(xs[1:]) if len(xs) > 1 else xs[0]
-
-
-def _warm_min(xs: list[float]) -> float:
-    return min(xs[1:]) if len(xs) > 1 else xs[0]
-
-
-def _fmt_ratio(ratio: float | None) -> str:
-    """``1.23x``, ``52.2x``, ``1,740x``; ``-`` when there is none (nothing modeled)."""
-    if ratio is None:
-        return "-"
-    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
-
-
 def _row_value(phases: Mapping[str, Any], row: str) -> float:
     """Phase ``row`` of a phases dict, or the dispatch path, or the round."""
     if row == "dispatch":
@@ -264,9 +242,9 @@ def model_comparison(
             ms = by_key.get(key, {}).get(arm, [])
             models = list(dict.fromkeys(m for r in ms for m in _modeled_by(r)))
             for row in MODEL_ROWS if models else ():
-                meas = _warm_median([_row_value(r["phases"], row) for r in rs])
+                meas = warm_median([_row_value(r["phases"], row) for r in rs])
                 mod = {
-                    m: _warm_median([_row_value(_modeled_by(r)[m], row) for r in ms if m in _modeled_by(r)])
+                    m: warm_median([_row_value(_modeled_by(r)[m], row) for r in ms if m in _modeled_by(r)])
                     for m in models
                 }
                 out.append(
@@ -309,19 +287,9 @@ def format_model_comparison(
             last_arm = r["arm"]
             line = f"  {label:<18} {r['row']:<12} {r['measured_ns'] / 1e3:>12.1f}"
             for m in models:
-                line += f" {r['modeled_ns'][m] / 1e3:>12.1f} {_fmt_ratio(r['ratio'][m]):>8}"
+                line += f" {r['modeled_ns'][m] / 1e3:>12.1f} {fmt_ratio(r['ratio'][m]):>8}"
             lines.append(line)
     return "\n".join(lines)
-
-
-def _ratios(d: Mapping[str, float]) -> list[str]:
-    """``Residency_bulk / Residency_staged`` and ``Residency_all / Residency_bulk`` of ``d``."""
-    out = []
-    if d.get(BASELINE) and "Residency_bulk" in d:
-        out.append(f"Residency_bulk / Residency_staged = {d['Residency_bulk'] / d[BASELINE]:.3f}")
-    if d.get("Residency_bulk") and "Residency_all" in d:
-        out.append(f"Residency_all / Residency_bulk = {d['Residency_all'] / d['Residency_bulk']:.3f}")
-    return out
 
 
 def _tasks_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
@@ -395,10 +363,10 @@ def published_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
         if not all(model in _modeled_by(r) for r in group):
             continue
         rnd = {
-            arm: _warm_median([sum(_modeled_by(r)[model].values()) for r in rs]) for arm, rs in arms.items()
+            arm: warm_median([sum(_modeled_by(r)[model].values()) for r in rs]) for arm, rs in arms.items()
         }
-        bind = _warm_median([_modeled_by(r)[model].get("bind", 0) for r in arms[BASELINE]])
-        bulk_bind = _warm_median([_modeled_by(r)[model].get("bind", 0) for r in arms["Residency_bulk"]])
+        bind = warm_median([_modeled_by(r)[model].get("bind", 0) for r in arms[BASELINE]])
+        bulk_bind = warm_median([_modeled_by(r)[model].get("bind", 0) for r in arms["Residency_bulk"]])
         ours = {
             "Residency_bulk / Residency_staged": rnd["Residency_bulk"] / rnd[BASELINE],
             "Residency_all / Residency_bulk": rnd["Residency_all"] / rnd["Residency_bulk"],
@@ -407,8 +375,8 @@ def published_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
             f"    modeled round ratios ({model}; round = dispatch + execute): "
             + "; ".join(f"{k} = {v:.3f}" for k, v in ours.items())
         )
-        staged = _warm_median([float(r.get("counters", {}).get("staged_bytes", 0)) for r in arms[BASELINE]])
-        bulk_staged = _warm_median(
+        staged = warm_median([float(r.get("counters", {}).get("staged_bytes", 0)) for r in arms[BASELINE]])
+        bulk_staged = warm_median(
             [float(r.get("counters", {}).get("staged_bytes", 0)) for r in arms["Residency_bulk"]]
         )
         extra = staged - bulk_staged
@@ -416,10 +384,10 @@ def published_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
         seed_extra = (ms[BASELINE][0] - ms["Residency_bulk"][1], ms[BASELINE][1] - ms["Residency_bulk"][0])
         lo_b, hi_b = seed_extra[0] * 1e6 * rate, seed_extra[1] * 1e6 * rate
         why = (
-            f"    why: our staged arm uploads {_fmt_bytes(extra)} more per round than bulk residency "
+            f"    why: our staged arm uploads {fmt_bytes(extra)} more per round than bulk residency "
             f"({(bind - bulk_bind) / 1e6:.2f} ms of bind on {model}, {rate:.1f} GB/s); the published staged "
             f"arm is only {seed_extra[0]:.3f}-{seed_extra[1]:.3f} ms slower than its bulk arm, the time of "
-            f"{_fmt_bytes(lo_b)}-{_fmt_bytes(hi_b)} at that rate, so it did not re-upload what ours does "
+            f"{fmt_bytes(lo_b)}-{fmt_bytes(hi_b)} at that rate, so it did not re-upload what ours does "
             "(the KV caches), and bulk / staged differs by that."
         )
         lo, hi = seed["Residency_all / Residency_bulk"]
@@ -439,8 +407,6 @@ def published_lines(arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
 def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
     """The round tables and the ratio summary of bench records (what ``bench``/``report`` print):
     per case, its one-device tables, then its tables on each larger device count."""
-    from . import report_devices
-
     records = list(records)
     single, multi = _group(records), report_devices.group_devices(records)
     lines: list[str] = []
@@ -453,31 +419,6 @@ def format_tables(records: Iterable[Mapping[str, Any]]) -> str:
             if mkey[:3] == key:
                 lines += report_devices.format_device_tables(mkey, arms, single.get(key, {}))
     return "\n".join(lines)
-
-
-_SKIPPED_BY = {"option": "by --skip-golden", "case": "by the case", "class": "by the class"}
-
-
-def golden_note(arms: Mapping[str, Iterable[Mapping[str, Any]]]) -> str:
-    """What a table's arms compared: ``golden checked`` when every arm's rounds were compared with
-    the golden, ``golden skipped (by the case)`` when none were, else which arms were and which
-    were not (a record without ``golden`` is from before the field: checked)."""
-    state: dict[str, str] = {}
-    for arm, rs in arms.items():
-        seen = set()
-        for r in rs:
-            if r.get("golden", True):
-                seen.add("checked")
-            else:
-                by = _SKIPPED_BY.get(str(r.get("golden_skipped_by")))
-                seen.add(f"skipped ({by})" if by else "skipped")
-        state[arm] = " / ".join(sorted(seen))
-    kinds = list(dict.fromkeys(state.values()))
-    if len(kinds) == 1:
-        return f"golden {kinds[0]}"
-    return "golden " + "; ".join(
-        f"{kind} for {', '.join(a for a, k in state.items() if k == kind)}" for kind in kinds
-    )
 
 
 def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
@@ -499,17 +440,19 @@ def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str,
         for i, (row, xs) in enumerate(_table_rows(rs).items()):
             label = arm if i == 0 else ""
             if row == "bytes/round":
-                cells = [_fmt_bytes(xs[0])]
+                cells = [fmt_bytes(xs[0])]
                 warm = xs[1:]
-                cells += [_fmt_bytes(f(warm)) for f in (min, statistics.median, max)] if warm else ["-"] * 3
+                cells += [fmt_bytes(f(warm)) for f in (min, statistics.median, max)] if warm else ["-"] * 3
             else:
                 cells = [f"{xs[0] / div:.3f}"]
                 warm = xs[1:]
                 cells += (
                     [f"{f(warm) / div:.3f}" for f in (min, statistics.median, max)] if warm else ["-"] * 3
                 )
-            spread = _spread(warm)
-            lines.append(f"{label:<18} {row:<12} " + " ".join(f"{c:>11}" for c in cells) + f" {spread:>8}")
+            spread_txt = spread(warm)
+            lines.append(
+                f"{label:<18} {row:<12} " + " ".join(f"{c:>11}" for c in cells) + f" {spread_txt:>8}"
+            )
     basis = "warm median" if n > 1 else "the single (cold) round"
     lines.append(f"summary ({basis}): dispatch = every phase but execute;")
     lines.append("  args = bind + copy_back + cleanup (the dispatch path without orchestrate)")
@@ -519,8 +462,8 @@ def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str,
         f"  {'arm':<18} {d_head:>13} {'vs staged':>10} {a_head:>11} {'vs staged':>10} {e_head:>13} "
         f"{'bytes/round':>12}"
     )
-    disp = {arm: _warm_median(_series(rs)["dispatch"]) for arm, rs in arms.items()}
-    args = {arm: _warm_median(_series(rs)["args"]) for arm, rs in arms.items()}
+    disp = {arm: warm_median(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+    args = {arm: warm_median(_series(rs)["args"]) for arm, rs in arms.items()}
     base, args_base = disp.get(BASELINE), args.get(BASELINE)
     for arm, rs in arms.items():
         s = _series(rs)
@@ -528,22 +471,22 @@ def _case_tables(key: tuple[str, str, str], arms: Mapping[str, list[Mapping[str,
         a_ratio = f"{args[arm] / args_base:.3f}x" if args_base else "-"
         lines.append(
             f"  {arm:<18} {disp[arm] / div:>13.3f} {ratio:>10} {args[arm] / div:>11.3f} {a_ratio:>10} "
-            f"{_warm_median(s['execute']) / div:>13.3f} {_fmt_bytes(_warm_median(s['bytes/round'])):>12}"
+            f"{warm_median(s['execute']) / div:>13.3f} {fmt_bytes(warm_median(s['bytes/round'])):>12}"
         )
     lines += _tasks_lines(arms)
-    best = {arm: _warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
+    best = {arm: warm_min(_series(rs)["dispatch"]) for arm, rs in arms.items()}
     for label, d in (("dispatch ratios", disp), ("on the best warm round", best)):
-        ratios = _ratios(d)
+        ratios = arm_ratios(d)
         if ratios:
             lines.append(f"  {label}: " + "; ".join(ratios))
     group = [r for rs in arms.values() for r in rs]
     for model in dict.fromkeys(m for r in group for m in _modeled_by(r)):
         modeled = {
-            arm: _warm_median([_row_value(_modeled_by(r)[model], "dispatch") for r in rs])
+            arm: warm_median([_row_value(_modeled_by(r)[model], "dispatch") for r in rs])
             for arm, rs in arms.items()
             if all(model in _modeled_by(r) for r in rs)
         }
-        ratios = _ratios(modeled)
+        ratios = arm_ratios(modeled)
         if ratios:
             lines.append(f"  modeled dispatch ratios ({model}): " + "; ".join(ratios))
     lines += published_lines(arms)
@@ -570,9 +513,7 @@ def plot_records(records: Sequence[Mapping[str, Any]], path: str | Path) -> None
         raise ReportError(
             "--plot needs matplotlib, which is not installed (pip install 'simpler-residency[plot]')"
         ) from None
-    from .report_devices import round_records
-
-    groups = _group([*records, *round_records(records)])
+    groups = _group([*records, *report_devices.round_records(records)])
     fig, axes = plt.subplots(len(groups), 1, figsize=(7, 3.2 * len(groups)), squeeze=False)
     for ax, ((workload, _test, case), arms) in zip(axes[:, 0], groups.items()):
         peak = max(_dispatch(r) for rs in arms.values() for r in rs)
@@ -615,9 +556,7 @@ def format_compare(
 ) -> str:
     """Two runs side by side: per case, arm and row, the warm medians of run ``a`` and run ``b``
     and the ratio ``b / a`` (below 1: ``b`` is faster / moves less)."""
-    from .report_devices import round_records
-
-    ga, gb = _group([*a, *round_records(a)]), _group([*b, *round_records(b)])
+    ga, gb = _group([*a, *report_devices.round_records(a)]), _group([*b, *report_devices.round_records(b)])
     lines = [f"a = {names[0]} ({_provenance(a)})", f"b = {names[1]} ({_provenance(b)})", ""]
     for key in [k for k in ga if k in gb] + [k for k in gb if k not in ga]:
         workload, test, case = key
@@ -632,10 +571,10 @@ def format_compare(
         for arm in [x for x in arms_a if x in arms_b]:
             sa, sb = _table_rows(arms_a[arm]), _table_rows(arms_b[arm])
             for i, row in enumerate(sa):
-                ma, mb = _warm_median(sa[row]), _warm_median(sb[row])
+                ma, mb = warm_median(sa[row]), warm_median(sb[row])
                 ratio = f"{mb / ma:.2f}x" if ma else "-"
                 if row == "bytes/round":
-                    ca, cb = _fmt_bytes(ma), _fmt_bytes(mb)
+                    ca, cb = fmt_bytes(ma), fmt_bytes(mb)
                 else:
                     ca, cb = f"{ma / 1e3:.1f} us", f"{mb / 1e3:.1f} us"
                 lines.append(f"{arm if i == 0 else '':<18} {row:<12} {ca:>12} {cb:>12} {ratio:>8}")

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .bench import PHASES
-from .report import BASELINE, _fmt_bytes, _ratios, _spread, _warm_median, golden_note
+from .report_format import BASELINE, arm_ratios, fmt_bytes, golden_note, spread, warm_median
 
 __all__ = ["devices_of", "format_device_tables", "group_devices", "round_records"]
 
@@ -132,8 +132,8 @@ def format_device_tables(
     lines.append(f"{'arm':<18} {'device':>6} " + " ".join(f"{c:>11}" for c in cols) + f" {'bytes/round':>12}")
     for arm, rs in arms.items():
         for i, (device, rows) in enumerate(_device_series(rs).items()):
-            cells = " ".join(f"{_warm_median(rows[c]) / div:>11.3f}" for c in cols)
-            b = _fmt_bytes(_warm_median(rows["bytes/round"]))
+            cells = " ".join(f"{warm_median(rows[c]) / div:>11.3f}" for c in cols)
+            b = fmt_bytes(warm_median(rows["bytes/round"]))
             lines.append(f"{arm if i == 0 else '':<18} {device!s:>6} {cells} {b:>12}")
     lines.append(f"whole round: wall time of the group round ({unit})")
     lines.append(f"{'arm':<18} {'':<6} {'cold':>11} {'min':>11} {'median':>11} {'max':>11} {'spread':>8}")
@@ -141,14 +141,14 @@ def format_device_tables(
         xs, warm = s["wall"], s["wall"][1:]
         stats = [f"{f(warm) / div:.3f}" for f in (min, statistics.median, max)] if warm else ["-"] * 3
         cells = " ".join(f"{c:>11}" for c in [f"{xs[0] / div:.3f}", *stats])
-        lines.append(f"{arm:<18} {'':<6} {cells} {_spread(warm):>8}")
+        lines.append(f"{arm:<18} {'':<6} {cells} {spread(warm):>8}")
     lines.append(
         f"summary ({'warm median' if rounds > 1 else 'the single (cold) round'}): dispatch = every "
         f"phase but execute; on {n} devices, a round's is its slowest device's"
     )
-    one = {arm: _warm_median([_dispatch(r) for r in rs]) for arm, rs in single.items()}
-    many = {arm: _warm_median(s["dispatch"]) for arm, s in series.items()}
-    wall = {arm: _warm_median(s["wall"]) for arm, s in series.items()}
+    one = {arm: warm_median([_dispatch(r) for r in rs]) for arm, rs in single.items()}
+    many = {arm: warm_median(s["dispatch"]) for arm, s in series.items()}
+    wall = {arm: warm_median(s["wall"]) for arm, s in series.items()}
     heads = [f"1 device {unit}", f"{n} devices {unit}", f"whole round {unit}"]
     lines.append(f"  {'arm':<18} " + " ".join(f"{h:>16} {'vs staged':>10}" for h in heads))
     for arm in arms:
@@ -165,7 +165,7 @@ def format_device_tables(
         (f"dispatch ratios, {n} devices", many),
         (f"whole-round ratios, {n} devices", wall),
     ):
-        ratios = _ratios(d)
+        ratios = arm_ratios(d)
         if ratios:
             lines.append(f"  {label}: " + "; ".join(ratios))
     lines.append("")
