@@ -504,30 +504,13 @@ def _cases() -> list[dict]:
 
 
 @sp.scene_test(level=2)
-class PagedAttentionUnroll(sp.SceneTestCase):
-    """Unrolled paged attention over bfloat16 query/caches; three residency arms per case."""
+class PagedAttentionUnroll(_pa.PagedAttention):
+    """Unrolled paged attention over bfloat16 query/caches; three residency arms per case. The
+    per-block workload's arguments, golden and split, with this graph and its cases."""
 
     CALLABLE = CALLABLE
     CASES = _cases()
-    RTOL = ATOL = 1e-3
-
-    def generate_args(self, params):
-        x = make_inputs(params)
-        resident = RESIDENT[params["arm"]]
-        names = ("query", "key_cache", "value_cache", "block_table", "context_lens", "out")
-        return sp.TaskArgsBuilder(
-            *(sp.TensorArg(n, x[n], child_memory=n in resident) for n in names),
-            sp.Scalar("scale", x["scale"]),
-        )
-
-    def split_args(self, args, params, n):
-        """The batch split across ``n`` devices (the per-block workload's split)."""
-        return _pa.split_batch(args, n)
-
-    def compute_golden(self, args, params):
-        args.out[...] = golden_paged_attention(
-            args.query, args.key_cache, args.value_cache, args.block_table, args.context_lens, args.scale
-        )
+    make_inputs = staticmethod(make_inputs)
 
 
 if __name__ == "__main__":
