@@ -11,7 +11,7 @@ use pyo3::Borrowed;
 
 use simpler_driver::sim::SvmPolicy;
 use simpler_runtime::{
-    DType, Direction, Geometry, Param, Signature, Staging, Value, ViewPolicy, MAX_DIMS,
+    DType, Direction, Geometry, Param, Replay, Signature, Staging, Value, ViewPolicy, MAX_DIMS,
 };
 
 use crate::direction::ArgDirection;
@@ -163,6 +163,29 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
             let (last, rest) = names.split_last().expect("ALL is not empty");
             value_err(format!(
                 "view_policy must be {} or {last}, not '{s}'",
+                rest.join(", ")
+            ))
+        })
+    }
+}
+
+/// A replay mode: `"off"` or `"plans"`.
+pub struct ReplayArg(pub Replay);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for ReplayArg {
+    type Error = PyErr;
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let s: String = obj
+            .extract()
+            .map_err(|_| type_err(format!("replay must be a string, not {obj:?}")))?;
+        Replay::parse(&s).map(ReplayArg).ok_or_else(|| {
+            let names: Vec<String> = Replay::ALL
+                .iter()
+                .map(|p| format!("'{}'", p.name()))
+                .collect();
+            let (last, rest) = names.split_last().expect("ALL is not empty");
+            value_err(format!(
+                "replay must be {} or {last}, not '{s}'",
                 rest.join(", ")
             ))
         })

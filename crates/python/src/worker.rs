@@ -12,7 +12,7 @@ use simpler_driver::{open_device, DeviceSpec, Op, OpenError};
 use simpler_runtime::{Staging, Worker, WorkerCell};
 
 use crate::cell::Shared;
-use crate::convert::{typed, u64_arg, StagingMode, Svm, ViewPolicyArg};
+use crate::convert::{typed, u64_arg, ReplayArg, StagingMode, Svm, ViewPolicyArg};
 use crate::errors::{done, type_err, type_name, value_err, Exc};
 use crate::handles::{self, Buffer, BufferArg};
 use crate::kernels::Callable;
@@ -244,6 +244,26 @@ impl PyWorker {
     #[setter]
     fn set_device_timing(&self, on: bool) {
         self.cell.with(false, |w| w.set_device_timing(on));
+    }
+
+    /// Whether a warm round reuses the launch plan of an earlier round that recorded exactly
+    /// the same tasks over the same allocations: ``"plans"`` (the default; no dependence levels,
+    /// task rows or row upload, ``RunReport.counters["plan_reuses"]`` is 1) or ``"off"`` (every
+    /// round plans). ``SIMPLER_REPLAY`` sets it for new workers; settable between runs.
+    #[getter]
+    fn replay(&self) -> &'static str {
+        self.cell.with(false, |w| w.replay().name())
+    }
+
+    #[setter]
+    fn set_replay(&self, mode: ReplayArg) {
+        self.cell.with(false, |w| w.set_replay(mode.0));
+    }
+
+    /// Launch plans the worker keeps for warm rounds (at most ``PLANS_KEPT``, 4).
+    #[getter]
+    fn plans_kept(&self) -> usize {
+        self.cell.with(false, |w| w.plans_kept())
     }
 
     /// Whether ``close`` ran.

@@ -433,8 +433,9 @@ pub fn compile_report(
     })
 }
 
-/// The worker's device-code state: programs loaded into its device, and the device buffer its
-/// runs' task rows are uploaded into (kept across runs, grown when a run needs more).
+/// The worker's device-code state: programs loaded into its device, and the host buffer its
+/// runs' task rows are written into (the device regions they are uploaded into belong to the
+/// plans kept for warm rounds: `run/plan_cache.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Launcher {
     loaded: Vec<(u64, FuncId, Arc<DeviceCode>)>,
@@ -444,8 +445,6 @@ pub(crate) struct Launcher {
     /// The launch limits of each loaded function (its `FuncId`), read once; the dynamic shared
     /// memory it was opted in to is kept up to date.
     limits: HashMap<u64, simpler_driver::FuncLimits>,
-    /// The task-row buffer: `(address, bytes)`.
-    pub table: Option<(simpler_driver::DevPtr, u64)>,
     /// The rows of the run being executed (kept, so a warm run allocates nothing here).
     pub rows: Vec<u8>,
 }
@@ -557,6 +556,5 @@ impl Launcher {
         self.loaded.clear();
         self.modules.clear();
         self.limits.clear();
-        self.table = None;
     }
 }

@@ -46,7 +46,7 @@ pub use exports::ExportGuard;
 pub use geometry::{Geometry, MAX_DIMS};
 pub use run::{
     BatchScalar, BatchSlot, Counters, HostWindow, KernelCost, KernelModeled, ModeledRun, Phases,
-    RunId, RunReport, TaskCall, TensorInfo, BATCH_PART,
+    Replay, RunId, RunReport, TaskCall, TensorInfo, BATCH_PART, PLANS_KEPT,
 };
 pub use simpler_driver::LaunchDims;
 pub use spec::{

@@ -67,6 +67,9 @@ pub struct Memory {
     pub(crate) launcher: crate::device_code::Launcher,
     /// Live exports to other libraries (their own lock: guards drop without the worker's).
     pub(crate) exports: Arc<crate::exports::Exports>,
+    /// The launch plans of earlier rounds (`run/plan_cache.rs`); a freed allocation drops the
+    /// plans that bind it.
+    pub(crate) plans: crate::run::PlanCache,
     next_gen: u64,
 }
 
@@ -86,6 +89,7 @@ impl Memory {
             views,
             launcher: Default::default(),
             exports: Default::default(),
+            plans: Default::default(),
             next_gen: 1,
         }
     }
@@ -144,6 +148,11 @@ impl Memory {
             ptr,
             gen,
         })
+    }
+
+    /// The generation of the live allocation at `ptr`.
+    pub(crate) fn gen_of(&self, ptr: DevPtr) -> Option<u64> {
+        self.allocs.get(&ptr.0).map(|i| i.gen)
     }
 
     /// Whether `buf` names a live allocation of this worker (its generation included).
@@ -223,6 +232,7 @@ impl Memory {
         self.views.release(&*self.dev, ptr)?;
         self.dev.free(ptr)?;
         self.allocs.remove(&ptr.0);
+        self.plans.forget_alloc(ptr.0);
         Ok(())
     }
 

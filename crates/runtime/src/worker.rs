@@ -19,7 +19,8 @@ use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
 use crate::resident::ResidentSets;
 use crate::run::{
-    BatchScalar, BatchSlot, HostWindow, Records, RunId, RunReport, RunState, TaskCall, TensorInfo,
+    BatchScalar, BatchSlot, HostWindow, Records, Replay, RunId, RunReport, RunState, TaskCall,
+    TensorInfo,
 };
 use crate::scratch::ScratchPool;
 use crate::spec::{BufferRef, Direction, KernelRef, RunCall};
@@ -74,6 +75,10 @@ pub(crate) fn not_in_progress(run: RunId) -> Error {
 /// [`Worker::device_timing`]); `1`, `true`, `yes` or `on` turn it on.
 pub const ENV_DEVICE_TIMING: &str = "SIMPLER_DEVICE_TIMING";
 
+/// Environment switch: the replay mode new workers start with (see [`Worker::replay`]):
+/// `off` or `plans`.
+pub const ENV_REPLAY: &str = "SIMPLER_REPLAY";
+
 fn buffer_err(e: simpler_driver::DeviceError) -> Error {
     Error::device(Phase::Buffer, None, e)
 }
@@ -82,7 +87,13 @@ impl Worker {
     /// A worker over `dev`. With `poison`, never-written memory shows: a staged OUT tensor and a
     /// scratch tensor hold [`POISON`] bytes at the start of every run, warm runs included.
     pub fn new(dev: Arc<dyn Device>, staging: Staging, poison: bool) -> Worker {
-        let mem = Memory::new(dev);
+        let mut mem = Memory::new(dev);
+        if let Ok(v) = std::env::var(ENV_REPLAY) {
+            match Replay::parse(v.trim()) {
+                Some(m) => mem.plans.replay = m,
+                None => log::warn!("ignoring {ENV_REPLAY}={v:?} (not one of off, plans)"),
+            }
+        }
         // The process's session release closes this device only through the export table, which
         // refuses while another library may use its memory (see `exports.rs`).
         let hold: Arc<dyn simpler_driver::CloseHold> = mem.exports.clone();
@@ -115,6 +126,22 @@ impl Worker {
     /// Turns the device timing of [`Worker::device_timing`] on or off.
     pub fn set_device_timing(&mut self, on: bool) {
         self.time_device = on;
+    }
+
+    /// Whether runs reuse the kept launch plan of an earlier round that recorded exactly the
+    /// same tasks over the same allocations (see `run/plan_cache.rs`).
+    pub fn replay(&self) -> Replay {
+        self.mem.plans.replay
+    }
+
+    /// Sets [`Worker::replay`]; takes effect at the next run. The kept plans stay.
+    pub fn set_replay(&mut self, mode: Replay) {
+        self.mem.plans.replay = mode;
+    }
+
+    /// Launch plans the worker keeps for warm rounds (at most [`crate::PLANS_KEPT`]).
+    pub fn plans_kept(&self) -> usize {
+        self.mem.plans.len()
     }
 
     /// Labels the driver calls that follow with `p` (see `Device::set_phase`).
@@ -307,9 +334,9 @@ impl Worker {
         }
         self.spare = Records::default();
         self.arena.trim(&mut self.mem)?;
-        if let Some((p, _)) = self.mem.launcher.table.take() {
+        for (p, _) in self.mem.plans.drain() {
             self.mem
-                .release_or_orphan(p, &"the task-row buffer")
+                .release_or_orphan(p, &"a task-row region")
                 .map_err(buffer_err)?;
         }
         self.scratch.trim(&mut self.mem)
@@ -885,6 +912,8 @@ impl Worker {
             log::warn!("close: waiting for the device: {e}");
         }
         self.abort_run();
+        // The kept plans go; their task-row regions are live allocations, freed below.
+        self.mem.plans.drain();
         for (p, n) in self.mem.exports.all() {
             log::warn!(
                 "closing the worker while allocation {p} has {n} live export(s): another \

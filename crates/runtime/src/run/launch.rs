@@ -2,7 +2,7 @@
 //!
 //! When execution reaches its first batch of device code, the run plans every such batch at
 //! once: it writes one task row per task (the ABI in `crate::device_code`), uploads all rows
-//! with one copy into the worker's task-row buffer, and decides each batch's launches:
+//! with one copy into a task-row region of their own, and decides each batch's launches:
 //!
 //! * a batch whose tasks are independent (no task writes a byte another task of the batch reads
 //!   or writes) is one launch over all its rows: grid `(gx, gy, gz * n)`, the task being
@@ -15,14 +15,18 @@
 //! A launch covers at most `65535 / gz` tasks (the grid's z limit); longer levels are split.
 //! Launches are enqueued in submission order on the worker's stream as execution reaches each
 //! batch; the end of execute waits for the stream once.
+//!
+//! The plan is kept (`plan_cache.rs`): a later round that records exactly the same tasks over
+//! exactly the same allocations reuses it, with no levels, no rows and no upload.
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use simpler_driver::{DevPtr, FuncId, LaunchCall, LaunchDims};
+use simpler_driver::{FuncId, LaunchCall, LaunchDims};
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::{Memory, Owner};
+use crate::run::plan_cache::{Binding, Region, Replay, PLANS_KEPT};
 use crate::run::state::RunState;
 
 /// Largest grid along z.
@@ -261,23 +265,51 @@ fn plainly_independent(spans: &[SlotSpan<'_>], count: u32) -> bool {
 }
 
 impl RunState {
-    /// Plans and uploads every batch of device code of the run (see the module docs).
+    /// Plans and uploads every batch of device code of the run (see the module docs), or reuses
+    /// the kept plan of an earlier round that recorded exactly these tasks over exactly these
+    /// allocations (`plan_cache.rs`).
     pub(crate) fn plan_launches(&mut self, mem: &mut Memory) -> Result<()> {
         let mut plan = std::mem::take(&mut self.plan);
         plan.clear();
+        let bindings = self.bindings(mem);
+        if mem.plans.replay != Replay::Off {
+            if let Some(kept) = mem.plans.find(&self.tasks, &bindings) {
+                plan.launches.clone_from(&kept.launches);
+                plan.batches.clone_from(&kept.batches);
+                plan.planned = true;
+                self.report.counters.plan_reuses += 1;
+                self.plan = plan;
+                return Ok(());
+            }
+        }
+        mem.plans.make_room(&self.tasks, &bindings);
         let mut rows = std::mem::take(&mut mem.launcher.rows);
         rows.clear();
         let r = self.write_rows(mem, &mut plan, &mut rows);
         let r = r.and_then(|()| upload(mem, &rows));
-        let r = r.map(|table| {
+        let r = r.map(|region| {
             for l in &mut plan.launches {
-                l.row_offset += table.0 .0;
+                l.row_offset += region.0 .0;
             }
+            self.report.counters.task_row_bytes += rows.len() as u64;
+            mem.plans
+                .insert(&self.tasks, bindings, &plan.launches, &plan.batches, region);
         });
         plan.planned = true;
         mem.launcher.rows = rows;
         self.plan = plan;
         r
+    }
+
+    /// How each run argument is bound: its allocation's base, size and generation.
+    fn bindings(&self, mem: &Memory) -> Vec<Binding> {
+        self.args
+            .iter()
+            .map(|a| {
+                a.alloc
+                    .map(|(p, bytes)| (p.0, bytes, mem.gen_of(p).unwrap_or(0)))
+            })
+            .collect()
     }
 
     fn write_rows(&self, mem: &Memory, plan: &mut LaunchPlan, rows: &mut Vec<u8>) -> Result<()> {
@@ -425,31 +457,36 @@ impl RunState {
     }
 }
 
-/// Uploads `rows` into the worker's task-row buffer (grown when too small); returns it.
-fn upload(mem: &mut Memory, rows: &[u8]) -> Result<(DevPtr, u64)> {
+/// Uploads `rows` into a task-row region of their own (a spare one large enough, else a new
+/// one; at most `PLANS_KEPT` regions are held, so a full set gives up a spare that is too
+/// small); returns it. A region whose upload failed stays a spare.
+fn upload(mem: &mut Memory, rows: &[u8]) -> Result<Region> {
     let need = rows.len() as u64;
-    let table = match mem.launcher.table {
-        Some((p, cap)) if cap >= need => (p, cap),
-        old => {
-            if let Some((p, _)) = old {
-                mem.launcher.table = None;
-                mem.release_or_orphan(p, &"the task-row buffer")
-                    .map_err(|e| Error::device(Phase::Execute, None, e))?;
+    let region = match mem.plans.take_spare(need) {
+        Some(r) => r,
+        None => {
+            let mut grow = 0;
+            if mem.plans.regions() >= PLANS_KEPT {
+                // Every region is too small (the plans kept hold at most `PLANS_KEPT - 1`).
+                if let Some(i) = (0..mem.plans.spare.len()).max_by_key(|&i| mem.plans.spare[i].1) {
+                    let (p, cap) = mem.plans.spare.swap_remove(i);
+                    grow = cap.saturating_mul(2);
+                    mem.release_or_orphan(p, &"a task-row region")
+                        .map_err(|e| Error::device(Phase::Execute, None, e))?;
+                }
             }
-            let cap = need
-                .max(old.map_or(0, |(_, c)| c.saturating_mul(2)))
-                .max(4096);
+            let cap = need.max(grow).max(4096);
             let buf = mem.alloc(cap, Owner::Staging, Phase::Execute, Some("<task rows>"))?;
-            mem.launcher.table = Some((buf.ptr, cap));
             (buf.ptr, cap)
         }
     };
     if !rows.is_empty() {
-        mem.dev
-            .copy_h2d(table.0, rows)
-            .map_err(|e| Error::device(Phase::Execute, Some("<task rows>"), e))?;
+        if let Err(e) = mem.dev.copy_h2d(region.0, rows) {
+            mem.plans.spare.push(region);
+            return Err(Error::device(Phase::Execute, Some("<task rows>"), e));
+        }
     }
-    Ok(table)
+    Ok(region)
 }
 
 #[cfg(test)]

@@ -76,11 +76,16 @@ pub struct Counters {
     /// How long execute waited for the device at its end (the rest of execute is the host's:
     /// planning, row upload, launch calls, host-path tasks).
     pub execute_wait_ns: u64,
+    /// Whether the run's launches came from the kept plan of an earlier round that recorded
+    /// the same tasks (1) or were planned (0; see `plan_cache.rs`), and the bytes of task rows
+    /// the run uploaded (0 when it reused a plan).
+    pub plan_reuses: u64,
+    pub task_row_bytes: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 28] {
+    pub fn entries(&self) -> [(&'static str, u64); 30] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -110,6 +115,8 @@ impl Counters {
             ("host_path_tasks", self.host_path_tasks),
             ("device_ns", self.device_ns),
             ("execute_wait_ns", self.execute_wait_ns),
+            ("plan_reuses", self.plan_reuses),
+            ("task_row_bytes", self.task_row_bytes),
         ]
     }
 }

@@ -19,7 +19,7 @@ use crate::geometry::Geometry;
 use crate::spec::{DeclaredWork, Direction, KernelRef};
 
 /// One tensor position of a batch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
     /// The run argument the tensor views.
     pub arg: u32,
@@ -35,7 +35,7 @@ pub(crate) struct Slot {
     pub count: u32,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Batch {
     kernel: u32,
     first_task: u64,
@@ -56,7 +56,7 @@ struct Batch {
 
 /// How a batch of device code launches: the program (a worker's loaded-program key), the
 /// per-task geometry and the launch constants (in the store's constants).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DeviceBatch {
     pub key: u64,
     pub dims: LaunchDims,
@@ -107,7 +107,7 @@ pub(crate) enum Next<'a> {
 }
 
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct TaskStore {
     batches: Vec<Batch>,
     slots: Vec<Slot>,
@@ -179,6 +179,42 @@ impl TaskStore {
         self.consts.clear();
         self.works.clear();
         self.tasks = 0;
+    }
+
+    /// Whether `other` holds exactly the tasks recorded here: the same batches (kernels, task
+    /// counts, device code and launch geometry, launch constants), the same slots (arguments,
+    /// directions and view layouts), the same per-task start offsets and the same scalars, bit
+    /// for bit (`0.0` and `-0.0` differ, and a NaN equals itself: what a task row would hold).
+    /// Lengths first, so two different task lists usually part at once.
+    pub fn same_tasks(&self, other: &TaskStore) -> bool {
+        self.tasks == other.tasks
+            && self.batches.len() == other.batches.len()
+            && self.slots.len() == other.slots.len()
+            && self.starts.len() == other.starts.len()
+            && self.scalars.len() == other.scalars.len()
+            && self.batches == other.batches
+            && self.devices == other.devices
+            && self.consts == other.consts
+            && self.works == other.works
+            && self.slots == other.slots
+            && self.starts == other.starts
+            && self
+                .scalars
+                .iter()
+                .zip(&other.scalars)
+                .all(|(a, b)| same_value(a, b))
+    }
+
+    /// Makes this store a copy of `other`'s tasks, reusing this store's memory.
+    pub fn copy_from(&mut self, other: &TaskStore) {
+        self.batches.clone_from(&other.batches);
+        self.slots.clone_from(&other.slots);
+        self.starts.clone_from(&other.starts);
+        self.scalars.clone_from(&other.scalars);
+        self.devices.clone_from(&other.devices);
+        self.consts.clone_from(&other.consts);
+        self.works.clone_from(&other.works);
+        self.tasks = other.tasks;
     }
 
     /// Batches recorded so far.
@@ -447,6 +483,17 @@ impl TaskStore {
             cursor.task += 1;
             return Some(Next::Task(task, b.kernel, scalars, b.device_arrays));
         }
+    }
+}
+
+/// Whether two scalars are the same value of the same kind, bit for bit.
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Int(x), Value::Int(y)) => x == y,
+        (Value::UInt(x), Value::UInt(y)) => x == y,
+        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits(),
+        (Value::Bool(x), Value::Bool(y)) => x == y,
+        _ => false,
     }
 }
 

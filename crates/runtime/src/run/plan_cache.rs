@@ -1,0 +1,193 @@
+//! The launch plans of earlier rounds, kept for rounds that record the same tasks.
+//!
+//! A warm round usually records exactly the tasks of an earlier one: the same kernels, the same
+//! views at the same device addresses, the same scalars and launch geometry. Planning such a
+//! round again (dependence levels, task rows, their upload) would redo the same work, so the
+//! worker keeps the plans of its last [`PLANS_KEPT`] distinct task lists and reuses one when a
+//! round matches it.
+//!
+//! Equality is exact, never a hash: a round matches a plan when its task store equals the copy
+//! the plan kept (every batch, slot, per-task start offset and scalar, scalars bit for bit; see
+//! `TaskStore::same_tasks`) and every run argument is bound to the same allocation — the same
+//! base address, size and allocation *generation*. The generation is what makes a buffer freed
+//! and allocated again at the same address a different binding: the memory table gives every
+//! allocation a new one. A plan is dropped when an allocation it binds is freed (so no plan
+//! outlives its memory), when the worker trims its staging memory, and at close; a changed
+//! kernel is another device program (its key), so a plan of the old one never matches.
+//!
+//! Each plan keeps its task rows in a device region of its own, never written by a later plan:
+//! a replayed launch (and a captured graph) reads the rows when it runs. Regions of dropped plans
+//! are kept as spares for the next plan; the worker holds at most [`PLANS_KEPT`] regions.
+
+use std::ops::Range;
+
+use simpler_driver::DevPtr;
+
+use crate::run::launch::PlannedLaunch;
+use crate::run::tasks::TaskStore;
+
+/// Plans (and task-row regions) a worker keeps: a scene or a decode loop alternates between a
+/// few task lists (a prefill and a decode step, say); more would only cost memory and compares.
+pub const PLANS_KEPT: usize = 4;
+
+/// Whether a run reuses the plan of an earlier round that recorded the same tasks
+/// (`Worker::set_replay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replay {
+    /// Every round plans its launches (the plan is still kept, so turning replay back on finds
+    /// it).
+    Off,
+    /// A round that matches a kept plan reuses it: no levels, no rows, no upload; the same
+    /// launch calls.
+    #[default]
+    Plans,
+}
+
+impl Replay {
+    /// Every mode, in the order the docs list them.
+    pub const ALL: [Replay; 2] = [Replay::Off, Replay::Plans];
+
+    /// The mode's name (`"off"`, `"plans"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Replay::Off => "off",
+            Replay::Plans => "plans",
+        }
+    }
+
+    /// The mode named `name`.
+    pub fn parse(name: &str) -> Option<Replay> {
+        Replay::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+/// How one run argument was bound: its allocation's base address, size and generation (`None`:
+/// no bytes).
+pub(crate) type Binding = Option<(u64, u64, u64)>;
+
+/// A task-row region in device memory: `(address, bytes)`.
+pub(crate) type Region = (DevPtr, u64);
+
+/// One kept plan.
+#[derive(Debug)]
+pub(crate) struct CachedPlan {
+    tasks: TaskStore,
+    bindings: Vec<Binding>,
+    /// The launches, their row offsets absolute (inside `region`).
+    pub launches: Vec<PlannedLaunch>,
+    /// Per batch of device code: its index and its range of `launches`.
+    pub batches: Vec<(usize, Range<usize>)>,
+    pub region: Region,
+    /// When it was last made or reused (the least recently used plan goes first).
+    used: u64,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct PlanCache {
+    plans: Vec<CachedPlan>,
+    /// Regions no plan uses (their plans were dropped), for the next plan.
+    pub spare: Vec<Region>,
+    clock: u64,
+    pub replay: Replay,
+}
+
+impl PlanCache {
+    /// The kept plan of exactly these tasks over exactly these bindings, marked used.
+    pub fn find(&mut self, tasks: &TaskStore, bindings: &[Binding]) -> Option<&CachedPlan> {
+        let i = self
+            .plans
+            .iter()
+            .position(|p| p.bindings == bindings && p.tasks.same_tasks(tasks))?;
+        self.clock += 1;
+        self.plans[i].used = self.clock;
+        Some(&self.plans[i])
+    }
+
+    /// Makes room for a new plan of `tasks` over `bindings`: drops a kept plan of the same tasks
+    /// (the new one replaces it) and, when [`PLANS_KEPT`] are kept, the least recently used.
+    pub fn make_room(&mut self, tasks: &TaskStore, bindings: &[Binding]) {
+        if let Some(i) = self
+            .plans
+            .iter()
+            .position(|p| p.bindings == bindings && p.tasks.same_tasks(tasks))
+        {
+            self.drop_at(i);
+        }
+        if self.plans.len() >= PLANS_KEPT {
+            if let Some(i) = (0..self.plans.len()).min_by_key(|&i| self.plans[i].used) {
+                self.drop_at(i);
+            }
+        }
+    }
+
+    /// Regions in use or spare.
+    pub fn regions(&self) -> usize {
+        self.plans.len() + self.spare.len()
+    }
+
+    /// A spare region of at least `need` bytes (the smallest such), taken out of the spares.
+    pub fn take_spare(&mut self, need: u64) -> Option<Region> {
+        let i = (0..self.spare.len())
+            .filter(|&i| self.spare[i].1 >= need)
+            .min_by_key(|&i| self.spare[i].1)?;
+        Some(self.spare.swap_remove(i))
+    }
+
+    /// Keeps a new plan of `tasks` over `bindings` (room was made).
+    pub fn insert(
+        &mut self,
+        tasks: &TaskStore,
+        bindings: Vec<Binding>,
+        launches: &[PlannedLaunch],
+        batches: &[(usize, Range<usize>)],
+        region: Region,
+    ) {
+        self.clock += 1;
+        let mut copy = TaskStore::default();
+        copy.copy_from(tasks);
+        self.plans.push(CachedPlan {
+            tasks: copy,
+            bindings,
+            launches: launches.to_vec(),
+            batches: batches.to_vec(),
+            region,
+            used: self.clock,
+        });
+    }
+
+    /// Drops every plan that binds the allocation at `ptr` (it was freed); their regions become
+    /// spares.
+    pub fn forget_alloc(&mut self, ptr: u64) {
+        let mut i = 0;
+        while i < self.plans.len() {
+            if self.plans[i]
+                .bindings
+                .iter()
+                .any(|b| b.is_some_and(|(p, _, _)| p == ptr))
+            {
+                self.drop_at(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Drops every plan; returns every region (the plans' and the spares').
+    pub fn drain(&mut self) -> Vec<Region> {
+        while !self.plans.is_empty() {
+            self.drop_at(self.plans.len() - 1);
+        }
+        std::mem::take(&mut self.spare)
+    }
+
+    /// Plans kept.
+    pub fn len(&self) -> usize {
+        self.plans.len()
+    }
+
+    fn drop_at(&mut self, i: usize) {
+        let p = self.plans.swap_remove(i);
+        self.spare.push(p.region);
+    }
+}
