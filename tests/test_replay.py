@@ -255,3 +255,21 @@ def test_replay_is_a_worker_setting(cuda, monkeypatch):
     monkeypatch.setenv("SIMPLER_REPLAY", "off")
     with sp.Worker("sim") as w:
         assert w.replay == "off"
+
+
+def test_execute_is_split_into_planning_upload_launch_calls_and_the_wait(cuda):
+    """The host's parts of execute and the wait are counted apart and never add up to more than
+    execute; a reused plan uploads nothing, so its upload part is exactly 0; a run without
+    device code counts none of them."""
+    x, y = _buffers(cuda)
+    call = _orch()
+    planned, replayed = cuda.run(call, _args(x, y)), cuda.run(call, _args(x, y))
+    parts = ("plan_ns", "row_upload_ns", "launch_ns", "execute_wait_ns")
+    for r in (planned, replayed):
+        assert sum(r.counters[k] for k in parts) <= r.phases["execute"]
+    assert planned.counters["row_upload_ns"] > 0 and planned.counters["launch_ns"] > 0
+    assert replayed.counters["row_upload_ns"] == 0 and replayed.counters["launch_ns"] > 0
+    r = cuda.run(sp.Callable(lambda o, x, y: None, [sp.IN, sp.INOUT]), _args(x, y))
+    assert [r.counters[k] for k in parts] == [0, 0, 0, 0]
+    x.free()
+    y.free()

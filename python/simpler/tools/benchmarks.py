@@ -34,7 +34,8 @@
   interleaved, on ``--platform``: per warm round the host's cost of each graph — orchestrate (the
   Python orchestration and its submits), the host's part of execute (launch planning, the rows'
   upload and the launch calls: execute less the wait for the device, ``execute_wait_ns``) and
-  the argument path — with tasks, submits and launches per round, and the ratios. The unrolled
+  the argument path — with tasks, submits and launches per round, and the ratios; then execute
+  split into ``plan_ns``, ``row_upload_ns``, ``launch_ns`` and ``execute_wait_ns``. The unrolled
   graph makes 1,024 tasks a round at Case1, the per-block one 65,792; outputs are checked against
   the golden after the rounds.
 * ``lifecycle`` — ten workers opened and closed in a row on ``--platform`` (ascend or cuda):
@@ -700,6 +701,10 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
                         {
                             "orchestrate": p["orchestrate"],
                             "execute_host": host_exec,
+                            "plan": c["plan_ns"],
+                            "upload": c["row_upload_ns"],
+                            "launch": c["launch_ns"],
+                            "wait": c["execute_wait_ns"],
                             "args": p["bind"] + p["copy_back"] + p["cleanup"],
                             "host": p["orchestrate"] + host_exec + p["bind"] + p["copy_back"] + p["cleanup"],
                             "execute": p["execute"],
@@ -723,6 +728,13 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
         f"{'graph':<10} {'orchestrate':>12} {'exec host':>12} {'args':>12} {'host':>12} {'execute':>12}"
         f"   {'tasks':>6} {'submits':>7} {'launches':>8} golden"
     )
+    split = "\n".join(
+        f"  {g:<10} plan {_fmt_ns(median(v['plan'] for v in rows[g][1:] or rows[g])):>10}"
+        f"   upload {_fmt_ns(median(v['upload'] for v in rows[g][1:] or rows[g])):>10}"
+        f"   launch {_fmt_ns(median(v['launch'] for v in rows[g][1:] or rows[g])):>10}"
+        f"   wait {_fmt_ns(median(v['wait'] for v in rows[g][1:] or rows[g])):>10}"
+        for g in graphs
+    )
     figures: dict[str, Any] = {
         "platform": platform,
         "fake": fake,
@@ -741,6 +753,10 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
             f"{c['tasks']:>6} {c['submits']:>7} {c['device_launches']:>8} {'yes' if ok[g] else 'NO'}"
         )
         figures["graphs"][g] = {**med[g], **c, "golden": ok[g]}
+    print(
+        "execute, split (medians): the host's planning, row upload and launch calls; the wait for the device"
+    )
+    print(split)
     ratio = med["unrolled"]["host"] / med["per-block"]["host"] if med["per-block"]["host"] else float("inf")
     print(f"host cost per warm round: unrolled / per-block = {ratio:.3f}")
     figures["host_ratio"] = ratio

@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Instant;
 
 use simpler_driver::{FuncId, LaunchCall, LaunchDims};
 
@@ -269,6 +270,16 @@ impl RunState {
     /// the kept plan of an earlier round that recorded exactly these tasks over exactly these
     /// allocations (`plan_cache.rs`).
     pub(crate) fn plan_launches(&mut self, mem: &mut Memory) -> Result<()> {
+        let t0 = Instant::now();
+        let uploading = self.report.counters.row_upload_ns;
+        let r = self.plan_and_upload(mem);
+        let upload = self.report.counters.row_upload_ns - uploading;
+        self.report.counters.plan_ns += elapsed_ns(t0).saturating_sub(upload);
+        r
+    }
+
+    /// [`RunState::plan_launches`]; the upload's time goes to `row_upload_ns`.
+    fn plan_and_upload(&mut self, mem: &mut Memory) -> Result<()> {
         let mut plan = std::mem::take(&mut self.plan);
         plan.clear();
         let bindings = self.bindings(mem);
@@ -286,7 +297,12 @@ impl RunState {
         let mut rows = std::mem::take(&mut mem.launcher.rows);
         rows.clear();
         let r = self.write_rows(mem, &mut plan, &mut rows);
-        let r = r.and_then(|()| upload(mem, &rows));
+        let r = r.and_then(|()| {
+            let t = Instant::now();
+            let up = upload(mem, &rows);
+            self.report.counters.row_upload_ns += elapsed_ns(t);
+            up
+        });
         let r = r.map(|region| {
             for l in &mut plan.launches {
                 l.row_offset += region.0 .0;
@@ -436,7 +452,9 @@ impl RunState {
                 params: p,
             })
             .collect();
+        let t = Instant::now();
         let r = mem.dev.launch_all(&calls, self.time_device);
+        self.report.counters.launch_ns += elapsed_ns(t);
         let enqueued = match &r {
             Ok(()) => calls.len(),
             Err((i, _)) => (*i).min(calls.len()),
@@ -455,6 +473,11 @@ impl RunState {
         self.report.counters.device_tasks += u64::from(info.count);
         Ok(())
     }
+}
+
+/// Nanoseconds since `t`.
+fn elapsed_ns(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Uploads `rows` into a task-row region of their own (a spare one large enough, else a new

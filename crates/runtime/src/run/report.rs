@@ -76,6 +76,13 @@ pub struct Counters {
     /// How long execute waited for the device at its end (the rest of execute is the host's:
     /// planning, row upload, launch calls, host-path tasks).
     pub execute_wait_ns: u64,
+    /// The host's parts of execute, as measured: planning the launches (comparing with the kept
+    /// plans, dependence levels, writing task rows), uploading the rows, and the launch calls
+    /// (enqueueing, not running). With `execute_wait_ns` they add up to at most `execute`; the
+    /// rest is host-path tasks and the cursor's walk over the tasks.
+    pub plan_ns: u64,
+    pub row_upload_ns: u64,
+    pub launch_ns: u64,
     /// Whether the run's launches came from the kept plan of an earlier round that recorded
     /// the same tasks (1) or were planned (0; see `plan_cache.rs`), and the bytes of task rows
     /// the run uploaded (0 when it reused a plan).
@@ -85,7 +92,7 @@ pub struct Counters {
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 30] {
+    pub fn entries(&self) -> [(&'static str, u64); 33] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -115,6 +122,9 @@ impl Counters {
             ("host_path_tasks", self.host_path_tasks),
             ("device_ns", self.device_ns),
             ("execute_wait_ns", self.execute_wait_ns),
+            ("plan_ns", self.plan_ns),
+            ("row_upload_ns", self.row_upload_ns),
+            ("launch_ns", self.launch_ns),
             ("plan_reuses", self.plan_reuses),
             ("task_row_bytes", self.task_row_bytes),
         ]
