@@ -110,7 +110,7 @@ def test_a_replayed_round_launches_exactly_what_a_planned_one_did(cuda):
     planned with replay off."""
     x, y = _buffers(cuda)
     call = _orch()
-    assert cuda.replay == "plans"
+    cuda.replay = "plans"
     reports = [cuda.run(call, _args(x, y)) for _ in range(3)]
     assert [_counts(r) for r in reports] == [(0, 2, 1), (1, 2, 0), (1, 2, 0)]
     assert reports[0].counters["task_row_bytes"] == 5 * 32  # five tasks, four 8-byte fields
@@ -245,10 +245,10 @@ def test_a_failed_row_upload_names_the_call_and_keeps_no_plan(cuda, fake_vendor)
 
 
 def test_replay_is_a_worker_setting(cuda, monkeypatch):
-    assert cuda.replay == "plans"
+    assert cuda.replay == "graphs"
     cuda.replay = "off"
     assert cuda.replay == "off"
-    with pytest.raises(ValueError, match=r"replay must be 'off' or 'plans', not 'always'"):
+    with pytest.raises(ValueError, match=r"replay must be 'off', 'plans' or 'graphs', not 'always'"):
         cuda.replay = "always"
     with pytest.raises(TypeError, match="replay must be a string"):
         cuda.replay = 1  # type: ignore[assignment]
@@ -271,5 +271,115 @@ def test_execute_is_split_into_planning_upload_launch_calls_and_the_wait(cuda):
     assert replayed.counters["row_upload_ns"] == 0 and replayed.counters["launch_ns"] > 0
     r = cuda.run(sp.Callable(lambda o, x, y: None, [sp.IN, sp.INOUT]), _args(x, y))
     assert [r.counters[k] for k in parts] == [0, 0, 0, 0]
+    x.free()
+    y.free()
+
+
+# -- replay as one CUDA graph launch -------------------------------------------------------------
+
+
+def _fake_count(fake_vendor, name: str) -> int:
+    fn = getattr(fake_vendor.cuda_lib(), name)
+    fn.restype = ctypes.c_uint64
+    return int(fn())
+
+
+def test_a_reused_plan_is_captured_once_and_replayed_as_one_graph_launch(cuda, fake_vendor):
+    """Under replay="graphs" the first reuse captures the plan's launches into a graph and
+    every reuse launches it once: the fake runs exactly the launches (rows, grids) the planned
+    round ran, and the results equal replay="plans" and replay="off" rounds."""
+    x, y = _buffers(cuda)
+    call = _orch()
+    launches0 = _fake_count(fake_vendor, "fake_cuda_graph_launches")
+    reps = [cuda.run(call, _args(x, y)) for _ in range(3)]
+    c = [r.counters for r in reps]
+    assert [(k["plan_reuses"], k["graph_captures"], k["graph_launches"]) for k in c] == [
+        (0, 0, 0),
+        (1, 1, 1),
+        (1, 0, 1),
+    ]
+    assert [k["device_launches"] for k in c] == [2, 2, 2]
+    assert [k["device_tasks"] for k in c] == [5, 5, 5]
+    assert _fake_count(fake_vendor, "fake_cuda_graph_launches") - launches0 == 2
+    assert _fake_count(fake_vendor, "fake_cuda_live_graphs") == 1
+    assert len(SEEN) == 6
+    for again in (SEEN[2:4], SEEN[4:6]):
+        for (g0, r0), (g1, r1) in zip(SEEN[0:2], again):
+            assert g0 == g1
+            np.testing.assert_array_equal(r0, r1)
+    graphs = _y(y)
+    for mode in ("plans", "off"):
+        cuda.replay = mode
+        y.copy_to(np.zeros(48, np.float32))
+        for _ in range(3):
+            assert cuda.run(call, _args(x, y)).counters["graph_launches"] == 0
+        np.testing.assert_array_equal(_y(y), graphs)
+    # Dropping the plan (its buffer freed) destroys its graph.
+    y.free()
+    assert cuda.plans_kept == 0 and _fake_count(fake_vendor, "fake_cuda_live_graphs") == 0
+    x.free()
+
+
+def test_a_round_with_a_host_task_between_batches_replays_without_a_graph(cuda):
+    host = sp.Kernel(_saxpy_fn, [sp.IN, sp.INOUT], name="rp_host")
+
+    def orch(o, x, y):
+        o.submit(K, x.view([1, 8], [0, 0]), y.view([1, 8], [0, 0]), 1.0)
+        o.submit(host, x.view([1, 8], [0, 0]), y.view([1, 8], [0, 0]), 10.0)
+        o.submit(K, x.view([1, 8], [0, 0]), y.view([1, 8], [0, 0]), 100.0)
+
+    x, y = _buffers(cuda)
+    call = sp.Callable(orch, [sp.IN, sp.INOUT])
+    c = [cuda.run(call, _args(x, y)).counters for _ in range(2)]
+    assert [(k["plan_reuses"], k["graph_launches"], k["host_path_tasks"]) for k in c] == [
+        (0, 0, 1),
+        (1, 0, 1),
+    ]
+    np.testing.assert_array_equal(_y(y)[:8], 2 * 111 * np.arange(8, dtype=np.float32))
+    x.free()
+    y.free()
+
+
+@pytest.mark.parametrize(
+    "call_name", ["cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags"]
+)
+def test_a_failed_capture_replays_with_plain_launches_and_leaves_no_graph(cuda, fake_vendor, call_name):
+    x, y = _buffers(cuda)
+    call = _orch()
+    cuda.run(call, _args(x, y))
+    lib = fake_vendor.cuda_lib()
+    lib.fake_cuda_inject.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int32]
+    assert lib.fake_cuda_inject(call_name.encode(), 1, 999) == 0
+    c = [cuda.run(call, _args(x, y)).counters for _ in range(2)]
+    assert [
+        (k["plan_reuses"], k["graph_captures"], k["graph_launches"], k["device_launches"]) for k in c
+    ] == [
+        (1, 0, 0, 2),
+        (1, 0, 0, 2),
+    ]
+    assert _fake_count(fake_vendor, "fake_cuda_live_graphs") == 0
+    # Per round: rows 0..3 get 0.5 x, row 0 then 2 x more; three rounds.
+    xs = np.arange(48, dtype=np.float32)
+    want = np.zeros(48, np.float32)
+    for _ in range(3):
+        want[:32] += np.float32(0.5) * xs[:32]
+        want[:8] += np.float32(2.0) * xs[:8]
+    np.testing.assert_array_equal(_y(y), want)
+    x.free()
+    y.free()
+
+
+def test_a_failed_graph_launch_is_the_runs_error_naming_the_call(cuda, fake_vendor):
+    x, y = _buffers(cuda)
+    call = _orch()
+    cuda.run(call, _args(x, y))
+    cuda.run(call, _args(x, y))
+    lib = fake_vendor.cuda_lib()
+    lib.fake_cuda_inject.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int32]
+    assert lib.fake_cuda_inject(b"cuGraphLaunch", 1, 1) == 0
+    with pytest.raises(sp.DeviceError) as e:
+        cuda.run(call, _args(x, y))
+    assert "cuGraphLaunch" in str(e.value) and e.value.code == 1, str(e.value)
+    assert cuda.run(call, _args(x, y)).counters["graph_launches"] == 1
     x.free()
     y.free()

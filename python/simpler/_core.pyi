@@ -72,7 +72,7 @@ PHASES: list[str]
 _Platform = Literal["sim", "ascend", "cuda"]
 _StagingMode = Literal["arena", "fresh"]
 _ViewPolicy = Literal["auto", "mapping", "cached", "mirror"]
-_Replay = Literal["off", "plans"]
+_Replay = Literal["off", "plans", "graphs"]
 _HostView = Literal["lazy", "eager", "auto", "mapping", "cached", "mirror"]
 _ViewKind = Literal["mapping", "cached", "mirror"]
 # One model, or several comma-separated (``"ascend-a3,h200"``), the first being the primary one.

@@ -7,8 +7,8 @@ use crate::{
     CUDA_SUCCESS,
 };
 
-/// Clears the call log, pending injections, the violation count and the launch, module-load
-/// and compile counters, releases every stream hold, and re-reads the environment
+/// Clears the call log, pending injections, the violation count and the launch, graph-launch,
+/// module-load and compile counters, releases every stream hold, and re-reads the environment
 /// (`FAKE_CUDA_DEVICES`, `FAKE_CUDA_INJECT`, `FAKE_CUDA_REUSE`, `FAKE_CUDA_CC`,
 /// `FAKE_CUDA_STREAM_LATENCY_US`, `FAKE_CUDA_HOST_PAGE`, `FAKE_CUDA_SM_COUNT`,
 /// `FAKE_CUDA_SHARED_OPTIN`, `FAKE_CUDA_TOTAL_MEM`). Initialization, live allocations,
@@ -21,6 +21,8 @@ pub extern "C" fn fake_cuda_reset() {
         st.injections.clear();
         st.violations = 0;
         st.launches = 0;
+        st.graph_launches = 0;
+        st.replayed_launches = 0;
         st.module_loads = 0;
         st.compiles = 0;
         exec::lock().release_holds();
@@ -162,6 +164,26 @@ pub extern "C" fn fake_cuda_translate(dev_addr: c_ulonglong, len: c_ulonglong) -
 #[no_mangle]
 pub extern "C" fn fake_cuda_launch_count() -> u64 {
     with_state(|st| st.launches)
+}
+
+/// Graphs and executable graphs alive (`cuStreamEndCapture`, `cuGraphInstantiateWithFlags`,
+/// not yet destroyed).
+#[no_mangle]
+pub extern "C" fn fake_cuda_live_graphs() -> u64 {
+    with_state(|st| (st.graphs.len() + st.graph_execs.len()) as u64)
+}
+
+/// Number of `cuGraphLaunch` calls accepted (since the last reset).
+#[no_mangle]
+pub extern "C" fn fake_cuda_graph_launches() -> u64 {
+    with_state(|st| st.graph_launches)
+}
+
+/// Number of kernel launches graph launches queued (since the last reset); not counted in
+/// `fake_cuda_launch_count`, which counts `cuLaunchKernel` calls that queued a launch.
+#[no_mangle]
+pub extern "C" fn fake_cuda_replayed_launches() -> u64 {
+    with_state(|st| st.replayed_launches)
 }
 
 /// Number of successful `cuModuleLoadData` calls (since the last reset).

@@ -71,6 +71,7 @@ pub enum Source {
 }
 
 /// A kernel launch, its parameter values copied at call time.
+#[derive(Clone)]
 pub struct Launch {
     pub entry: CString,
     pub params: Vec<u64>,

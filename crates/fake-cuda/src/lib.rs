@@ -77,6 +77,11 @@
 //!   lock of the fake held; it reaches device memory through `fake_cuda_translate`. A host
 //!   kernel must not call the driver (device code cannot): such calls fail with
 //!   `CUDA_ERROR_NOT_PERMITTED`.
+//! * **Stream capture and graphs** ([`api::graph`]). A created stream captures launches
+//!   between `cuStreamBeginCapture_v2` and `cuStreamEndCapture` without running them; other work
+//!   on it (or synchronizing it) is refused and invalidates the capture. `cuGraphLaunch` queues
+//!   exactly the launches captured, with the parameter values captured, on the stream it is
+//!   launched on.
 //! * **Device facts.** `cuDeviceGetAttribute` answers an H200's limits (1024 threads a block,
 //!   48 KiB of shared memory, 227 KiB opt-in, 132 multiprocessors, clocks, a 6144-bit memory
 //!   bus) and the compute capability, `cuDeviceGetName` "Fake CUDA device (H200-like)",
@@ -164,7 +169,8 @@
 //! `int fake_cuda_hold_stream(CUstream h, int on)` (one stream, a built-in handle naming the
 //! calling thread's stream of its current device: 0, or `CUDA_ERROR_INVALID_HANDLE` /
 //! `CUDA_ERROR_INVALID_CONTEXT`), `fake_cuda_set_stream_latency_us`, `fake_cuda_lifecycle`,
-//! `fake_cuda_set_host_page`, `fake_nvrtc_compile_count` and `fake_nvrtc_live_programs`.
+//! `fake_cuda_set_host_page`, `fake_cuda_live_graphs`, `fake_cuda_graph_launches`,
+//! `fake_cuda_replayed_launches`, `fake_nvrtc_compile_count` and `fake_nvrtc_live_programs`.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -362,6 +368,13 @@ struct State {
     /// NVRTC programs by handle.
     programs: BTreeMap<usize, nvrtc::Program>,
     launches: u64,
+    /// Stream captures in progress, by stream handle; graphs and executable graphs by handle.
+    captures: BTreeMap<usize, api::graph::Capture>,
+    graphs: BTreeMap<usize, api::graph::Graph>,
+    graph_execs: BTreeMap<usize, api::graph::Graph>,
+    /// `cuGraphLaunch` calls and the kernel launches they queued.
+    graph_launches: u64,
+    replayed_launches: u64,
     module_loads: u64,
     compiles: u64,
     injections: Injections,
@@ -395,6 +408,11 @@ impl State {
             kernels: BTreeMap::new(),
             programs: BTreeMap::new(),
             launches: 0,
+            captures: BTreeMap::new(),
+            graphs: BTreeMap::new(),
+            graph_execs: BTreeMap::new(),
+            graph_launches: 0,
+            replayed_launches: 0,
             module_loads: 0,
             compiles: 0,
             injections: Injections::default(),

@@ -12,6 +12,7 @@ use crate::api::*;
 use crate::control::*;
 use crate::*;
 
+mod graphs;
 mod kernels;
 mod nvrtc_api;
 mod streams;

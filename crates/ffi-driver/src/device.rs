@@ -24,6 +24,11 @@ pub struct ModuleId(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FuncId(pub u64);
 
+/// An executable graph of captured launches ([`Device::capture`]). Valid until destroyed or
+/// the device closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub u64);
+
 /// The geometry of one launch: grid and block dimensions (each >= 1) and dynamic shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaunchDims {
@@ -287,6 +292,32 @@ pub trait Device: Send + Sync + fmt::Debug {
             self.launch(l.func, l.dims, l.params).map_err(|e| (i, e))?;
         }
         Ok(())
+    }
+
+    /// Whether the device captures launches into a graph it replays with one call
+    /// ([`Device::capture`]; CUDA with the graph entry points).
+    fn captures_graphs(&self) -> bool {
+        false
+    }
+
+    /// Captures `launches`, in order, into an executable graph without running any of them
+    /// (CUDA: stream capture on the worker's stream, then instantiation). A replay
+    /// ([`Device::launch_graph`]) launches exactly these, with these parameter values: what
+    /// they point at must still hold what the launches should read when the replay runs.
+    fn capture(&self, _launches: &[LaunchCall<'_>]) -> Result<GraphId, DeviceError> {
+        Err(self.no_device_code(Op::Launch))
+    }
+
+    /// Enqueues the launches of `graph` on the worker's stream with one call; `timed` as in
+    /// [`Device::launch_all`].
+    fn launch_graph(&self, _graph: GraphId, _timed: bool) -> Result<(), DeviceError> {
+        Err(self.no_device_code(Op::Launch))
+    }
+
+    /// Destroys `graph` (after any replay of it that is enqueued; the driver keeps it alive
+    /// until then).
+    fn destroy_graph(&self, _graph: GraphId) -> Result<(), DeviceError> {
+        Err(self.no_device_code(Op::Launch))
     }
 
     /// The device time of the launch groups timed since the last call (the sum, in

@@ -26,8 +26,8 @@ mod sessions;
 pub mod sim;
 
 pub use device::{
-    CallRecord, CloseReport, DevPtr, Device, FuncId, FuncLimits, LaunchCall, LaunchDims, MapGrant,
-    ModuleId, Stats,
+    CallRecord, CloseReport, DevPtr, Device, FuncId, FuncLimits, GraphId, LaunchCall, LaunchDims,
+    MapGrant, ModuleId, Stats,
 };
 pub use error::{codes, DeviceError, Op, Status};
 pub use host::python_finalizing;

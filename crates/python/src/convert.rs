@@ -169,7 +169,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for ViewPolicyArg {
     }
 }
 
-/// A replay mode: `"off"` or `"plans"`.
+/// A replay mode: `"off"`, `"plans"` or `"graphs"`.
 pub struct ReplayArg(pub Replay);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for ReplayArg {

@@ -247,9 +247,11 @@ impl PyWorker {
     }
 
     /// Whether a warm round reuses the launch plan of an earlier round that recorded exactly
-    /// the same tasks over the same allocations: ``"plans"`` (the default; no dependence levels,
-    /// task rows or row upload, ``RunReport.counters["plan_reuses"]`` is 1) or ``"off"`` (every
-    /// round plans). ``SIMPLER_REPLAY`` sets it for new workers; settable between runs.
+    /// the same tasks over the same allocations: ``"graphs"`` (the default: reuse, and on cuda
+    /// capture the plan's launches into a CUDA graph at its first reuse and replay it with one
+    /// graph launch a round), ``"plans"`` (reuse with plain launches: no dependence levels, task
+    /// rows or row upload; ``RunReport.counters["plan_reuses"]`` is 1) or ``"off"`` (every round
+    /// plans). ``SIMPLER_REPLAY`` sets it for new workers; settable between runs.
     #[getter]
     fn replay(&self) -> &'static str {
         self.cell.with(false, |w| w.replay().name())

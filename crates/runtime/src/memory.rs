@@ -233,7 +233,18 @@ impl Memory {
         self.dev.free(ptr)?;
         self.allocs.remove(&ptr.0);
         self.plans.forget_alloc(ptr.0);
+        self.bury_graphs();
         Ok(())
+    }
+
+    /// Destroys the graphs of dropped plans (a failure is logged: the device's close destroys
+    /// what is left).
+    pub(crate) fn bury_graphs(&mut self) {
+        for g in std::mem::take(&mut self.plans.dead_graphs) {
+            if let Err(e) = self.dev.destroy_graph(g) {
+                log::warn!("destroying the graph of a dropped launch plan: {e}");
+            }
+        }
     }
 
     /// Releases an allocation the worker or a resident set owns; on failure it stays recorded as

@@ -76,7 +76,7 @@ pub(crate) fn not_in_progress(run: RunId) -> Error {
 pub const ENV_DEVICE_TIMING: &str = "SIMPLER_DEVICE_TIMING";
 
 /// Environment switch: the replay mode new workers start with (see [`Worker::replay`]):
-/// `off` or `plans`.
+/// `off`, `plans` or `graphs`.
 pub const ENV_REPLAY: &str = "SIMPLER_REPLAY";
 
 fn buffer_err(e: simpler_driver::DeviceError) -> Error {
@@ -91,7 +91,7 @@ impl Worker {
         if let Ok(v) = std::env::var(ENV_REPLAY) {
             match Replay::parse(v.trim()) {
                 Some(m) => mem.plans.replay = m,
-                None => log::warn!("ignoring {ENV_REPLAY}={v:?} (not one of off, plans)"),
+                None => log::warn!("ignoring {ENV_REPLAY}={v:?} (not one of off, plans, graphs)"),
             }
         }
         // The process's session release closes this device only through the export table, which
@@ -334,7 +334,9 @@ impl Worker {
         }
         self.spare = Records::default();
         self.arena.trim(&mut self.mem)?;
-        for (p, _) in self.mem.plans.drain() {
+        let regions = self.mem.plans.drain();
+        self.mem.bury_graphs();
+        for (p, _) in regions {
             self.mem
                 .release_or_orphan(p, &"a task-row region")
                 .map_err(buffer_err)?;
@@ -912,8 +914,10 @@ impl Worker {
             log::warn!("close: waiting for the device: {e}");
         }
         self.abort_run();
-        // The kept plans go; their task-row regions are live allocations, freed below.
+        // The kept plans go; their task-row regions are live allocations, freed below, and
+        // their graphs go with the device.
         self.mem.plans.drain();
+        self.mem.plans.dead_graphs.clear();
         for (p, n) in self.mem.exports.all() {
             log::warn!(
                 "closing the worker while allocation {p} has {n} live export(s): another \

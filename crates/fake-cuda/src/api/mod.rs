@@ -1,6 +1,6 @@
 //! The CUDA driver API exports, with their signatures from `cuda.h`, by room: initialization,
 //! devices and contexts here; memory in [`memory`]; streams and events in [`stream`]; modules
-//! and launches in [`module`].
+//! and launches in [`module`]; stream capture and graphs in [`graph`].
 //!
 //! Each export first counts an injection for its exact C name (a firing one is logged with
 //! ` (injected)` and returned without doing anything), then refuses to run from a host kernel
@@ -19,10 +19,12 @@ use crate::{
     CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_SUCCESS,
 };
 
+pub mod graph;
 pub mod memory;
 pub mod module;
 pub mod stream;
 
+pub use graph::*;
 pub use memory::*;
 pub use module::*;
 pub use stream::*;

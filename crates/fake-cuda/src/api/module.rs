@@ -320,6 +320,11 @@ pub unsafe extern "C" fn cuLaunchKernel(
             block,
             shared: shared_mem_bytes,
         };
+        if let Some(c) = st.captures.get_mut(&h) {
+            // Captured, not run (`api::graph`).
+            c.launches.push(launch);
+            return Ok(st.ret(name, &format!("{args} (captured)"), CUDA_SUCCESS));
+        }
         let op = Op {
             dev,
             what: format!("{name} {entry}"),

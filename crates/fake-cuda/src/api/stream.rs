@@ -66,6 +66,14 @@ pub(crate) fn queue(
     h: usize,
     op: Op,
 ) -> Result<Point, CUresult> {
+    if crate::api::graph::refuse_while_capturing(st, h) {
+        let args = format!("{args} (the stream is capturing)");
+        return Err(st.ret(
+            name,
+            &args,
+            crate::api::graph::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        ));
+    }
     let mut ex = exec::lock();
     own_stream(st, &ex, (name, args), h, op.dev)?;
     let s = ex.resolve(h, op.dev);
@@ -164,6 +172,11 @@ pub extern "C" fn cuStreamSynchronize(h_stream: CUstream) -> CUresult {
     let checked = with_state(|st| {
         let dev = st.enter_any(name, &args)?;
         own_stream(st, &exec::lock(), (name, &args), h, dev)?;
+        if crate::api::graph::refuse_while_capturing(st, h) {
+            let args = format!("{args} (the stream is capturing)");
+            let code = crate::api::graph::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+            return Err(st.ret(name, &args, code));
+        }
         Ok(dev)
     });
     match checked {

@@ -36,6 +36,8 @@ pub(super) struct Exec {
     pub timed: Vec<(CuEvent, CuEvent)>,
     /// Timing events read and free for the next group.
     pub spare: Vec<CuEvent>,
+    /// Executable graphs instantiated and not yet destroyed (`graph.rs`), destroyed at close.
+    pub graphs: BTreeSet<u64>,
 }
 
 impl Default for Exec {
@@ -47,6 +49,7 @@ impl Default for Exec {
             funcs: BTreeSet::new(),
             timed: Vec::new(),
             spare: Vec::new(),
+            graphs: BTreeSet::new(),
         }
     }
 }
@@ -585,6 +588,7 @@ impl CudaDevice {
         if let Err(e) = self.wait_stream("draining the worker's stream at close") {
             errors.push(e);
         }
+        self.close_graphs(st, errors);
         for m in std::mem::take(&mut st.exec.modules) {
             // SAFETY: a module this device loaded, unloaded once (the list is emptied).
             let r = CuResult(unsafe { (self.f.module_unload)(m) }).result();

@@ -49,6 +49,12 @@ vendor_fns! {
         func_get_attribute: "cuFuncGetAttribute" => CuFuncGetAttributeFn,
         func_set_attribute: "cuFuncSetAttribute" => CuFuncSetAttributeFn,
         event_elapsed_time: "cuEventElapsedTime" => CuEventElapsedTimeFn,
+        stream_begin_capture: "cuStreamBeginCapture_v2" => CuStreamBeginCaptureFn,
+        stream_end_capture: "cuStreamEndCapture" => CuStreamEndCaptureFn,
+        graph_instantiate: "cuGraphInstantiateWithFlags" => CuGraphInstantiateWithFlagsFn,
+        graph_launch: "cuGraphLaunch" => CuGraphLaunchFn,
+        graph_exec_destroy: "cuGraphExecDestroy" => CuGraphExecDestroyFn,
+        graph_destroy: "cuGraphDestroy" => CuGraphDestroyFn,
     }
 }
 

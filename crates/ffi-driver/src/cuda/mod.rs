@@ -24,6 +24,7 @@
 //!   sim; an injected fault fails the call before the vendor function runs.
 
 mod exec;
+mod graph;
 pub mod loading;
 mod pinning;
 mod session;
@@ -701,6 +702,58 @@ impl Device for CudaDevice {
                 (Ok(()), Some(end)) => st.exec.timed.push((start, end)),
                 (_, end) => st.exec.spare.extend(std::iter::once(start).chain(end)),
             }
+        }
+        r
+    }
+
+    fn captures_graphs(&self) -> bool {
+        self.has_graphs()
+    }
+
+    fn capture(&self, launches: &[crate::LaunchCall<'_>]) -> Result<crate::GraphId, DeviceError> {
+        let op = Op::Launch;
+        let mut st = self.lock_for(op)?;
+        self.do_capture(&mut st, launches)
+    }
+
+    fn launch_graph(&self, graph: crate::GraphId, timed: bool) -> Result<(), DeviceError> {
+        let op = Op::Launch;
+        let mut st = self.lock_for(op)?;
+        let _bound = match self.enter_as(&st, op, CudaFns::NAMES.graph_launch) {
+            Ok(b) => b,
+            Err(e) => {
+                st.note_fault(&e);
+                return Err(e);
+            }
+        };
+        let timing = |st: &mut State| match self.record_timing(st) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                st.note_fault(&e);
+                log::warn!("timing a graph launch: {e}");
+                None
+            }
+        };
+        let start = if timed { timing(&mut st) } else { None };
+        let name = CudaFns::NAMES.graph_launch;
+        let r = call_named(&mut st, op, name, 0, 0, |st| {
+            self.launch_graph_bound(st, graph)
+        });
+        if let Some(start) = start {
+            match (&r, timing(&mut st)) {
+                (Ok(()), Some(end)) => st.exec.timed.push((start, end)),
+                (_, end) => st.exec.spare.extend(std::iter::once(start).chain(end)),
+            }
+        }
+        r
+    }
+
+    fn destroy_graph(&self, graph: crate::GraphId) -> Result<(), DeviceError> {
+        let op = Op::Launch;
+        let mut st = self.lock_for(op)?;
+        let r = self.do_destroy_graph(&mut st, graph);
+        if let Err(e) = &r {
+            st.note_fault(e);
         }
         r
     }

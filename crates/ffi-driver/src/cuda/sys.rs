@@ -76,6 +76,22 @@ pub type CuDriverGetVersionFn = unsafe extern "C" fn(version: *mut c_int) -> c_i
 pub type CuDeviceGetAttributeFn =
     unsafe extern "C" fn(value: *mut c_int, attribute: c_int, dev: CuDevice) -> c_int;
 
+/// `CUgraph`, `CUgraphExec`: opaque pointers.
+pub type CuGraph = *mut c_void;
+pub type CuGraphExec = *mut c_void;
+/// `cuStreamBeginCapture_v2` (what `cuStreamBeginCapture` names since CUDA 10.1).
+pub type CuStreamBeginCaptureFn = unsafe extern "C" fn(stream: CuStream, mode: c_uint) -> c_int;
+pub type CuStreamEndCaptureFn =
+    unsafe extern "C" fn(stream: CuStream, graph: *mut CuGraph) -> c_int;
+pub type CuGraphInstantiateWithFlagsFn =
+    unsafe extern "C" fn(exec: *mut CuGraphExec, graph: CuGraph, flags: c_ulonglong) -> c_int;
+pub type CuGraphLaunchFn = unsafe extern "C" fn(exec: CuGraphExec, stream: CuStream) -> c_int;
+pub type CuGraphExecDestroyFn = unsafe extern "C" fn(exec: CuGraphExec) -> c_int;
+pub type CuGraphDestroyFn = unsafe extern "C" fn(graph: CuGraph) -> c_int;
+
+/// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only this thread's unsafe calls invalidate the capture.
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_uint = 1;
+
 /// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the legacy default stream.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// `CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)`.
@@ -130,6 +146,7 @@ const CODES: &[(i64, &str)] = &[
     (218, "CUDA_ERROR_INVALID_PTX"),
     (222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"),
     (400, "CUDA_ERROR_INVALID_HANDLE"),
+    (401, "CUDA_ERROR_ILLEGAL_STATE"),
     (500, "CUDA_ERROR_NOT_FOUND"),
     (600, "CUDA_ERROR_NOT_READY"),
     (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
@@ -147,6 +164,8 @@ const CODES: &[(i64, &str)] = &[
     (719, "CUDA_ERROR_LAUNCH_FAILED"),
     (800, "CUDA_ERROR_NOT_PERMITTED"),
     (801, "CUDA_ERROR_NOT_SUPPORTED"),
+    (900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"),
+    (901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
     (999, "CUDA_ERROR_UNKNOWN"),
 ];
 

@@ -50,10 +50,16 @@ pub(crate) struct LaunchPlan {
     pub batches: Vec<(usize, Range<usize>)>,
     /// The next entry of `batches` to launch.
     pub next: usize,
+    /// The kept plan this run replays as a graph (`Replay::Graphs`), and whether the graph was
+    /// launched (then every batch was).
+    pub graph_of: Option<u64>,
+    pub graph_launched: bool,
 }
 
 impl LaunchPlan {
     pub fn clear(&mut self) {
+        self.graph_of = None;
+        self.graph_launched = false;
         self.planned = false;
         self.launches.clear();
         self.batches.clear();
@@ -283,10 +289,15 @@ impl RunState {
         let mut plan = std::mem::take(&mut self.plan);
         plan.clear();
         let bindings = self.bindings(mem);
-        if mem.plans.replay != Replay::Off {
+        let replay = mem.plans.replay;
+        if replay != Replay::Off {
             if let Some(kept) = mem.plans.find(&self.tasks, &bindings) {
                 plan.launches.clone_from(&kept.launches);
                 plan.batches.clone_from(&kept.batches);
+                let graphs = replay == Replay::Graphs && mem.dev.captures_graphs();
+                if graphs && !kept.graph_failed && self.tasks.all_device() {
+                    plan.graph_of = Some(kept.id);
+                }
                 plan.planned = true;
                 self.report.counters.plan_reuses += 1;
                 self.plan = plan;
@@ -294,6 +305,7 @@ impl RunState {
             }
         }
         mem.plans.make_room(&self.tasks, &bindings);
+        mem.bury_graphs();
         let mut rows = std::mem::take(&mut mem.launcher.rows);
         rows.clear();
         let r = self.write_rows(mem, &mut plan, &mut rows);
@@ -433,6 +445,14 @@ impl RunState {
         if !self.plan.planned {
             self.plan_launches(mem)?;
         }
+        if self.plan.graph_launched {
+            return Ok(()); // the graph launched every batch
+        }
+        if let Some(id) = self.plan.graph_of {
+            if self.launch_graph(mem, id)? {
+                return Ok(());
+            }
+        }
         let Some((b, range)) = self.plan.batches.get(self.plan.next).cloned() else {
             return Err(Error::State(format!(
                 "execute: batch {batch} of device code was not planned"
@@ -472,6 +492,75 @@ impl RunState {
         })?;
         self.report.counters.device_tasks += u64::from(info.count);
         Ok(())
+    }
+}
+
+impl RunState {
+    /// Launches every batch of the run as the graph of kept plan `id`, capturing it first when
+    /// the plan has none (the capture's time counts as planning). Returns false when the plan's
+    /// launches cannot be captured (then it replays with plain launches, this round and the
+    /// next; a warning says why): a capture that fails on a faulted device is the run's error.
+    fn launch_graph(&mut self, mem: &mut Memory, id: u64) -> Result<bool> {
+        let Some(kept) = mem.plans.by_id(id) else {
+            return Ok(false);
+        };
+        let graph = match kept.graph {
+            Some(g) => g,
+            None => {
+                let t = Instant::now();
+                let params: Vec<[u64; 1]> = kept.launches.iter().map(|l| [l.row_offset]).collect();
+                let calls: Vec<LaunchCall<'_>> = kept
+                    .launches
+                    .iter()
+                    .zip(&params)
+                    .map(|(l, p)| LaunchCall {
+                        func: l.func,
+                        dims: l.dims,
+                        params: p,
+                    })
+                    .collect();
+                let made = mem.dev.capture(&calls);
+                self.report.counters.plan_ns += elapsed_ns(t);
+                match made {
+                    Ok(g) => {
+                        kept.graph = Some(g);
+                        self.report.counters.graph_captures += 1;
+                        g
+                    }
+                    Err(e) if mem.dev.fault().is_some() => {
+                        return Err(Error::device(Phase::Execute, None, e));
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "capturing a kept launch plan into a graph: {e}; it replays with \
+                             plain launches"
+                        );
+                        kept.graph_failed = true;
+                        self.plan.graph_of = None;
+                        return Ok(false);
+                    }
+                }
+            }
+        };
+        let launches = self.plan.launches.len() as u64;
+        let t = Instant::now();
+        let r = mem.dev.launch_graph(graph, self.time_device);
+        self.report.counters.launch_ns += elapsed_ns(t);
+        r.map_err(|mut e| {
+            e.detail = format!("{} (the graph of {launches} launch(es))", e.detail);
+            Error::device(Phase::Execute, None, e)
+        })?;
+        self.plan.graph_launched = true;
+        self.plan.next = self.plan.batches.len();
+        self.report.counters.device_launches += launches;
+        self.report.counters.graph_launches += 1;
+        self.report.counters.device_tasks += self
+            .plan
+            .batches
+            .iter()
+            .map(|&(b, _)| u64::from(self.tasks.batch(b).count))
+            .sum::<u64>();
+        Ok(true)
     }
 }
 

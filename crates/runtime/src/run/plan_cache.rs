@@ -16,12 +16,15 @@
 //! kernel is another device program (its key), so a plan of the old one never matches.
 //!
 //! Each plan keeps its task rows in a device region of its own, never written by a later plan:
-//! a replayed launch (and a captured graph) reads the rows when it runs. Regions of dropped plans
+//! a replayed launch (and a captured graph) reads the rows when it runs. Under
+//! [`Replay::Graphs`], on a device that captures graphs (CUDA), a plan's launches are captured
+//! into a graph at its first reuse and each later reuse is one graph launch; dropping the plan
+//! destroys its graph. Regions of dropped plans
 //! are kept as spares for the next plan; the worker holds at most [`PLANS_KEPT`] regions.
 
 use std::ops::Range;
 
-use simpler_driver::DevPtr;
+use simpler_driver::{DevPtr, GraphId};
 
 use crate::run::launch::PlannedLaunch;
 use crate::run::tasks::TaskStore;
@@ -39,19 +42,24 @@ pub enum Replay {
     Off,
     /// A round that matches a kept plan reuses it: no levels, no rows, no upload; the same
     /// launch calls.
-    #[default]
     Plans,
+    /// As `Plans`, and where the device captures graphs (CUDA), a reused plan's launches are
+    /// captured into a graph once and replayed with one graph launch per round (when every
+    /// task of the round is device code: a host task between batches needs their results).
+    #[default]
+    Graphs,
 }
 
 impl Replay {
     /// Every mode, in the order the docs list them.
-    pub const ALL: [Replay; 2] = [Replay::Off, Replay::Plans];
+    pub const ALL: [Replay; 3] = [Replay::Off, Replay::Plans, Replay::Graphs];
 
-    /// The mode's name (`"off"`, `"plans"`).
+    /// The mode's name (`"off"`, `"plans"`, `"graphs"`).
     pub fn name(self) -> &'static str {
         match self {
             Replay::Off => "off",
             Replay::Plans => "plans",
+            Replay::Graphs => "graphs",
         }
     }
 
@@ -71,6 +79,8 @@ pub(crate) type Region = (DevPtr, u64);
 /// One kept plan.
 #[derive(Debug)]
 pub(crate) struct CachedPlan {
+    /// Identifies the plan while it is kept (a run names the plan it replays by it).
+    pub id: u64,
     tasks: TaskStore,
     bindings: Vec<Binding>,
     /// The launches, their row offsets absolute (inside `region`).
@@ -78,6 +88,10 @@ pub(crate) struct CachedPlan {
     /// Per batch of device code: its index and its range of `launches`.
     pub batches: Vec<(usize, Range<usize>)>,
     pub region: Region,
+    /// Its launches captured into a graph (made at its first replay under `Replay::Graphs`),
+    /// and whether capturing them failed (then it replays with plain launches).
+    pub graph: Option<GraphId>,
+    pub graph_failed: bool,
     /// When it was last made or reused (the least recently used plan goes first).
     used: u64,
 }
@@ -88,7 +102,10 @@ pub(crate) struct PlanCache {
     plans: Vec<CachedPlan>,
     /// Regions no plan uses (their plans were dropped), for the next plan.
     pub spare: Vec<Region>,
+    /// Graphs of dropped plans, to destroy (`Memory::bury_graphs`).
+    pub dead_graphs: Vec<GraphId>,
     clock: u64,
+    next_id: u64,
     pub replay: Replay,
 }
 
@@ -134,6 +151,11 @@ impl PlanCache {
         Some(self.spare.swap_remove(i))
     }
 
+    /// The kept plan `id`.
+    pub fn by_id(&mut self, id: u64) -> Option<&mut CachedPlan> {
+        self.plans.iter_mut().find(|p| p.id == id)
+    }
+
     /// Keeps a new plan of `tasks` over `bindings` (room was made).
     pub fn insert(
         &mut self,
@@ -144,14 +166,18 @@ impl PlanCache {
         region: Region,
     ) {
         self.clock += 1;
+        self.next_id += 1;
         let mut copy = TaskStore::default();
         copy.copy_from(tasks);
         self.plans.push(CachedPlan {
+            id: self.next_id,
             tasks: copy,
             bindings,
             launches: launches.to_vec(),
             batches: batches.to_vec(),
             region,
+            graph: None,
+            graph_failed: false,
             used: self.clock,
         });
     }
@@ -189,5 +215,6 @@ impl PlanCache {
     fn drop_at(&mut self, i: usize) {
         let p = self.plans.swap_remove(i);
         self.spare.push(p.region);
+        self.dead_graphs.extend(p.graph);
     }
 }

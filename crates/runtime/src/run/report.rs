@@ -88,11 +88,15 @@ pub struct Counters {
     /// the run uploaded (0 when it reused a plan).
     pub plan_reuses: u64,
     pub task_row_bytes: u64,
+    /// Graph launches (1 when the run's launches were one replay of a captured graph: CUDA
+    /// under `Replay::Graphs`), and captures made (1 on the run that captured its plan).
+    pub graph_launches: u64,
+    pub graph_captures: u64,
 }
 
 impl Counters {
     /// `(name, value)` pairs, in the documented order.
-    pub fn entries(&self) -> [(&'static str, u64); 33] {
+    pub fn entries(&self) -> [(&'static str, u64); 35] {
         [
             ("staged_tensors", self.staged_tensors),
             ("staged_bytes", self.staged_bytes),
@@ -127,6 +131,8 @@ impl Counters {
             ("launch_ns", self.launch_ns),
             ("plan_reuses", self.plan_reuses),
             ("task_row_bytes", self.task_row_bytes),
+            ("graph_launches", self.graph_launches),
+            ("graph_captures", self.graph_captures),
         ]
     }
 }

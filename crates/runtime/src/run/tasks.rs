@@ -217,6 +217,13 @@ impl TaskStore {
         self.tasks = other.tasks;
     }
 
+    /// Whether every task recorded runs as device code (no host task between the batches).
+    pub fn all_device(&self) -> bool {
+        self.batches
+            .iter()
+            .all(|b| b.count == 0 || b.device.is_some())
+    }
+
     /// Batches recorded so far.
     pub fn batch_count(&self) -> usize {
         self.batches.len()
