@@ -148,6 +148,31 @@ pub unsafe extern "C" fn fake_cuda_register_kernel(
     0
 }
 
+/// A host kernel that does nothing (see [`fake_cuda_register_noop_kernel`]).
+unsafe extern "C-unwind" fn noop_kernel(
+    _user: *mut c_void,
+    _entry: *const c_char,
+    _params: *const c_ulonglong,
+    _n_params: c_uint,
+    _grid: *const c_uint,
+    _block: *const c_uint,
+    _shared: c_uint,
+) -> c_int {
+    0
+}
+
+/// `int fake_cuda_register_noop_kernel(const char *entry)`: makes launches of `entry` do nothing,
+/// natively (no callback into a caller's runtime, so a benchmark of the host's side measures
+/// the host alone). Returns 0, or -1 for a null `entry`.
+///
+/// # Safety
+/// `entry` must be null or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn fake_cuda_register_noop_kernel(entry: *const c_char) -> c_int {
+    // SAFETY: forwarded caller guarantee; `noop_kernel` needs no user data and lives forever.
+    unsafe { fake_cuda_register_kernel(entry, Some(noop_kernel), std::ptr::null_mut()) }
+}
+
 /// `void *fake_cuda_translate(unsigned long long dev_addr, unsigned long long len)`: the host
 /// address of device range `[dev_addr, dev_addr + len)` if it lies in one live allocation (of
 /// any device), else null. For host kernels, which may call it from the stream's thread.

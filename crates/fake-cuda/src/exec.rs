@@ -99,6 +99,9 @@ pub enum Work {
         n: usize,
     },
     Launch(Launch),
+    /// A graph launch: the captured launches, run in order (`api::graph`); the first fault
+    /// stops it.
+    Graph(std::sync::Arc<Vec<Launch>>),
     /// Waits until the point is complete.
     Wait(Point),
     /// A timing event's marker: stamps the event's `records`-th recording with the time the
@@ -562,12 +565,28 @@ fn next_job(h: usize) -> Option<*mut Op> {
 /// Runs and frees `job` (from [`next_job`]); a fault poisons the device.
 fn run_job(job: *mut Op) {
     // SAFETY: `job` is a live box from `next_job`, freed below and nowhere else.
-    let (dev, launch) = unsafe {
+    let (dev, launch, graph) = unsafe {
         match &(*job).work {
-            Work::Launch(l) => ((*job).dev, Some(ptr::from_ref(l))),
-            _ => ((*job).dev, None),
+            Work::Launch(l) => ((*job).dev, Some(ptr::from_ref(l)), None),
+            Work::Graph(ls) => ((*job).dev, None, Some((ls.as_ptr(), ls.len()))),
+            _ => ((*job).dev, None, None),
         }
     };
+    if let Some((first, n)) = graph {
+        for i in 0..n {
+            // SAFETY: `first` points at the `n` launches of the graph the live job holds.
+            let code = call_kernel(unsafe { first.add(i) });
+            if code != CUDA_SUCCESS {
+                // SAFETY: as above; `job` is not used again.
+                let op = unsafe { Box::from_raw(job) };
+                fault(dev, code, &op.what);
+                return;
+            }
+        }
+        // SAFETY: as above; `job` is not used again.
+        drop(unsafe { Box::from_raw(job) });
+        return;
+    }
     let Some(l) = launch else {
         // SAFETY: as above; `job` is not used again.
         let op = unsafe { Box::from_raw(job) };
@@ -626,6 +645,11 @@ fn run(op: Op) {
             CUDA_SUCCESS
         }),
         Work::Launch(ref l) => call_kernel(l),
+        Work::Graph(ref ls) => ls
+            .iter()
+            .map(|l| call_kernel(ptr::from_ref(l)))
+            .find(|&c| c != CUDA_SUCCESS)
+            .unwrap_or(CUDA_SUCCESS),
         Work::Wait(p) => {
             wait_until(|ex| ex.complete(p));
             CUDA_SUCCESS

@@ -63,6 +63,7 @@ __all__ = [
     "host_impl",
     "install",
     "is_fake",
+    "register_noop",
 ]
 
 #: ``CUresult`` answers of a host implementation (through the callback).
@@ -459,6 +460,24 @@ def install(lib_path: str | os.PathLike[str] | None = None) -> list[str]:
             if rc != 0:
                 raise RuntimeError(f"fake_cuda_register_kernel({entry!r}) answered {rc}")
     return entries
+
+
+def register_noop(*entries: str, lib_path: str | os.PathLike[str] | None = None) -> None:
+    """Makes launches of ``entries`` do nothing, natively in the fake library (no callback into
+    Python), so a benchmark of the host's side measures the host alone. :func:`install` gives
+    the entries their :data:`IMPLS` implementations back. Raises ``OSError`` when no library
+    opens and ``RuntimeError`` when it is not the fake."""
+    lib = _open(lib_path)
+    if lib is None:
+        raise OSError(f"no CUDA driver library opens from {_candidates(lib_path)}")
+    if not hasattr(lib, "fake_cuda_register_noop_kernel"):
+        raise RuntimeError(f"{lib._name} is not the fake libcuda (no fake_cuda_register_noop_kernel)")
+    fn = lib.fake_cuda_register_noop_kernel
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    for e in entries:
+        if fn(e.encode()) != 0:
+            raise RuntimeError(f"fake_cuda_register_noop_kernel({e!r}) failed")
 
 
 def install_if_fake(lib_path: str | os.PathLike[str] | None = None) -> bool:

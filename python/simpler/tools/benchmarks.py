@@ -1,7 +1,7 @@
 """Micro-benchmarks that print figures side by side (never asserted by tests).
 
 ``python -m simpler.tools.benchmarks [staging] [views] [bind] [mirrors] [orchestration] [launches]
-[graphs] [lifecycle] [group] [--quick] [--platform P]``
+[graphs] [replay] [lifecycle] [group] [--quick] [--platform P]``
 
 * ``staging`` — per-phase medians of the staged path with the retained arena vs fresh
   malloc/free per run, at three sizes, with the ratio; staged H2D bandwidth next to numpy's
@@ -38,6 +38,10 @@
   split into ``plan_ns``, ``row_upload_ns``, ``launch_ns`` and ``execute_wait_ns``. The unrolled
   graph makes 1,024 tasks a round at Case1, the per-block one 65,792; outputs are checked against
   the golden after the rounds.
+* ``replay`` — on cuda (the fake libcuda with no-op kernels where no GPU is present): the host's
+  part of execute per warm round, a planned round (``replay="off"``) against a reused plan with
+  plain launches and one replayed as a CUDA graph, arms interleaved, for the per-block paged
+  attention at B64_8K and B256_8K and the unrolled one at Case1 (``simpler.tools.bench_replay``).
 * ``lifecycle`` — ten workers opened and closed in a row on ``--platform`` (ascend or cuda):
   one shared vendor session against a session given back after every worker, with the fake
   vendor libraries' modeled lifecycle cost (``simpler.tools.bench_lifecycle``).
@@ -61,6 +65,7 @@ from ..testing import fake_cuda, fake_kernels
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, device_code_stats
 from .bench_group import bench_group
 from .bench_lifecycle import bench_lifecycle
+from .bench_replay import bench_replay
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -790,6 +795,7 @@ BENCHES = (
     "orchestration",
     "launches",
     "graphs",
+    "replay",
     "lifecycle",
     "group",
 )
@@ -810,6 +816,7 @@ def main(argv: list[str] | None = None) -> None:
         "orchestration": bench_orchestration,
         "launches": lambda quick: bench_launches(quick, a.platform),
         "graphs": lambda quick: bench_graphs(quick, a.platform),
+        "replay": lambda quick: bench_replay(quick, "cuda"),
         "lifecycle": lambda quick: bench_lifecycle(quick, a.platform),
         "group": bench_group,
     }

@@ -16,8 +16,9 @@
 //! * `cuGraphInstantiateWithFlags(&exec, graph, 0)` copies the graph into an executable graph
 //!   (later changes to `graph` do not reach it; it may be destroyed at once).
 //! * `cuGraphLaunch(exec, stream)` queues the captured launches, in capture order, on `stream`
-//!   (any stream of the device, a built-in one included); each runs its host kernel as a launch
-//!   would. Launching on a capturing stream is refused.
+//!   as one operation (any stream of the device, a built-in one included); each runs its host
+//!   kernel as a launch would, and the first fault stops the rest. Launching on a capturing
+//!   stream is refused.
 //! * `cuGraphDestroy`, `cuGraphExecDestroy` free them; a handle is invalid afterwards.
 //!
 //! Counted for tests: graphs and executable graphs alive (`fake_cuda_live_graphs`), graph
@@ -25,6 +26,7 @@
 //! `fake_cuda_replayed_launches`).
 
 use std::ffi::c_uint;
+use std::sync::Arc;
 
 use crate::api::stream::queue;
 use crate::exec::{self, Launch, Op, Work};
@@ -54,7 +56,7 @@ pub struct Capture {
 /// A graph or an executable graph: the launches captured, of device `dev`.
 pub struct Graph {
     pub dev: CUdevice,
-    pub launches: Vec<Launch>,
+    pub launches: Arc<Vec<Launch>>,
 }
 
 /// Whether stream `h` is capturing; if so, invalidates the capture (the caller refuses the work
@@ -133,7 +135,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(
             g,
             Graph {
                 dev,
-                launches: c.launches,
+                launches: Arc::new(c.launches),
             },
         );
         // SAFETY: as above.
@@ -166,7 +168,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
             return Err(st.ret(name, &args, CUDA_ERROR_INVALID_VALUE));
         }
         let launches = match st.graphs.get(&g) {
-            Some(graph) if graph.dev == dev => graph.launches.clone(),
+            // A copy: the executable graph does not follow later changes to the graph.
+            Some(graph) if graph.dev == dev => Arc::new(graph.launches.as_ref().clone()),
             _ => return Err(st.ret(name, &args, CUDA_ERROR_INVALID_HANDLE)),
         };
         let e = crate::new_handle(GRAPH_EXEC_BASE);
@@ -194,15 +197,12 @@ pub extern "C" fn cuGraphLaunch(h_exec: CUgraphExec, h_stream: CUstream) -> CUre
             return Err(st.ret(name, &args, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
         }
         let n = launches.len() as u64;
-        for l in launches {
-            let entry = l.entry.to_string_lossy().into_owned();
-            let op = Op {
-                dev,
-                what: format!("{name} {e:#x} {entry}"),
-                work: Work::Launch(l),
-            };
-            queue(st, (name, &args), h, op)?;
-        }
+        let op = Op {
+            dev,
+            what: format!("{name} {e:#x}"),
+            work: Work::Graph(launches),
+        };
+        queue(st, (name, &args), h, op)?;
         st.graph_launches += 1;
         st.replayed_launches += n;
         Ok(st.ret(name, &format!("{args} launches={n}"), CUDA_SUCCESS))

@@ -304,8 +304,10 @@ impl RunState {
                 return Ok(());
             }
         }
-        mem.plans.make_room(&self.tasks, &bindings);
-        mem.bury_graphs();
+        if replay != Replay::Off {
+            mem.plans.make_room(&self.tasks, &bindings);
+            mem.bury_graphs();
+        }
         let mut rows = std::mem::take(&mut mem.launcher.rows);
         rows.clear();
         let r = self.write_rows(mem, &mut plan, &mut rows);
@@ -320,8 +322,14 @@ impl RunState {
                 l.row_offset += region.0 .0;
             }
             self.report.counters.task_row_bytes += rows.len() as u64;
-            mem.plans
-                .insert(&self.tasks, bindings, &plan.launches, &plan.batches, region);
+            if replay == Replay::Off {
+                // Not kept: the kept plans stay as they are. The region is free again once this
+                // run's launches ran, which the end of execute waits for before any later plan.
+                mem.plans.spare.push(region);
+            } else {
+                mem.plans
+                    .insert(&self.tasks, bindings, &plan.launches, &plan.batches, region);
+            }
         });
         plan.planned = true;
         mem.launcher.rows = rows;

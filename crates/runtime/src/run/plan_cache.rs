@@ -20,7 +20,8 @@
 //! [`Replay::Graphs`], on a device that captures graphs (CUDA), a plan's launches are captured
 //! into a graph at its first reuse and each later reuse is one graph launch; dropping the plan
 //! destroys its graph. Regions of dropped plans
-//! are kept as spares for the next plan; the worker holds at most [`PLANS_KEPT`] regions.
+//! are kept as spares for the next plan; the worker holds at most [`PLANS_KEPT`] regions (one
+//! more while replay is off and every kept plan holds one).
 
 use std::ops::Range;
 
@@ -37,8 +38,8 @@ pub const PLANS_KEPT: usize = 4;
 /// (`Worker::set_replay`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Replay {
-    /// Every round plans its launches (the plan is still kept, so turning replay back on finds
-    /// it).
+    /// Every round plans its launches; the plans kept stay as they are (turning replay back on
+    /// finds them), and the round's own plan is not kept.
     Off,
     /// A round that matches a kept plan reuses it: no levels, no rows, no upload; the same
     /// launch calls.
