@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..testing import fake_cuda
+from ..testing import fake_cuda, fake_kernels
 from ..worker import Worker
 
 #: The arms: their ``Worker.replay`` mode.
@@ -37,10 +37,8 @@ def _fmt_us(ns: float) -> str:
 
 def _noop_kernels() -> list[str]:
     """Makes every kernel entry of the two workloads a native no-op in the fake libcuda; returns
-    the entries. The workloads' Python host implementations stay in ``fake_cuda.IMPLS`` and come
-    back with the next ``fake_cuda.install()``."""
-    from ..workloads import paged_attention_cuda, paged_attention_unroll_cuda  # noqa: F401
-
+    the entries. The workloads' Python host implementations (:mod:`simpler.testing.fake_kernels`)
+    stay in ``fake_cuda.IMPLS`` and come back with the next ``fake_cuda.install()``."""
     entries = sorted(e for e in fake_cuda.IMPLS if e.startswith(("pa_", "pu_")))
     fake_cuda.register_noop(*entries)
     return entries
@@ -55,7 +53,7 @@ def bench_replay(quick: bool, platform: str = "cuda", rounds: int | None = None)
     if platform != "cuda":
         raise ValueError("the replay benchmark runs on cuda (the fake libcuda where no GPU is present)")
     rounds = rounds or (4 if quick else 8)
-    fake = fake_cuda.install_if_fake()
+    fake = fake_kernels.install_if_fake()
     if fake:
         _noop_kernels()
     workloads = [("per-block B64_8K", pa.CALLABLE, "Case2")]
