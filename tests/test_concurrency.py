@@ -9,7 +9,6 @@ nothing.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import sys
 import threading
@@ -289,11 +288,9 @@ def test_a_handle_of_a_finished_run_names_that_run():
         w.run(sp.Callable(second, [IN]), [np.zeros(4, np.float32)])
 
 
-@pytest.mark.parametrize("policy", ["mirror", "cached"])
-def test_other_threads_run_while_an_orchestrator_read_fills_a_large_copy(policy):
-    """Establishing (or refreshing) a mirror or cache of 256 MiB moves the bytes without the
-    GIL: another Python thread keeps running meanwhile (its longest pause stays well under the
-    copy's duration). With the GIL held it would stop for the whole copy."""
+def _ticks_during_a_large_fill(policy: str) -> tuple[int, float]:
+    """Another thread's ticks (each one Python statement, so it needs the GIL) that land while
+    an orchestrator read establishes a 256 MiB mirror or cache; and how long that read took."""
     n = 256 << 20
     stamps: list[float] = []
     stop = threading.Event()
@@ -327,8 +324,22 @@ def test_other_threads_run_while_an_orchestrator_read_fills_a_large_copy(policy)
             w.run(sp.Callable(orch, [IN]), [t])
     finally:
         sys.setswitchinterval(old)
-    inside = [s for s in stamps if window["start"] <= s <= window["end"]]
-    duration = window["end"] - window["start"]
-    edges = [window["start"], *inside, window["end"]]
-    longest = max(b - a for a, b in itertools.pairwise(edges))
-    assert longest < duration / 2, (longest, duration, len(inside))
+    inside = [s for s in stamps if window["start"] < s < window["end"]]
+    return len(inside), window["end"] - window["start"]
+
+
+@pytest.mark.parametrize("policy", ["mirror", "cached"])
+def test_other_threads_run_while_an_orchestrator_read_fills_a_large_copy(policy):
+    """Establishing (or refreshing) a mirror or cache of 256 MiB moves the bytes without the
+    GIL: another Python thread runs meanwhile. With the GIL held it could not run one statement
+    until the read returned, whatever the machine's load: not one tick would land inside the
+    read. Released, a tick lands there unless the scheduler gives the thread no time at all
+    during the copy, which a loaded machine may do once: the measurement is tried up to five
+    times (no timing threshold, only whether the thread ran)."""
+    tries = []
+    for _ in range(5):
+        ticks, duration = _ticks_during_a_large_fill(policy)
+        tries.append((ticks, round(duration, 4)))
+        if ticks > 0:
+            return
+    raise AssertionError(f"no tick of another thread landed inside the read (ticks, seconds): {tries}")
