@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import simpler as sp
 
 
@@ -61,20 +63,67 @@ def test_the_native_module_imports_nothing_from_its_package():
     assert not any("import_exception!" in f.read_text() for f in _NATIVE_SRC.glob("*.rs"))
 
 
-def test_the_native_crate_modules_form_no_cycle():
-    """`crate::` uses between the bindings' modules: each uses only modules above it."""
-    uses = {
-        f.stem: set(re.findall(r"crate::([a-z_]+)", f.read_text())) - {f.stem}
-        for f in _NATIVE_SRC.glob("*.rs")
-    }
+_CRATES = Path(__file__).resolve().parent.parent / "crates"
+
+
+def _without_test_modules(text: str) -> str:
+    """``text`` without its ``#[cfg(test)] mod name { ... }`` blocks (a test module may use any
+    module of its crate)."""
+    out, i = [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text):
+        if m.start() < i:
+            continue
+        depth, j = 1, m.end()
+        while depth and j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        out.append(text[i : m.start()])
+        i = j
+    return "".join(out) + text[i:]
+
+
+def _crate_uses(src: Path) -> dict[str, set[str]]:
+    """Each module of the crate under ``src`` (``run::launch`` for ``run/launch.rs``) -> the
+    modules of the crate it uses (``crate::a::b``, ``crate::a::{b, c}``, ``super::b``),
+    test modules left out."""
+    files = {}
+    for f in src.rglob("*.rs"):
+        parts = list(f.relative_to(src).with_suffix("").parts)
+        files["::".join(parts[:-1] if parts[-1] in ("mod", "lib") else parts)] = f
+
+    def known(path: str) -> str | None:
+        parts = path.split("::")
+        while parts and "::".join(parts) not in files:
+            parts.pop()
+        return "::".join(parts) or None
+
+    uses: dict[str, set[str]] = {}
+    for name, f in files.items():
+        text = _without_test_modules(f.read_text())
+        paths = re.findall(r"crate::((?:\w+::)*\w+)", text)
+        for base, group in re.findall(r"crate::((?:\w+::)*)\{([^}]*)\}", text):
+            paths += [base + item for item in re.findall(r"\w+", group)]
+        parent = name.rpartition("::")[0]
+        paths += [f"{parent}::{m}" if parent else m for m in re.findall(r"\bsuper::(\w+)", text)]
+        uses[name] = {k for p in paths if (k := known(p)) is not None and k != name}
+    return uses
+
+
+@pytest.mark.parametrize("crate", ["python", "runtime"])
+def test_the_crate_modules_form_no_cycle(crate):
+    """``crate::`` uses between the modules of the bindings and of the runtime: each uses only
+    modules below it."""
+    uses = _crate_uses(_CRATES / crate / "src")
     assert len(uses) > 5
+    if crate == "runtime":
+        assert "run::plan" in uses["run::launch"]  # nested modules are read
     done: set[str] = set()
 
     def visit(m: str, path: tuple[str, ...]) -> None:
-        assert m not in path, f"cycle: {' -> '.join((*path, m))}"
+        assert m not in path, f"cycle: {' -> '.join((*path[path.index(m) :], m))}"
         if m in done:
             return
-        for d in uses.get(m, ()):
+        for d in sorted(uses.get(m, ())):
             visit(d, (*path, m))
         done.add(m)
 

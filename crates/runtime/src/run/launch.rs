@@ -20,52 +20,18 @@
 //! exactly the same allocations reuses it, with no levels, no rows and no upload.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::time::Instant;
 
-use simpler_driver::{FuncId, LaunchCall, LaunchDims};
+use simpler_driver::LaunchCall;
 
 use crate::error::{Error, Phase, Result};
 use crate::memory::{Memory, Owner};
+use crate::run::plan::{LaunchPlan, PlannedLaunch};
 use crate::run::plan_cache::{Binding, Region, Replay, PLANS_KEPT};
 use crate::run::state::RunState;
 
 /// Largest grid along z.
 const MAX_GRID_Z: u32 = 65_535;
-
-/// One launch of a planned batch.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PlannedLaunch {
-    pub func: FuncId,
-    pub dims: LaunchDims,
-    /// Byte offset of its first row in the task-row buffer.
-    pub row_offset: u64,
-}
-
-/// The launches of one run: per batch of device code, its range of `launches`.
-#[derive(Debug, Default)]
-pub(crate) struct LaunchPlan {
-    pub planned: bool,
-    pub launches: Vec<PlannedLaunch>,
-    pub batches: Vec<(usize, Range<usize>)>,
-    /// The next entry of `batches` to launch.
-    pub next: usize,
-    /// The kept plan this run replays as a graph (`Replay::Graphs`), and whether the graph was
-    /// launched (then every batch was).
-    pub graph_of: Option<u64>,
-    pub graph_launched: bool,
-}
-
-impl LaunchPlan {
-    pub fn clear(&mut self) {
-        self.graph_of = None;
-        self.graph_launched = false;
-        self.planned = false;
-        self.launches.clear();
-        self.batches.clear();
-        self.next = 0;
-    }
-}
 
 /// The bytes one task tensor touches: `[start, end)`, its task, and whether the task writes them.
 type Footprint = (u64, u64, u32, bool);

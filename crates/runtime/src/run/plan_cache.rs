@@ -27,7 +27,7 @@ use std::ops::Range;
 
 use simpler_driver::{DevPtr, GraphId};
 
-use crate::run::launch::PlannedLaunch;
+use crate::run::plan::PlannedLaunch;
 use crate::run::tasks::TaskStore;
 
 /// Plans (and task-row regions) a worker keeps: a scene or a decode loop alternates between a

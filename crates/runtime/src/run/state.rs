@@ -205,7 +205,7 @@ pub struct TaskCall {
 pub struct Records {
     pub(crate) tasks: TaskStore,
     pub(crate) hazards: HazardIndex,
-    pub(crate) plan: crate::run::launch::LaunchPlan,
+    pub(crate) plan: crate::run::plan::LaunchPlan,
     /// The argument table's memory (empty).
     pub(crate) args: Vec<RunArg>,
 }
@@ -237,7 +237,7 @@ pub struct RunState {
     pub(crate) poison: Option<u8>,
     /// The launches of the run's batches of device code (planned when execution reaches the
     /// first).
-    pub(crate) plan: crate::run::launch::LaunchPlan,
+    pub(crate) plan: crate::run::plan::LaunchPlan,
     /// Time each batch's launches on the device (events around them).
     pub(crate) time_device: bool,
 }
