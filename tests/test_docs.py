@@ -1,4 +1,5 @@
-"""The code blocks of the README and of ``docs/`` run or are checked (so they cannot drift).
+"""The code blocks of the README, of ARCHITECTURE.md and of ``docs/`` run or are checked (so they
+cannot drift).
 
 * Every ``python`` block of a page runs, in page order, in one namespace per page.
 * Every ``sh`` block holds commands (``$`` prompts and ``#`` comments allowed, ``\\`` continues a
@@ -29,7 +30,7 @@ from simpler.testing import runner
 from simpler.tools import benchmarks, cli
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 

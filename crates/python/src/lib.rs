@@ -5,7 +5,7 @@
 //! it calls are handed over once when the package is imported.
 //!
 //! Modules, each using only those above it:
-
+//!
 //! * `logging` — Rust log records queued and emitted into Python's `logging`;
 //! * `shutdown` — threads in a run at interpreter exit park instead of taking the GIL back;
 //! * `errors` — the exception classes, and runtime errors as them;
@@ -21,6 +21,10 @@
 //! * `runhost` — one run: its arguments converted, the host side of the run cycle;
 //! * `worker` — the native worker;
 //! * `resident` — resident sets.
+
+// Unsafe code lives in the driver crate (`simpler-driver`) only: the compiler holds this one to
+// that.
+#![forbid(unsafe_code)]
 
 mod built;
 mod cell;

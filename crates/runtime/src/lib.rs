@@ -18,6 +18,10 @@
 //! re-exports below are the crate's surface, and a run's steps are reachable only through
 //! [`run`] and the orchestrator handle [`Orch`] it gives out.
 
+// Unsafe code lives in the driver crate (`simpler-driver`) only: the compiler holds this one to
+// that.
+#![forbid(unsafe_code)]
+
 mod addr;
 mod cycle;
 mod device_code;
