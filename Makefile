@@ -39,6 +39,7 @@ lint: $(STAMP)
 	cargo clippy --workspace --all-targets -q -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # `cargo build --workspace` first: the driver tests dlopen the fake vendor libraries it builds
 # (they would build them themselves otherwise, into a target directory of their own).

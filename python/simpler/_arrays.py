@@ -12,12 +12,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from . import _core, _cuda, _dlpack
 from .errors import ArgumentError, ArgumentTypeError
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_core.DTYPES)
 
@@ -71,7 +74,8 @@ def dtype_name(dtype: object) -> str:
     """The numpy name of ``dtype`` (a name, a numpy dtype or a scalar type); whether simpler
     supports it is the native core's decision."""
     try:
-        return (np.dtype(dtype) if not isinstance(dtype, str) else np_dtype(dtype)).name
+        # ``dtype`` is whatever the caller passed; numpy's TypeError answers for the rest.
+        return (np.dtype(cast("DTypeLike", dtype)) if not isinstance(dtype, str) else np_dtype(dtype)).name
     except TypeError as e:
         raise ArgumentTypeError(f"unsupported dtype {dtype!r}") from e
 

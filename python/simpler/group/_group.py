@@ -13,7 +13,7 @@ import warnings
 import weakref
 from collections.abc import Callable as Fn
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from .._core import PLATFORMS
 from ._errors import DeviceGroupError, rebuild_remote
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 log = logging.getLogger("simpler.group")
 
@@ -177,7 +180,7 @@ class DeviceGroup:
 
     def __init__(
         self,
-        platform: str = "sim",
+        platform: _Platform = "sim",
         devices: Sequence[int] | None = None,
         *,
         backend: str = "multiprocessing",
@@ -210,7 +213,8 @@ class DeviceGroup:
         if backend == "multiprocessing":
             from ._mp import Backend
         else:
-            from ._ray import Backend  # type: ignore[no-redef]
+            # The ray backend has the multiprocessing one's interface, not its class.
+            from ._ray import Backend  # type: ignore[no-redef, assignment]
         self._backend = Backend(platform, ids, worker_options, address)
         # Where a round's arrays go: shared memory, or the store a backend offers with the same
         # interface (``arena()``; ray: its object store, each array put once).
@@ -219,7 +223,8 @@ class DeviceGroup:
         #: Bytes the last round placed in shared memory (each array once, whatever reads it).
         self.shared_bytes = 0
         self._key = next(_KEYS)
-        _OPEN[self._key] = weakref.ref(self, lambda _, key=self._key: _OPEN.pop(key, None))
+        # The default argument binds the key; typeshed's one-argument callback type has no room for it.
+        _OPEN[self._key] = weakref.ref(self, lambda _, key=self._key: _OPEN.pop(key, None))  # type: ignore[misc]
         _hook_exit()  # after the backend's start: its own exit hooks are registered by now
         self._closed = False
         try:

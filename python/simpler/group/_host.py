@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable as Fn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, StateError
 from ..worker import Worker
 from ._transport import Attached, GroupTensor, ShmRef, walk
+
+if TYPE_CHECKING:
+    from .._core import _DriverOp, _Platform
 
 
 class RemoteError(Exception):
@@ -75,7 +78,7 @@ class DeviceContext:
 class DeviceHost:
     """One device of a group, in its own process (see the module docs)."""
 
-    def __init__(self, platform: str, device: int, index: int, options: dict[str, Any]):
+    def __init__(self, platform: _Platform, device: int, index: int, options: dict[str, Any]):
         self.platform = platform
         self.device = device
         self.index = index
@@ -149,7 +152,7 @@ class DeviceHost:
         finally:
             self.attached.release(keep=block)
 
-    def inject_fault(self, op: str, nth: int | None, code: int | None) -> None:
+    def inject_fault(self, op: _DriverOp, nth: int | None, code: int | None) -> None:
         """The worker's fault injection, through the group."""
         assert self.worker is not None
         self.worker.inject_fault(op, nth, code)

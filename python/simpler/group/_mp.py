@@ -40,11 +40,14 @@ import threading
 import time
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import DeviceGroupError
 from ._host import DeviceHost, capture
 from ._transport import attach
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 #: Bytes of each slot of the mailbox (a call, or an answer); a larger message follows on the pipe.
 SLOT_BYTES = 64 << 10
@@ -154,7 +157,7 @@ def _serve(
     answer: Connection,
     mailbox: str,
     parent: int,
-    platform: str,
+    platform: _Platform,
     device: int,
     index: int,
     options: dict[str, Any],
@@ -166,6 +169,7 @@ def _serve(
     call_fd, answer_fd = call.fileno(), answer.fileno()
     _watch_parent(call_fd, parent)
     block = attach(mailbox)
+    assert block.buf is not None  # an attached block is mapped
     inbox, outbox = _slots(block.buf, index)
     host = DeviceHost(platform, device, index, options)
     while True:
@@ -204,7 +208,7 @@ class Child:
         self,
         ctx: Any,
         mailbox: shared_memory.SharedMemory,
-        platform: str,
+        platform: _Platform,
         device: int,
         index: int,
         options: dict[str, Any],
@@ -212,6 +216,7 @@ class Child:
         self.device = device
         self.gone = False
         self._call_id = 0
+        assert mailbox.buf is not None  # an open block is mapped
         self.inbox, self.outbox = _slots(mailbox.buf, index)
         call_r, self.call_w = os.pipe()
         answer_r, answer_w = os.pipe()
@@ -326,7 +331,7 @@ class Backend:
 
     name = "multiprocessing"
 
-    def __init__(self, platform: str, devices: list[int], options: dict[str, Any], address: str | None):
+    def __init__(self, platform: _Platform, devices: list[int], options: dict[str, Any], address: str | None):
         if address is not None:
             raise ValueError("the multiprocessing backend runs on this machine: address is a ray option")
         ctx = mp.get_context("spawn")

@@ -43,12 +43,15 @@ import re
 import secrets
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import PlatformUnavailableError
 from ._host import DeviceHost, capture
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 #: The Ray release the backend is tested with (``requirements/ray.txt`` pins the same).
 RAY_VERSION = "2.52.1"
@@ -184,7 +187,9 @@ class DeviceActor:
     """One device's actor (wrapped by ``ray.remote`` at first use): a
     :class:`~simpler.group._host.DeviceHost` and the arrays of its calls."""
 
-    def __init__(self, platform: str, device: int, index: int, options: dict[str, Any], path: list[str]):
+    def __init__(
+        self, platform: _Platform, device: int, index: int, options: dict[str, Any], path: list[str]
+    ):
         # The parent's import path: a round's function is pickled by reference to its module.
         sys.path.extend(p for p in path if p not in sys.path)
         self.host = DeviceHost(platform, device, index, options)

@@ -13,13 +13,16 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from .. import _arrays, _core
 from ..args import Scalar, TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
+
+if TYPE_CHECKING:
+    from .scene import SceneTestCase
 
 #: The keys a case entry may have.
 CASE_KEYS = {"name", "params", "platforms", "manual", "skip_golden", "config", "devices"}
@@ -286,12 +289,14 @@ COMPARE_ATTR = "_scene_test_compare"  # "ours" or "upstream": how compare_output
 BASE_ATTR = "_scene_test_base"
 
 
-def scene_base(cls: object) -> type | None:
+def scene_base(cls: object) -> type[SceneTestCase] | None:
     """The scene-test base class (``SceneTestCase``) that ``cls`` derives from, or ``None`` when
     ``cls`` is not such a class."""
     if not isinstance(cls, type):
         return None
-    return next((c for c in cls.__mro__ if c.__dict__.get(BASE_ATTR)), None)
+    # The class whose own namespace sets BASE_ATTR is SceneTestCase (see scene.py).
+    base = next((c for c in cls.__mro__ if c.__dict__.get(BASE_ATTR)), None)
+    return cast("type[SceneTestCase] | None", base)
 
 
 def check_scene_class(cls: object, who: str = "run_case") -> None:
@@ -300,14 +305,14 @@ def check_scene_class(cls: object, who: str = "run_case") -> None:
         raise ArgumentTypeError(f"{who}: expected a SceneTestCase subclass")
 
 
-def can_split(cls: type) -> bool:
+def can_split(cls: type[SceneTestCase]) -> bool:
     """Whether a scene test can run on several devices: it sets ``SPLIT`` or overrides
     ``split_args``."""
     base = scene_base(cls)
     return cls.SPLIT is not None or (base is not None and cls.split_args is not base.split_args)
 
 
-def case_devices(cls: type, case: Mapping[str, Any] | str, devices: int | None = None) -> int:
+def case_devices(cls: type[SceneTestCase], case: Mapping[str, Any] | str, devices: int | None = None) -> int:
     """The device count a case runs on: ``devices`` (``--devices``) when given, else the case's
     ``devices``, else the class's ``DEVICES``."""
     if devices is not None:
@@ -334,7 +339,7 @@ def scene_runtime(cls: type) -> str | None:
     return cls.__dict__[RUNTIME_ATTR]
 
 
-def find_case(cls: type, case: Mapping[str, Any] | str) -> Mapping[str, Any]:
+def find_case(cls: type[SceneTestCase], case: Mapping[str, Any] | str) -> Mapping[str, Any]:
     """The case entry of ``cls`` that ``case`` names (or ``case`` itself, an entry)."""
     if isinstance(case, str):
         for c in cls.CASES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,10 @@ from ._cases import (
     host_fixture,
     release_then_close,
 )
+
+if TYPE_CHECKING:
+    from .._core import _Platform
+    from .scene import SceneTestCase
 
 __all__ = ["CaseRun", "comparable", "compare"]
 
@@ -69,9 +73,9 @@ class CaseRun:
 
     def __init__(
         self,
-        cls: type,
+        cls: type[SceneTestCase],
         case: Mapping[str, Any] | str,
-        platform: str = "sim",
+        platform: _Platform = "sim",
         rounds: int = 1,
         skip_golden: bool = False,
         worker_options: Mapping[str, Any] | None = None,
@@ -82,9 +86,10 @@ class CaseRun:
             raise ArgumentError(f"run_case: rounds must be a positive int, not {rounds!r}")
         self.cls = cls
         self.case = find_case(cls, case)
-        self.callable = cls.CALLABLE
-        if not isinstance(self.callable, Callable):
+        callable_ = cls.CALLABLE
+        if not isinstance(callable_, Callable):
             raise ArgumentTypeError(f"{cls.__name__}.CALLABLE must be a simpler.Callable")
+        self.callable = callable_
         self.label = f"{cls.__name__}::{self.case['name']}"
         self.params = dict(self.case.get("params", {}))
         self.rounds = rounds
@@ -147,6 +152,7 @@ class CaseRun:
             )
         self.args = args
         self.golden = None if self.skip else args.clone()
+        assert self.worker is not None  # given, or opened above
         self._res = ResidentTaskArgs.from_builder(self.worker, args, callable)
         self.plan = _plan(args, callable, self._res)
         self._initial = {n: np.array(host_fixture(args[n]), copy=True) for n in self.plan.staged_outputs}
@@ -219,6 +225,7 @@ def compare(run: CaseRun, where: str) -> None:
     ``(actual, golden, params)``; upstream's with the output names too (every tensor at level 3,
     as upstream passes them there)."""
     inst, actual, golden = run._inst, run.args, run.golden
+    assert golden is not None  # callers compare only when the golden is checked
     try:
         if run._compare_as == "upstream":
             names = [t.name for t in actual.tensors()] if run._level == 3 else inst.output_names(actual)

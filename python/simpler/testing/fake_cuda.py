@@ -43,7 +43,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -213,7 +213,12 @@ class Launch:
         """A writable numpy array of ``shape`` and ``dtype`` (row-major) over device memory at
         ``addr``. Raises :class:`IllegalAddress` when the range is not inside one live
         allocation. A zero-size array is a fresh empty array (nothing is touched)."""
-        shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+        # np.ndim narrows at run time what mypy cannot: an int (or numpy scalar), else a sequence.
+        shape = (
+            (int(cast(int, shape)),)
+            if np.ndim(shape) == 0
+            else tuple(int(s) for s in cast(Sequence[int], shape))
+        )
         dt = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         if any(s < 0 for s in shape):

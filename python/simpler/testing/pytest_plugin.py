@@ -39,7 +39,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -151,7 +151,8 @@ class SceneCase(pytest.Item):
     @property
     def scene_class(self) -> type[SceneTestCase]:
         """The scene-test class of this case."""
-        return self.parent.obj
+        # A case item's parent is the class collector pytest_pycollect_makeitem made it under.
+        return cast("pytest.Class", self.parent).obj
 
     def runtest(self) -> None:
         """Runs the case on the configured platform and rounds; records the reports."""

@@ -49,6 +49,7 @@ from ._cases import (
 from .running import run_case
 
 if TYPE_CHECKING:  # the class this runner runs; its module runs cases through this one
+    from .._core import _Platform
     from .scene import SceneTestCase
 
 __all__ = [
@@ -114,7 +115,7 @@ def worker_options(
 class RunnerOptions:
     """What a run of cases was asked for (the parsed runner options)."""
 
-    platform: str = "sim"
+    platform: _Platform = "sim"
     rounds: int = 1
     cases: list[str] | None = None
     skip_golden: bool = False

@@ -5,7 +5,7 @@ case, round by round), on one device (:class:`~simpler.testing.caserun.CaseRun`)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ArgumentError
 from ..worker import Worker
@@ -13,13 +13,16 @@ from ._cases import case_devices, check_scene_class, find_case
 from .caserun import CaseRun
 from .scene_group import GroupCaseRun
 
+if TYPE_CHECKING:
+    from .._core import _Platform
+
 __all__ = ["case_run", "run_case"]
 
 
 def run_case(
     cls: type,
     case: Mapping[str, Any] | str,
-    platform: str = "sim",
+    platform: _Platform = "sim",
     rounds: int = 1,
     skip_golden: bool = False,
     worker_options: Mapping[str, Any] | None = None,
@@ -64,7 +67,7 @@ def run_case(
 def case_run(
     cls: type,
     case: Mapping[str, Any] | str,
-    platform: str = "sim",
+    platform: _Platform = "sim",
     rounds: int = 1,
     skip_golden: bool = False,
     worker_options: Mapping[str, Any] | None = None,

@@ -43,7 +43,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -75,6 +75,9 @@ from ._cases import (
 )
 from .caserun import CaseRun, comparable
 from .running import case_run, run_case
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 __all__ = [
     "PLATFORM_ALIASES",
@@ -229,7 +232,7 @@ class SceneTestCase:
     def run_case(
         cls,
         case: Mapping[str, Any] | str,
-        platform: str = "sim",
+        platform: _Platform = "sim",
         rounds: int = 1,
         skip_golden: bool = False,
         worker_options: Mapping[str, Any] | None = None,
@@ -265,7 +268,7 @@ def scene_test(level: int = 2, runtime: str | None = None) -> Any:
     if runtime is not None and (not isinstance(runtime, str) or not runtime):
         raise ArgumentTypeError(f"scene_test: runtime must be a non-empty string, not {runtime!r}")
 
-    def deco(cls: type) -> type:
+    def deco(cls: type[SceneTestCase]) -> type[SceneTestCase]:
         if scene_base(cls) is not SceneTestCase:
             raise ArgumentTypeError("scene_test decorates a SceneTestCase subclass")
         if not isinstance(cls.CALLABLE, Callable):

@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from ..errors import ArgumentError, ArgumentTypeError
 from ..worker import ArgDirection
 from ._cases import declared_compare, declared_level, host_fixture, release_then_close
 from .caserun import CaseRun, compare
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 __all__ = ["GroupCaseRun", "GroupRound", "device_round", "dispatch_ns"]
 
@@ -178,7 +181,7 @@ class GroupCaseRun(CaseRun):
         self,
         cls: type,
         case: Mapping[str, Any] | str,
-        platform: str = "sim",
+        platform: _Platform = "sim",
         rounds: int = 1,
         skip_golden: bool = False,
         worker_options: Mapping[str, Any] | None = None,
@@ -222,7 +225,8 @@ class GroupCaseRun(CaseRun):
         self._staged_out = [t for t in outputs if t not in self._resident]
         self._resident_out = [t for t in outputs if t in self._resident]
         self._evolving = bool(self._resident_out)
-        self._initial = [
+        # One snapshot per device here, where CaseRun keeps one for the whole case.
+        self._initial: list[dict[str, np.ndarray]] = [  # type: ignore[assignment]
             {t: np.array(host_fixture(p[t]), copy=True) for t in self._staged_out} for p in parts
         ]
         self._initial_whole = {t: np.array(host_fixture(args[t]), copy=True) for t in self._staged_out}

@@ -56,13 +56,16 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..testing import runner, scene
 from ..testing.scene_group import GroupCaseRun, GroupRound
 from ..worker import RunReport
 from ..workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 __all__ = ["BYTES_KEYS", "PHASES", "BenchError", "BenchOptions", "bench_records", "run_metadata", "split_arm"]
 
@@ -85,7 +88,7 @@ class BenchOptions:
 
     workload: str
     rounds: int = 1
-    platform: str = "sim"
+    platform: _Platform = "sim"
     cases: list[str] | None = None
     skip_golden: bool = False
     worker_options: dict[str, Any] = field(default_factory=dict)

@@ -22,9 +22,12 @@ import ctypes
 import os
 import time
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..worker import Worker, release_sessions, session_stats
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 #: How many workers one round opens and closes.
 WORKERS = 10
@@ -51,7 +54,7 @@ def _fake_lifecycle(platform: str) -> Any:
     return read
 
 
-def _round(platform: str, per_worker: bool) -> tuple[float, int]:
+def _round(platform: _Platform, per_worker: bool) -> tuple[float, int]:
     """One arm's ten workers; (seconds, sessions opened)."""
     opened = session_stats()["opened"]
     t0 = time.perf_counter()
@@ -64,7 +67,7 @@ def _round(platform: str, per_worker: bool) -> tuple[float, int]:
     return time.perf_counter() - t0, session_stats()["opened"] - opened
 
 
-def bench_lifecycle(quick: bool, platform: str = "ascend") -> dict[str, Any]:
+def bench_lifecycle(quick: bool, platform: _Platform = "ascend") -> dict[str, Any]:
     """Prints both arms side by side (see the module docs); returns the figures."""
     if platform not in ("ascend", "cuda"):
         print(f"lifecycle: a vendor platform (ascend or cuda), not {platform!r}")

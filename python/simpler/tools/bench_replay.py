@@ -20,15 +20,18 @@ GPU the kernels run and the host columns still measure the host.
 from __future__ import annotations
 
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..testing import fake_cuda, fake_kernels
 from ..worker import Worker
 
+if TYPE_CHECKING:
+    from .._core import _Replay
+
 #: The arms: their ``Worker.replay`` mode.
-ARMS = {"planned": "off", "plans": "plans", "graphs": "graphs"}
+ARMS: dict[str, _Replay] = {"planned": "off", "plans": "plans", "graphs": "graphs"}
 
 
 def _fmt_us(ns: float) -> str:
@@ -80,10 +83,14 @@ def bench_replay(quick: bool, platform: str = "cuda", rounds: int | None = None)
             with Worker("cuda") as w:
                 bufs = {}
                 try:
+                    # make_inputs' named inputs are arrays (only "scale" is a float).
                     for n in names:
-                        bufs[n] = w.malloc(x[n].nbytes)
-                        w.copy_to(bufs[n], x[n])
-                    args = [bufs[n].tensor(x[n].shape, x[n].dtype) for n in names]
+                        bufs[n] = w.malloc(cast(np.ndarray, x[n]).nbytes)
+                        w.copy_to(bufs[n], cast(np.ndarray, x[n]))
+                    args = [
+                        bufs[n].tensor(cast(np.ndarray, x[n]).shape, cast(np.ndarray, x[n]).dtype)
+                        for n in names
+                    ]
                     out = np.zeros_like(x["out"])
                     arms = list(ARMS)
                     for r in range(rounds):

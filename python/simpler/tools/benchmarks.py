@@ -56,8 +56,9 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Mapping
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -66,6 +67,9 @@ from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker, d
 from .bench_group import bench_group
 from .bench_lifecycle import bench_lifecycle
 from .bench_replay import bench_replay
+
+if TYPE_CHECKING:
+    from .._core import _Platform
 
 IN, OUT, INOUT = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
 
@@ -224,9 +228,12 @@ _EMPTY = Kernel(_empty_kernel, [])
 _ROW_OUT = Kernel(_noop_row, [OUT])
 
 
-def _interleaved(arms: dict[str, Any], reps: int) -> dict[str, list[float]]:
+K = TypeVar("K")
+
+
+def _interleaved(arms: Mapping[K, Any], reps: int) -> dict[K, list[float]]:
     """Runs each arm (a function returning one sample) ``reps`` times, round robin."""
-    out: dict[str, list[float]] = {k: [] for k in arms}
+    out: dict[K, list[float]] = {k: [] for k in arms}
     for _ in range(reps):
         for k, f in arms.items():
             out[k].append(f())
@@ -258,8 +265,9 @@ def bench_orchestration(quick: bool) -> None:
 
             return one
 
-        res = _interleaved({n: batched(n) for n in sizes}, reps)
-        med = {n: median(v) for n, v in res.items()}
+        # res and med are keyed by task count here and by arm name below.
+        res: dict[Any, list[float]] = _interleaved({n: batched(n) for n in sizes}, reps)
+        med: dict[Any, float] = {n: median(v) for n, v in res.items()}
         for n in sizes:
             print(f"{n:>8} tasks: {_fmt_ns(med[n])} per task   (target <= 300 ns)")
         print(
@@ -306,10 +314,10 @@ def bench_orchestration(quick: bool) -> None:
         arrays = [np.full(256, i, np.float32) for i in range(20)]
         from ..args import ResidentTaskArgs
 
-        with ResidentTaskArgs(w) as res:
+        with ResidentTaskArgs(w) as resident:
             for i, a in enumerate(arrays):
-                res.add(f"a{i}", a)
-            args = res.build_args(expected_count=20)
+                resident.add(f"a{i}", a)
+            args = resident.build_args(expected_count=20)
             c = Callable(lambda o, *ts: o.submit(_EMPTY), [IN] * 20, name="fixed")
             w.run(c, args)
             walls, disp = [], []
@@ -417,7 +425,7 @@ def bench_orchestration(quick: bool) -> None:
         w.free(buf)
 
 
-def _mirror_worker(platform: str, pinned: bool) -> Worker:
+def _mirror_worker(platform: _Platform, pinned: bool) -> Worker:
     """A worker whose resident tensors are mirrored (sim: ``svm="never"``; cuda: always)."""
     if platform == "sim":
         return Worker("sim", svm="never", poison=False)
@@ -436,7 +444,7 @@ def _mirror_worker(platform: str, pinned: bool) -> Worker:
             os.environ["SIMPLER_CUDA_PIN_MIRRORS"] = saved
 
 
-def bench_mirrors(quick: bool, platform: str = "sim") -> None:
+def bench_mirrors(quick: bool, platform: _Platform = "sim") -> None:
     """Mirror refresh bandwidth: a kernel writes a resident tensor, the orchestrator reads one
     element of it in the next run, so the mirror refreshes (one bulk D2H) once per run."""
     sizes = [4 << 20, 64 << 20] + ([] if quick else [256 << 20])
@@ -567,7 +575,7 @@ def _si(v: float) -> str:
     return f"{v:6.1f}  "
 
 
-def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None) -> dict[str, Any]:
+def bench_launches(quick: bool, platform: _Platform = "sim", rounds: int | None = None) -> dict[str, Any]:
     """N single submits vs one ``submit_many`` of N tasks of a device kernel (see the module
     doc); prints the tables and returns the figures: per ``(N, arm)`` the warm medians and the
     cold round per task (ns), tasks and launches per second, the last round's counters; the
@@ -673,7 +681,7 @@ def bench_launches(quick: bool, platform: str = "sim", rounds: int | None = None
     return figures
 
 
-def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) -> dict[str, Any]:
+def bench_graphs(quick: bool, platform: _Platform = "sim", rounds: int | None = None) -> dict[str, Any]:
     """The per-block and the unrolled paged attention on the same inputs (see the module doc);
     prints the table and returns per graph the warm medians (ns) and the last round's counters."""
     from ..workloads import paged_attention as pa
@@ -692,10 +700,11 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
     with Worker(platform) as w:
         bufs = {}
         try:
+            # make_inputs' named inputs are arrays (only "scale" is a float).
             for n in names:
-                bufs[n] = w.malloc(x[n].nbytes)
-                w.copy_to(bufs[n], x[n])
-            args = [bufs[n].tensor(x[n].shape, x[n].dtype) for n in names]
+                bufs[n] = w.malloc(cast(np.ndarray, x[n]).nbytes)
+                w.copy_to(bufs[n], cast(np.ndarray, x[n]))
+            args = [bufs[n].tensor(cast(np.ndarray, x[n]).shape, cast(np.ndarray, x[n]).dtype) for n in names]
             for r in range(rounds):
                 order = list(graphs) if r % 2 == 0 else list(graphs)[::-1]
                 for g in order:
@@ -722,7 +731,8 @@ def bench_graphs(quick: bool, platform: str = "sim", rounds: int | None = None) 
         finally:
             for b in bufs.values():
                 b.free()
-    golden = pa.golden_paged_attention(*(x[n] for n in names), x["scale"])
+    # The five names fill the first five parameters; mypy cannot count a starred generator.
+    golden = pa.golden_paged_attention(*(x[n] for n in names), x["scale"])  # type: ignore[call-arg]
     ok = {g: bool(np.allclose(o, golden, rtol=1e-3, atol=1e-3)) for g, o in outs.items()}
     print(
         f"\n== paged attention's graphs on {where}, upstream's {case} inputs, resident "

@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
 from ..errors import PlatformUnavailableError
@@ -35,6 +35,9 @@ from ..testing import runner
 from ..workloads import DEFAULT_WORKLOAD, WORKLOADS
 from .bench import BYTES_KEYS, PHASES, BenchError, BenchOptions, bench_records, split_arm
 from .report import ReportError, format_compare, format_tables, plot_records, read_jsonl
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = [
     "BYTES_KEYS",
@@ -59,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         if message:
             (file or sys.stderr).write(message)
 

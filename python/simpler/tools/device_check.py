@@ -87,7 +87,7 @@ import traceback
 from collections.abc import Callable as Fn
 from pathlib import Path
 from statistics import median
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 # What ``import simpler`` has loaded already (the package needs numpy and its native module to
 # import at all: a missing numpy stops there, with one line, see simpler/__init__.py): these
@@ -104,6 +104,9 @@ from ..testing.running import run_case
 from ..worker import ArgDirection, Callable, CudaCode, Kernel, Launch, Worker
 from . import preflight
 
+if TYPE_CHECKING:
+    from .._core import _Platform
+
 __all__ = ["CHECKS", "Context", "Skip", "main", "run_checks"]
 
 IN_, OUT_, INOUT_ = ArgDirection.IN, ArgDirection.OUT, ArgDirection.INOUT
@@ -118,7 +121,7 @@ class Context:
     output folder, and the preflight's facts (:func:`simpler.tools.preflight.run`)."""
 
     def __init__(
-        self, platform: str, quick: bool, fake: bool, out: Path, facts: dict[str, Any] | None = None
+        self, platform: _Platform, quick: bool, fake: bool, out: Path, facts: dict[str, Any] | None = None
     ) -> None:
         self.platform = platform
         self.quick = quick
@@ -943,7 +946,7 @@ def _fmt_fig(v: Any) -> str:
 
 
 def run_checks(
-    platform: str,
+    platform: _Platform,
     out: Path,
     quick: bool = False,
     only: list[str] | None = None,

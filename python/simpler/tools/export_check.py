@@ -159,7 +159,7 @@ def run_export_check(worker: Any, iterations: int, nbytes: int, use_torch: bool)
         cleanup.append(("waiting for the worker's stream", lambda: worker.copy_from(host[:1], buf)))
         tail = min(nbytes, _PAGE)
 
-        def read(arm: str, stream: int) -> None:
+        def read(arm: str, stream: int | None) -> None:
             dst = host.ctypes.data + slot[arm]
             d.ok(lib.cuMemcpyDtoHAsync_v2(dst, buf.ptr + nbytes - 1, 1, stream), "cuMemcpyDtoHAsync_v2")
 
@@ -187,8 +187,8 @@ def run_export_check(worker: Any, iterations: int, nbytes: int, use_torch: bool)
             if host[slot["unsynced"]] != ROUNDS:
                 stale["unsynced"] += 1
             gate.open()
-            for s in (waiting, cai_reader):
-                d.ok(lib.cuStreamSynchronize(s), "cuStreamSynchronize")
+            for st in (waiting, cai_reader):
+                d.ok(lib.cuStreamSynchronize(st), "cuStreamSynchronize")
             for arm in ("dlpack", "cai"):
                 if host[slot[arm]] != ROUNDS:
                     stale[arm] += 1

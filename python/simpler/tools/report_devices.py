@@ -152,14 +152,14 @@ def format_device_tables(
     heads = [f"1 device {unit}", f"{n} devices {unit}", f"whole round {unit}"]
     lines.append(f"  {'arm':<18} " + " ".join(f"{h:>16} {'vs staged':>10}" for h in heads))
     for arm in arms:
-        cells = []
+        row_cells: list[str] = []
         for d in (one, many, wall):
             if arm in d:
                 base = d.get(BASELINE)
-                cells.append(f"{d[arm] / div:>16.3f} {f'{d[arm] / base:.2f}x' if base else '-':>10}")
+                row_cells.append(f"{d[arm] / div:>16.3f} {f'{d[arm] / base:.2f}x' if base else '-':>10}")
             else:
-                cells.append(f"{'-':>16} {'-':>10}")
-        lines.append(f"  {arm:<18} " + " ".join(cells))
+                row_cells.append(f"{'-':>16} {'-':>10}")
+        lines.append(f"  {arm:<18} " + " ".join(row_cells))
     for label, d in (
         ("dispatch ratios, 1 device", one),
         (f"dispatch ratios, {n} devices", many),

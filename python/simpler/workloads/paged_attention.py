@@ -161,7 +161,7 @@ _CUDA = {
         ("zero", "pa_zero"),
     )
 }
-_BODIES = {
+_BODIES: dict[str, tuple[Any, list[Any]]] = {
     "qk": (_qk, [sp.IN, sp.IN, (sp.OUT, "float32")]),
     "block_softmax": (_block_softmax, [sp.IN, sp.OUT, sp.OUT]),
     "pv": (_pv, [sp.IN, sp.IN, sp.OUT]),
@@ -486,7 +486,7 @@ def split_batch(args: sp.TaskArgsBuilder, n: int) -> list[sp.TaskArgsBuilder]:
 
 # -- cases -------------------------------------------------------------------------------------
 
-_BASES = [
+_BASES: list[tuple[str, dict[str, Any]]] = [
     # Small, for CI: a partial last block, an empty context, several heads.
     ("Small1", {"heads": 4, "head_dim": 16, "block_size": 16, "max_blocks": 4, "context_lens": [37, 64]}),
     (
@@ -494,7 +494,7 @@ _BASES = [
         {"heads": 2, "head_dim": 32, "block_size": 8, "max_blocks": 8, "context_lens": [0, 1, 50], "seed": 1},
     ),
 ]
-_MANUAL = [
+_MANUAL: list[tuple[str, dict[str, Any]]] = [
     # 8K-token contexts with 128-token blocks: 64 block_table reads per batch.
     ("B64_8K", {"heads": 16, "head_dim": 128, "block_size": 128, "max_blocks": 256, "batch": 64}),
     # block_table (256, 256): 256 x 64 = 16,384 block_table reads per round.
@@ -503,7 +503,7 @@ _MANUAL = [
 
 
 def _cases() -> list[dict]:
-    cases = []
+    cases: list[dict[str, Any]] = []
     for base, p in _BASES:
         for arm in ARMS:
             cases.append({"name": f"{base}_{arm}", "params": {**p, "case": base, "arm": arm}})

@@ -171,7 +171,7 @@ def _update(m_g, s_g, oi_g, m, s, acc, out, is_first, is_last):
         out.reshape(qt, d)[...] = acc / s[:, None]
 
 
-_BODIES = {
+_BODIES: dict[str, tuple[Any, list[Any]]] = {
     "qk": (_qk, [sp.IN, sp.IN, (sp.IN, "int32"), (sp.OUT, "float32")]),
     "softmax": (_softmax, [sp.IN, sp.OUT, (sp.OUT, "float32"), (sp.OUT, "float32")]),
     "pv": (_pv, [sp.IN, sp.IN, (sp.IN, "int32"), (sp.OUT, "float32")]),
@@ -427,7 +427,7 @@ golden_paged_attention = _pa.golden_paged_attention
 _UPSTREAM = {"max_model_len": 32768}
 #: Upstream's cases of this example (``Case3``, head dimension 256, is left out here as in
 #: upstream's benchmarks); the bench runs ``Case1`` and ``Case2`` by default.
-_MANUAL = [
+_MANUAL: list[tuple[str, dict[str, Any]]] = [
     ("Case1", {**_UPSTREAM, "batch": 256, "num_heads": 16, "head_dim": 128, "block_size": 128}),
     ("Case2", {**_UPSTREAM, "batch": 64, "num_heads": 64, "head_dim": 128, "block_size": 64}),
 ]
@@ -436,7 +436,7 @@ for _name, _p in _MANUAL:
 _SMALL = {"num_heads": 16, "head_dim": 16, "block_size": 16, "max_model_len": 256}
 #: Small cases for CI: upstream's small shapes (one and two partial blocks, variable lengths), two
 #: groups per sequence with a partial tail group, and an empty context beside a one-token one.
-_BASES = [
+_BASES: list[tuple[str, dict[str, Any]]] = [
     ("CaseSmall1", {**_SMALL, "batch": 1, "context_len": 33}),
     ("CaseVarSeq4", {**_SMALL, "batch": 4, "context_len": 128, "context_lens_list": [33, 64, 128, 15]}),
     (
@@ -496,7 +496,7 @@ def _cases() -> list[dict]:
     cases = []
     for base, p, manual in [(n, p, False) for n, p in _BASES] + [(n, p, True) for n, p in _MANUAL]:
         for arm in ARMS:
-            case = {"name": f"{base}_{arm}", "params": {**p, "case": base, "arm": arm}}
+            case: dict[str, Any] = {"name": f"{base}_{arm}", "params": {**p, "case": base, "arm": arm}}
             if manual:
                 case["manual"] = True
             cases.append(case)
