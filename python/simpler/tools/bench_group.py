@@ -105,11 +105,10 @@ def _phase(backend: str, reps: int, calls: int) -> dict[str, float]:
 
     opened: list[Any] = []
     bare: list[Any] = []
-    ray: Any = None
+    ray: Any = None  # the module, on the ray backend
     started_ray = False
     if backend == "ray":
-        import ray
-
+        ray = importlib.import_module("ray")
         started_ray = not ray.is_initialized()
     try:
         worker = Worker("sim")
