@@ -22,8 +22,6 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use simpler_driver::LaunchCall;
-
 use crate::error::{Error, Phase, Result};
 use crate::memory::{Memory, Owner};
 use crate::run::plan::{LaunchPlan, PlannedLaunch};
@@ -436,16 +434,8 @@ impl RunState {
         self.plan.next += 1;
         let info = self.tasks.batch(batch);
         let launches = &self.plan.launches[range];
-        let params: Vec<[u64; 1]> = launches.iter().map(|l| [l.row_offset]).collect();
-        let calls: Vec<LaunchCall<'_>> = launches
-            .iter()
-            .zip(&params)
-            .map(|(l, p)| LaunchCall {
-                func: l.func,
-                dims: l.dims,
-                params: p,
-            })
-            .collect();
+        let params = PlannedLaunch::params(launches);
+        let calls = PlannedLaunch::calls(launches, &params);
         let t = Instant::now();
         let r = mem.dev.launch_all(&calls, self.time_device);
         self.report.counters.launch_ns += elapsed_ns(t);
@@ -482,17 +472,8 @@ impl RunState {
             Some(g) => g,
             None => {
                 let t = Instant::now();
-                let params: Vec<[u64; 1]> = kept.launches.iter().map(|l| [l.row_offset]).collect();
-                let calls: Vec<LaunchCall<'_>> = kept
-                    .launches
-                    .iter()
-                    .zip(&params)
-                    .map(|(l, p)| LaunchCall {
-                        func: l.func,
-                        dims: l.dims,
-                        params: p,
-                    })
-                    .collect();
+                let params = PlannedLaunch::params(&kept.launches);
+                let calls = PlannedLaunch::calls(&kept.launches, &params);
                 let made = mem.dev.capture(&calls);
                 self.report.counters.plan_ns += elapsed_ns(t);
                 match made {

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use simpler_driver::{FuncId, LaunchDims};
+use simpler_driver::{FuncId, LaunchCall, LaunchDims};
 
 /// One launch of a planned batch.
 #[derive(Debug, Clone, Copy)]
@@ -12,6 +12,26 @@ pub(crate) struct PlannedLaunch {
     pub dims: LaunchDims,
     /// Byte offset of its first row in the task-row buffer.
     pub row_offset: u64,
+}
+
+impl PlannedLaunch {
+    /// Each launch's one kernel parameter, its `row_offset` (where its task rows start).
+    pub fn params(launches: &[PlannedLaunch]) -> Vec<[u64; 1]> {
+        launches.iter().map(|l| [l.row_offset]).collect()
+    }
+
+    /// The driver's calls for `launches`, with their `params` (from [`PlannedLaunch::params`]).
+    pub fn calls<'a>(launches: &[PlannedLaunch], params: &'a [[u64; 1]]) -> Vec<LaunchCall<'a>> {
+        launches
+            .iter()
+            .zip(params)
+            .map(|(l, p)| LaunchCall {
+                func: l.func,
+                dims: l.dims,
+                params: p,
+            })
+            .collect()
+    }
 }
 
 /// The launches of one run: per batch of device code, its range of `launches`.
