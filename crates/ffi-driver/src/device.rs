@@ -174,6 +174,15 @@ pub struct CloseReport {
     pub errors: Vec<DeviceError>,
 }
 
+/// The error of a copy whose host source cannot be read (a range past the block, a revoked
+/// mapping), refused before any vendor call.
+pub(crate) fn host_source_error(dst: DevPtr, len: usize, e: HostMemError) -> DeviceError {
+    DeviceError::new(Op::H2d, "copy_h2d_async", -1, "host source", e.to_string())
+        .before_call()
+        .at(dst.0)
+        .sized(len as u64)
+}
+
 /// An accelerator driver. Implementations are `Send + Sync`; they serialize internally.
 pub trait Device: Send + Sync + fmt::Debug {
     /// `"sim"`, `"ascend"`, `"cuda"`.
@@ -187,6 +196,22 @@ pub trait Device: Send + Sync + fmt::Debug {
 
     /// Copies `src` to device address `dst`.
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError>;
+
+    /// Queues a copy of the `len` bytes at `offset` of `src` to device address `dst` behind the
+    /// work already queued on the worker's stream, and returns without waiting for it: from
+    /// page-locked memory (`alloc_mirror`) the device reads the bytes when the copy runs. The
+    /// device keeps `src` alive until it next waits for its stream (`synchronize`, or a copy);
+    /// the caller must not write those bytes before then. The default copies at once.
+    fn copy_h2d_async(
+        &self,
+        dst: DevPtr,
+        src: &Arc<HostMem>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        src.with_slice(offset, len, |s| self.copy_h2d(dst, s))
+            .unwrap_or_else(|e| Err(host_source_error(dst, len, e)))
+    }
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`.
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError>;

@@ -1357,3 +1357,55 @@ fn nvrtc_compiles_what_the_device_loads_and_reports_the_log() {
     assert!(msg.contains(line), "{msg}");
     assert_eq!((live_programs(), compiles()), (0, 1));
 }
+
+/// `copy_h2d_async` from a page-locked mirror queues the copy and returns before it runs: the
+/// device reads the bytes when the copy runs (so a write the caller makes before then is what
+/// arrives, which is why a caller must not write them), the device keeps the mirror alive
+/// meanwhile (the caller's handle is dropped at once), a range past the mirror is refused before
+/// any call, and pageable memory falls back to a copy that waits.
+#[test]
+fn an_async_upload_from_a_page_locked_mirror_runs_in_stream_order() {
+    let fake = fake();
+    let k = Kernels::new(&fake);
+    let d = open_id(&fake, 0);
+    let n = 4096usize;
+    let p = d.alloc(n as u64).unwrap();
+    d.copy_h2d(p, &vec![0; n]).unwrap();
+    let rows = d.alloc_mirror(n).unwrap();
+    rows.fill(0, n, 0x11).unwrap();
+    let hold = Hold::new(&fake);
+    d.copy_h2d_async(p, &rows, 0, n).unwrap();
+    assert!(
+        k.peek(p, n).iter().all(|&b| b == 0),
+        "the copy ran before it returned"
+    );
+    rows.fill(0, n, 0x22).unwrap();
+    drop(rows);
+    hold.release();
+    d.synchronize().unwrap();
+    assert!(
+        k.peek(p, n).iter().all(|&b| b == 0x22),
+        "a page-locked source is read when the copy runs"
+    );
+    let log = fake.calls("cuMemcpyHtoDAsync_v2");
+    assert!(log.last().is_some_and(|c| c.contains(" pinned")), "{log:?}");
+    assert_eq!(d.stats().h2d_calls, 2);
+
+    let small = d.alloc_mirror(64).unwrap();
+    let e = d.copy_h2d_async(p, &small, 32, 64).unwrap_err();
+    assert!(
+        !e.called && e.addr == Some(p.0) && e.bytes == Some(64),
+        "{e}"
+    );
+    assert!(e.to_string().contains("runs past a block of"), "{e}");
+    assert_eq!(d.stats().h2d_calls, 2, "a refused copy is not counted");
+
+    // Pageable memory: copied before the call returns (the fake reads it at call time).
+    let pageable = Arc::new(simpler_driver::HostMem::new(n, 0x33).unwrap());
+    d.copy_h2d_async(p, &pageable, 0, n).unwrap();
+    d.synchronize().unwrap();
+    assert!(k.peek(p, n).iter().all(|&b| b == 0x33));
+    d.free_mirror(&small).unwrap();
+    d.free(p).unwrap();
+    assert!(d.close().errors.is_empty());
+}

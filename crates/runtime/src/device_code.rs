@@ -153,24 +153,21 @@ impl DeviceCode {
         })
     }
 
-    /// The row field of each scalar of one task, appended to `row`; the error names the kernel
-    /// and the scalar.
-    pub(crate) fn encode_scalars(&self, values: &[Value], row: &mut Vec<u64>) -> Result<()> {
-        for (i, v) in values.iter().enumerate() {
-            let kind = match &self.scalars {
-                Some(k) => k[i],
-                None => ScalarKind::of(*v),
-            };
-            let bits = kind.encode(*v).map_err(|why| {
-                Error::Value(format!(
-                    "kernel {}: scalar {i} travels as {} to its device code, but {why}",
-                    self.name,
-                    kind.name()
-                ))
-            })?;
-            row.push(bits);
-        }
-        Ok(())
+    /// Scalar `i` of a task, `v`, as its row holds it: in its declared kind (or its own kind,
+    /// for code that declares none), refused when the value does not fit that kind.
+    #[inline]
+    pub(crate) fn encode_scalar(&self, i: usize, v: Value) -> Result<u64> {
+        let kind = match &self.scalars {
+            Some(k) => k[i],
+            None => ScalarKind::of(v),
+        };
+        kind.encode(v).map_err(|why| {
+            Error::Value(format!(
+                "kernel {}: scalar {i} travels as {} to its device code, but {why}",
+                self.name,
+                kind.name()
+            ))
+        })
     }
 
     /// Checks a task's scalar count against the declared kinds.
@@ -433,9 +430,12 @@ pub fn compile_report(
     })
 }
 
-/// The worker's device-code state: programs loaded into its device, and the host buffer its
-/// runs' task rows are written into (the device regions they are uploaded into belong to the
-/// plans kept for warm rounds: `run/plan_cache.rs`).
+/// The least bytes of a page-locked task-row buffer.
+const ROW_BUFFER_MIN: u64 = 64 << 10;
+
+/// The worker's device-code state: programs loaded into its device, and the page-locked host
+/// buffers its runs' task rows are written into (the device regions they are uploaded into
+/// belong to the plans kept for warm rounds: `run/plan_cache.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Launcher {
     loaded: Vec<(u64, FuncId, Arc<DeviceCode>)>,
@@ -445,11 +445,51 @@ pub(crate) struct Launcher {
     /// The launch limits of each loaded function (its `FuncId`), read once; the dynamic shared
     /// memory it was opted in to is kept up to date.
     limits: HashMap<u64, simpler_driver::FuncLimits>,
-    /// The rows of the run being executed (kept, so a warm run allocates nothing here).
-    pub rows: Vec<u8>,
+    /// The page-locked buffers cold plans write their task rows into, taken in turn
+    /// ([`Launcher::row_buffer`]).
+    row_buffers: [Option<Arc<simpler_driver::HostMem>>; 2],
+    row_turn: usize,
 }
 
 impl Launcher {
+    /// The next page-locked row buffer (`Device::alloc_mirror`), of at least `need` bytes. The
+    /// two buffers are taken in turn, so a plan writes its rows while the previous plan's
+    /// asynchronous uploads may still be reading the other one; the plan before that one has
+    /// run by then (its run waited for the device). A buffer too small is replaced.
+    pub fn row_buffer(
+        &mut self,
+        dev: &dyn Device,
+        need: u64,
+    ) -> std::result::Result<Arc<simpler_driver::HostMem>, simpler_driver::HostMemError> {
+        let turn = self.row_turn;
+        self.row_turn ^= 1;
+        if let Some(b) = &self.row_buffers[turn] {
+            if b.len() as u64 >= need {
+                return Ok(b.clone());
+            }
+        }
+        self.release_row_buffer(dev, turn);
+        let len = usize::try_from(need.max(ROW_BUFFER_MIN))
+            .map_err(|_| simpler_driver::HostMemError::Alloc(usize::MAX))?;
+        let b = dev.alloc_mirror(len)?;
+        self.row_buffers[turn] = Some(b.clone());
+        Ok(b)
+    }
+
+    /// Releases both row buffers (the device ran every upload from them: the caller waited).
+    pub fn release_row_buffers(&mut self, dev: &dyn Device) {
+        self.release_row_buffer(dev, 0);
+        self.release_row_buffer(dev, 1);
+    }
+
+    fn release_row_buffer(&mut self, dev: &dyn Device, turn: usize) {
+        if let Some(old) = self.row_buffers[turn].take() {
+            if let Err(e) = dev.free_mirror(&old) {
+                log::warn!("releasing a task-row buffer: {e}");
+            }
+        }
+    }
+
     /// The resolved function of program `key`, and the program, when it is loaded.
     pub fn get(&self, key: u64) -> Option<(FuncId, &Arc<DeviceCode>)> {
         self.loaded

@@ -336,6 +336,7 @@ impl Worker {
         self.arena.trim(&mut self.mem)?;
         let regions = self.mem.plans.drain();
         self.mem.bury_graphs();
+        self.mem.launcher.release_row_buffers(&*self.mem.dev);
         for (p, _) in regions {
             self.mem
                 .release_or_orphan(p, &"a task-row region")
@@ -511,6 +512,7 @@ impl Worker {
         self.next_run += 1;
         let records = std::mem::take(&mut self.spare);
         let mut run = RunState::new(id, started, self.mem.dev.stats(), records);
+        run.tasks.follow(self.mem.plans.latest());
         if self.mem.dev.cost_model().is_some() {
             run.modeled_before = self.mem.dev.modeled();
         }
@@ -918,6 +920,7 @@ impl Worker {
         // their graphs go with the device.
         self.mem.plans.drain();
         self.mem.plans.dead_graphs.clear();
+        self.mem.launcher.release_row_buffers(&*self.mem.dev);
         for (p, n) in self.mem.exports.all() {
             log::warn!(
                 "closing the worker while allocation {p} has {n} live export(s): another \

@@ -38,6 +38,9 @@ pub(super) struct Exec {
     pub spare: Vec<CuEvent>,
     /// Executable graphs instantiated and not yet destroyed (`graph.rs`), destroyed at close.
     pub graphs: BTreeSet<u64>,
+    /// Host sources of asynchronous copies queued since the stream was last waited for: kept
+    /// alive until then (`Device::copy_h2d_async`).
+    pub in_flight: Vec<std::sync::Arc<crate::HostMem>>,
 }
 
 impl Default for Exec {
@@ -50,6 +53,7 @@ impl Default for Exec {
             timed: Vec::new(),
             spare: Vec::new(),
             graphs: BTreeSet::new(),
+            in_flight: Vec::new(),
         }
     }
 }
@@ -98,7 +102,9 @@ impl CudaDevice {
         self.wait_stream(
             "waiting for the worker's stream (a fault here comes from device work enqueued since \
              the last synchronization)",
-        )
+        )?;
+        st.exec.in_flight.clear();
+        Ok(())
     }
 
     pub(super) fn do_synchronize_device(&self, st: &mut State) -> Result<(), DeviceError> {
@@ -113,7 +119,9 @@ impl CudaDevice {
                     CudaFns::NAMES.ctx_synchronize,
                     "waiting for all work of the device's context",
                 )
-            })
+            })?;
+        st.exec.in_flight.clear();
+        Ok(())
     }
 
     pub(super) fn do_compute_capability(&self, st: &State) -> Result<(u32, u32), DeviceError> {

@@ -484,13 +484,14 @@ impl CudaDevice {
     }
 
     /// A copy or memset enqueued on the worker's stream: range checked, context bound, status
-    /// checked. A copy (the host owns its bytes) then waits for the stream.
+    /// checked. A copy (the host owns its bytes) then waits for the stream, unless `wait` is
+    /// false (its host source is kept in flight instead).
     fn transfer(
         &self,
         st: &mut State,
         op: Op,
-        addr: u64,
-        bytes: u64,
+        (addr, bytes): (u64, u64),
+        wait: bool,
         call: impl FnOnce(sys::CuStream) -> CuResult,
     ) -> Result<(), DeviceError> {
         self.check_open(st, op)
@@ -504,13 +505,15 @@ impl CudaDevice {
         call(self.stream_ptr())
             .result()
             .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))?;
-        if op == Op::Memset {
+        if op == Op::Memset || !wait {
             return Ok(());
         }
         self.wait_stream(what).map_err(|mut e| {
             e.op = op;
             e.at(addr).sized(bytes)
-        })
+        })?;
+        st.exec.in_flight.clear();
+        Ok(())
     }
 }
 
@@ -536,7 +539,7 @@ impl Device for CudaDevice {
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
         call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
-            self.transfer(st, op, dst.0, bytes, |stream| {
+            self.transfer(st, op, (dst.0, bytes), true, |stream| {
                 // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
                 // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
                 // `transfer`); the stream is the device's own.
@@ -547,11 +550,45 @@ impl Device for CudaDevice {
         })
     }
 
+    fn copy_h2d_async(
+        &self,
+        dst: DevPtr,
+        src: &Arc<HostMem>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        // Only memory this process owns outlives the call for certain (a foreign mapping can be
+        // revoked): the rest is copied at once.
+        if src.owned_addr().is_none() {
+            return src
+                .with_slice(offset, len, |s| self.copy_h2d(dst, s))
+                .unwrap_or_else(|e| Err(crate::device::host_source_error(dst, len, e)));
+        }
+        // The range is checked (and the block's address taken) under the block's lock.
+        let from = src
+            .with_slice(offset, len, |s| s.as_ptr() as usize)
+            .map_err(|e| crate::device::host_source_error(dst, len, e))?;
+        let (op, bytes) = (Op::H2d, len as u64);
+        call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
+            self.transfer(st, op, (dst.0, bytes), false, |stream| {
+                // SAFETY: `[from, from + len)` lies inside `src` (checked above), a block this
+                // process owns, which `in_flight` keeps alive until the stream is next waited
+                // for, so it stays valid for the copy's reads; `[dst, dst + len)` lies inside a
+                // live allocation (checked by `transfer`); the stream is the device's own.
+                CuResult(unsafe {
+                    (self.f.memcpy_htod_async)(dst.0, from as *const std::ffi::c_void, len, stream)
+                })
+            })?;
+            st.exec.in_flight.push(src.clone());
+            Ok(())
+        })
+    }
+
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         let (out, len) = (dst.as_mut_ptr(), dst.len());
         call(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
-            self.transfer(st, op, src.0, bytes, |stream| {
+            self.transfer(st, op, (src.0, bytes), true, |stream| {
                 // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
                 // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
                 // allocation (checked by `transfer`); the stream is the device's own.
@@ -563,7 +600,7 @@ impl Device for CudaDevice {
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
         call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
-            self.transfer(st, op, dst.0, bytes, |stream| {
+            self.transfer(st, op, (dst.0, bytes), true, |stream| {
                 // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
                 // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
                 // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.

@@ -97,6 +97,7 @@ impl RunState {
         };
         records.tasks.clear();
         records.hazards.clear();
+        mem.plans.spare.extend(records.plan.take_unfinished());
         records.plan.clear();
         records.args.clear();
         self.report.phases.cleanup = self.lap();

@@ -2,7 +2,7 @@
 //!
 //! One room per concern: `state` (the run in progress), `bind`, `access` (orchestrator data
 //! access), `submit` (tasks and scratch tensors), `tasks` (the compact task store),
-//! `hazards` (the hazard index), `execute`, `launch` (device code), `plan` (what a run
+//! `hazards` (the hazard index), `execute`, `launch` (device code), `levels` (which tasks of a batch share a launch), `plan` (what a run
 //! launches), `plan_cache` (plans kept for warm rounds), `pricing` (kernels under a cost model),
 //! `copy_back` (copy back and clean up) and `report`. The order of the phases lives in `cycle.rs`, which drives them through the
 //! worker.
@@ -13,6 +13,7 @@ mod copy_back;
 mod execute;
 mod hazards;
 pub(crate) mod launch;
+mod levels;
 mod plan;
 mod plan_cache;
 mod pricing;

@@ -2,8 +2,16 @@
 //! from a kept plan of `plan_cache`), which the run's state holds while it executes.
 
 use std::ops::Range;
+use std::sync::Arc;
 
-use simpler_driver::{FuncId, LaunchCall, LaunchDims};
+use simpler_driver::{DevPtr, FuncId, HostMem, LaunchCall, LaunchDims};
+
+/// How one run argument was bound: its allocation's base address, size and generation (`None`:
+/// no bytes).
+pub(crate) type Binding = Option<(u64, u64, u64)>;
+
+/// A task-row region in device memory: `(address, bytes)`.
+pub(crate) type Region = (DevPtr, u64);
 
 /// One launch of a planned batch.
 #[derive(Debug, Clone, Copy)]
@@ -46,17 +54,44 @@ pub(crate) struct LaunchPlan {
     /// launched (then every batch was).
     pub graph_of: Option<u64>,
     pub graph_launched: bool,
+    /// A plan being made batch by batch, until its last batch is planned.
+    pub cold: Option<ColdPlan>,
+}
+
+/// A plan being made batch by batch (`launch.rs`): the task-row region it fills, the
+/// page-locked row buffer its rows are written into, and how far it got.
+#[derive(Debug)]
+pub(crate) struct ColdPlan {
+    pub region: Region,
+    pub rows: Arc<HostMem>,
+    pub bindings: Vec<Binding>,
+    /// Bytes of rows written (and uploaded, but for the chunk being planned).
+    pub written: u64,
+    /// The task store's next batch to plan, and one past its last batch of device code.
+    pub next_batch: usize,
+    pub end: usize,
+    /// The least bytes the next upload carries.
+    pub chunk: u64,
 }
 
 impl LaunchPlan {
     /// Forgets the plan (the run plans again, or takes a kept plan, when execution next
-    /// reaches device code).
+    /// reaches device code). The region of a cold plan left unfinished is given back first
+    /// ([`LaunchPlan::take_unfinished`]).
     pub fn clear(&mut self) {
+        self.cold = None;
         self.graph_of = None;
         self.graph_launched = false;
         self.planned = false;
         self.launches.clear();
         self.batches.clear();
         self.next = 0;
+    }
+
+    /// The task-row region of a plan left unfinished (execution stopped before its last batch
+    /// of device code), for the caller to give back as a spare: a later plan writes it with
+    /// copies queued on the same stream, behind the launches that read it.
+    pub fn take_unfinished(&mut self) -> Option<Region> {
+        self.cold.take().map(|c| c.region)
     }
 }

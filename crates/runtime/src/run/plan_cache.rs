@@ -9,7 +9,10 @@
 //! Equality is exact, never a hash: a round matches a plan when its task store equals the copy
 //! the plan kept (every batch, slot, per-task start offset and scalar, scalars bit for bit; see
 //! `TaskStore::same_tasks`) and every run argument is bound to the same allocation — the same
-//! base address, size and allocation *generation*. The generation is what makes a buffer freed
+//! base address, size and allocation *generation*. The comparison with the plan used last is
+//! made while the round records its tasks, submit by submit (`TaskStore::follow`), on bytes
+//! just written, so that a replayed round finds its plan at once when execution starts; a round
+//! that parted from it is compared with every kept plan then. The generation is what makes a buffer freed
 //! and allocated again at the same address a different binding: the memory table gives every
 //! allocation a new one. A plan is dropped when an allocation it binds is freed (so no plan
 //! outlives its memory), when the worker trims its staging memory, and at close; a changed
@@ -24,10 +27,11 @@
 //! more while replay is off and every kept plan holds one).
 
 use std::ops::Range;
+use std::sync::Arc;
 
-use simpler_driver::{DevPtr, GraphId};
+use simpler_driver::GraphId;
 
-use crate::run::plan::PlannedLaunch;
+use crate::run::plan::{Binding, PlannedLaunch, Region};
 use crate::run::tasks::TaskStore;
 
 /// Plans (and task-row regions) a worker keeps: a scene or a decode loop alternates between a
@@ -70,19 +74,12 @@ impl Replay {
     }
 }
 
-/// How one run argument was bound: its allocation's base address, size and generation (`None`:
-/// no bytes).
-pub(crate) type Binding = Option<(u64, u64, u64)>;
-
-/// A task-row region in device memory: `(address, bytes)`.
-pub(crate) type Region = (DevPtr, u64);
-
 /// One kept plan.
 #[derive(Debug)]
 pub(crate) struct CachedPlan {
     /// Identifies the plan while it is kept (a run names the plan it replays by it).
     pub id: u64,
-    tasks: TaskStore,
+    tasks: Arc<TaskStore>,
     bindings: Vec<Binding>,
     /// The launches, their row offsets absolute (inside `region`).
     pub launches: Vec<PlannedLaunch>,
@@ -111,12 +108,29 @@ pub(crate) struct PlanCache {
 }
 
 impl PlanCache {
-    /// The kept plan of exactly these tasks over exactly these bindings, marked used.
+    /// The tasks of the plan used last, for a new run to compare its tasks with as they are
+    /// recorded (`TaskStore::follow`): a warm round usually repeats the round before it.
+    pub fn latest(&self) -> Option<Arc<TaskStore>> {
+        if self.replay == Replay::Off {
+            return None;
+        }
+        let p = self.plans.iter().max_by_key(|p| p.used)?;
+        Some(p.tasks.clone())
+    }
+
+    /// The kept plan of exactly these tasks over exactly these bindings, marked used. When the
+    /// tasks were compared with a kept plan's as they were recorded and equal them, that plan is
+    /// the one (its bindings still compared); otherwise every kept plan is compared.
     pub fn find(&mut self, tasks: &TaskStore, bindings: &[Binding]) -> Option<&CachedPlan> {
-        let i = self
-            .plans
-            .iter()
-            .position(|p| p.bindings == bindings && p.tasks.same_tasks(tasks))?;
+        let followed = tasks.same_as_followed();
+        let i =
+            match followed.and_then(|f| self.plans.iter().position(|p| Arc::ptr_eq(&p.tasks, f))) {
+                Some(i) if self.plans[i].bindings == bindings => i,
+                _ => self
+                    .plans
+                    .iter()
+                    .position(|p| p.bindings == bindings && p.tasks.same_tasks(tasks))?,
+            };
         self.clock += 1;
         self.plans[i].used = self.clock;
         Some(&self.plans[i])
@@ -172,7 +186,7 @@ impl PlanCache {
         copy.copy_from(tasks);
         self.plans.push(CachedPlan {
             id: self.next_id,
-            tasks: copy,
+            tasks: Arc::new(copy),
             bindings,
             launches: launches.to_vec(),
             batches: batches.to_vec(),

@@ -10,6 +10,7 @@
 
 use std::fmt::Display;
 use std::ops::Range;
+use std::sync::Arc;
 
 use simpler_driver::LaunchDims;
 
@@ -120,6 +121,17 @@ pub(crate) struct TaskStore {
     tasks: u64,
     /// Kernel names by the host's id (for messages); kept across runs, so a warm run adds none.
     names: Vec<(u32, Box<str>)>,
+    /// The tasks of an earlier round this store is compared with as tasks are recorded
+    /// ([`TaskStore::follow`]).
+    shadow: Option<Shadow>,
+}
+
+/// An earlier round's tasks, and how far the tasks recorded since agree with them: the length of
+/// each vector compared so far, or `None` once they differ.
+#[derive(Debug, Clone)]
+struct Shadow {
+    tasks: Arc<TaskStore>,
+    compared: Option<[usize; 7]>,
 }
 
 /// Where execution stands: the next task to run.
@@ -179,6 +191,67 @@ impl TaskStore {
         self.consts.clear();
         self.works.clear();
         self.tasks = 0;
+        self.shadow = None;
+    }
+
+    /// Compares the tasks recorded from now on with `earlier` (a kept plan's tasks) as they are
+    /// recorded, so that whether they are the same is known when recording ends
+    /// ([`TaskStore::same_as_followed`]) without comparing everything then. Each submit compares
+    /// what it recorded while those bytes are still in the cache; a store that differs stops
+    /// comparing.
+    pub fn follow(&mut self, earlier: Option<Arc<TaskStore>>) {
+        self.shadow = earlier.map(|tasks| Shadow {
+            tasks,
+            compared: Some([0; 7]),
+        });
+        self.compare_shadow();
+    }
+
+    /// The tasks followed ([`TaskStore::follow`]), when every task recorded equals them exactly
+    /// (as [`TaskStore::same_tasks`] decides) and there are no more of either.
+    pub fn same_as_followed(&self) -> Option<&Arc<TaskStore>> {
+        let s = self.shadow.as_ref()?;
+        let done = s.compared? == self.lens() && s.tasks.lens() == self.lens();
+        (done && s.tasks.tasks == self.tasks).then_some(&s.tasks)
+    }
+
+    /// The lengths of the vectors that make the tasks.
+    fn lens(&self) -> [usize; 7] {
+        [
+            self.batches.len(),
+            self.slots.len(),
+            self.starts.len(),
+            self.scalars.len(),
+            self.devices.len(),
+            self.consts.len(),
+            self.works.len(),
+        ]
+    }
+
+    /// Compares what was recorded since the last comparison with the followed tasks.
+    fn compare_shadow(&mut self) {
+        let to = self.lens();
+        let Some(shadow) = &mut self.shadow else {
+            return;
+        };
+        let Some(from) = shadow.compared else {
+            return;
+        };
+        let e = &shadow.tasks;
+        let r = |i: usize| from[i]..to[i];
+        // Lengths first: the ranges below then lie inside both stores.
+        let same = to.iter().zip(e.lens()).all(|(&t, n)| t <= n)
+            && self.batches[r(0)] == e.batches[r(0)]
+            && self.slots[r(1)] == e.slots[r(1)]
+            && self.starts[r(2)] == e.starts[r(2)]
+            && self.scalars[r(3)]
+                .iter()
+                .zip(&e.scalars[r(3)])
+                .all(|(a, b)| same_value(a, b))
+            && self.devices[r(4)] == e.devices[r(4)]
+            && self.consts[r(5)] == e.consts[r(5)]
+            && self.works[r(6)] == e.works[r(6)];
+        shadow.compared = same.then_some(to);
     }
 
     /// Whether `other` holds exactly the tasks recorded here: the same batches (kernels, task
@@ -283,6 +356,13 @@ impl TaskStore {
             self.works.truncate(works.map_or(0, |w| w as usize + 1));
         }
         self.tasks = self.tasks.min(first);
+        // What remains was compared already; what follows is compared when recorded.
+        let now = self.lens();
+        if let Some(shadow) = &mut self.shadow {
+            shadow.compared = shadow
+                .compared
+                .map(|c| std::array::from_fn(|i| c[i].min(now[i])));
+        }
     }
 
     /// The geometry of slot `i` for the `index`-th task of its batch.
@@ -429,6 +509,7 @@ impl TaskStore {
         debug_assert_eq!(self.scalars.len() - before, shape.scalars);
         // `shape` checked that the sum does not overflow.
         self.tasks += u64::from(shape.count);
+        self.compare_shadow();
         first
     }
 
