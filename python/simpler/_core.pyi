@@ -6,7 +6,7 @@ nothing from the package (its numpy helpers are handed over once, by ``install_h
 
 from collections.abc import Callable as _Fn
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final
+from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final, overload
 
 import numpy as np
 
@@ -38,6 +38,7 @@ __all__ = [
     "Launch",
     "NoHostViewError",
     "Orchestrator",
+    "PendingRun",
     "PlatformUnavailableError",
     "ResidentSet",
     "RunReport",
@@ -464,6 +465,14 @@ class BuiltArgs:
     def __getitem__(self, i: int | slice, /) -> Any: ...
 
 @final
+class PendingRun:
+    """A run left pending by ``Worker.run(..., wait=False)``; ``wait()`` returns its report."""
+
+    def wait(self) -> RunReport: ...
+    @property
+    def pending(self) -> bool: ...
+
+@final
 class RunReport:
     """What one run did: ``phases`` (nanoseconds per phase) and ``counters``."""
 
@@ -586,7 +595,18 @@ class Worker:
     def call_log(self) -> list[tuple[_DriverOp, int, int, int, str]]: ...
     def inject_fault(self, op: _DriverOp, nth: int | None = None, code: int | None = None) -> None: ...
     def clear_faults(self) -> None: ...
-    def run(self, callable: Callable, args: Sequence[Any] | _NamedArgs) -> RunReport: ...
+    @overload
+    def run(
+        self, callable: Callable, args: Sequence[Any] | _NamedArgs, wait: Literal[True] = True
+    ) -> RunReport: ...
+    @overload
+    def run(
+        self, callable: Callable, args: Sequence[Any] | _NamedArgs, wait: Literal[False]
+    ) -> PendingRun: ...
+    @overload
+    def run(
+        self, callable: Callable, args: Sequence[Any] | _NamedArgs, wait: bool
+    ) -> RunReport | PendingRun: ...
 
 class ResidentSet:
     """Case-owned device buffers for resident tensor arguments."""

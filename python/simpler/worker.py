@@ -24,6 +24,7 @@ __all__ = [
     "KernelWork",
     "Launch",
     "Orchestrator",
+    "PendingRun",
     "RunReport",
     "RunTensor",
     "Worker",
@@ -45,6 +46,7 @@ KernelWork = _core.KernelWork
 Launch = _core.Launch
 Orchestrator = _core.Orchestrator
 RunReport = _core.RunReport
+PendingRun = _core.PendingRun
 RunTensor = _core.RunTensor
 compile_cuda = _core.compile_cuda
 device_code_stats = _core.device_code_stats

@@ -391,7 +391,8 @@ impl DeviceTensor {
     fn export(&self, py: Python<'_>) -> PyResult<ExportGuard> {
         let cell = &self.buffer.bind(py).get().cell;
         let buf = self.buf;
-        done(py, cell.with(false, |w| w.export(buf)))
+        // Heavy: it first waits for a run left pending.
+        done(py, cell.with(true, |w| w.export(buf)))
     }
 
     /// The device address of the first element; 0 for a tensor without elements (as the CUDA

@@ -39,6 +39,7 @@ mod helpers;
 mod kernels;
 mod logging;
 mod orch;
+mod pending;
 mod report;
 mod resident;
 mod runhost;
@@ -96,6 +97,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernels::Callable>()?;
     m.add_class::<built::BuiltArgs>()?;
     m.add_class::<report::PyRunReport>()?;
+    m.add_class::<pending::PendingRun>()?;
     m.add_class::<orch::RunTensor>()?;
     m.add_class::<orch::RunViews>()?;
     m.add_class::<orch::Orchestrator>()?;

@@ -12,8 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use simpler_runtime::{
-    run as run_cycle, ArgValue, Direction, Geometry, Orch, RunArgSpec, RunCall, RunError, RunHost,
-    RunId, RunReport, TaskCall,
+    run_with, ArgValue, Direction, Geometry, Orch, Outcome, RunArgSpec, RunCall, RunError, RunHost,
+    RunId, TaskCall,
 };
 
 use crate::built::BuiltArgs;
@@ -311,7 +311,8 @@ pub fn run<'py>(
     callable: &Bound<'py, Callable>,
     named: Vec<(Arc<str>, Bound<'py, PyAny>)>,
     started: Instant,
-) -> PyResult<RunReport> {
+    wait: bool,
+) -> PyResult<Outcome> {
     let c = callable.get();
     let mut specs = Vec::with_capacity(named.len());
     let mut staged = Vec::new();
@@ -384,7 +385,7 @@ pub fn run<'py>(
         token,
         run_tensors,
     };
-    let report = run_cycle(&**cell, &call, &mut host, started).map_err(|e| match e {
+    let report = run_with(&**cell, &call, &mut host, started, wait).map_err(|e| match e {
         RunError::Runtime(e) => to_py(py, e),
         RunError::Host(e) => e,
     })?;

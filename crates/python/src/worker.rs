@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use simpler_driver::{open_device, DeviceSpec, Op, OpenError};
-use simpler_runtime::{Staging, Worker, WorkerCell};
+use simpler_runtime::{Outcome, Staging, Worker, WorkerCell};
 
 use crate::cell::Shared;
 use crate::convert::{typed, u64_arg, ReplayArg, StagingMode, Svm, ViewPolicyArg};
@@ -18,6 +18,7 @@ use crate::handles::{self, Buffer, BufferArg};
 use crate::kernels::Callable;
 use crate::logging;
 use crate::orch::RunTensorCache;
+use crate::pending::PendingRun;
 use crate::report::PyRunReport;
 use crate::runhost;
 use crate::shutdown;
@@ -504,12 +505,20 @@ impl PyWorker {
     /// Whatever is raised during the run (by the orchestration, a kernel, or a ``Ctrl+C``),
     /// the run is finished and cleaned up before the exception reaches the caller, and the
     /// worker is ready for the next run.
-    fn run(
+    ///
+    /// With ``wait=False`` the call returns a ``PendingRun`` once the run's device work is
+    /// enqueued, without waiting for the device, so the next run's bind and orchestration
+    /// overlap it; ``PendingRun.wait()`` returns the report. A run that stages an argument, or
+    /// launches no device code, waits as usual (its ``PendingRun`` is not pending). See
+    /// ``docs/concepts.md`` for what waits for a pending run.
+    #[pyo3(signature = (callable, args, wait = true))]
+    fn run<'py>(
         &self,
-        py: Python<'_>,
-        callable: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyAny>,
-    ) -> PyResult<PyRunReport> {
+        py: Python<'py>,
+        callable: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyAny>,
+        wait: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let started = Instant::now();
         let callable = callable.cast::<Callable>().map_err(|_| {
             type_err(format!(
@@ -518,8 +527,28 @@ impl PyWorker {
             ))
         })?;
         let named = runhost::named_values(args)?;
-        let report = runhost::run(py, &self.cell, &self.run_tensors, callable, named, started);
+        let outcome = runhost::run(
+            py,
+            &self.cell,
+            &self.run_tensors,
+            callable,
+            named,
+            started,
+            wait,
+        );
         logging::flush(py);
-        Ok(PyRunReport::new(report?, &callable.get().name))
+        let name = &callable.get().name;
+        match outcome? {
+            Outcome::Done(report) => {
+                Ok(Bound::new(py, PyRunReport::new(*report, name))?.into_any())
+            }
+            Outcome::Pending(run) if wait => {
+                let report = done(py, self.cell.with(true, |w| w.wait_run(run)))?;
+                Ok(Bound::new(py, PyRunReport::new(report, name))?.into_any())
+            }
+            Outcome::Pending(run) => {
+                Ok(Bound::new(py, PendingRun::new(self.cell.clone(), run, name))?.into_any())
+            }
+        }
     }
 }

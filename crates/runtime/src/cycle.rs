@@ -103,6 +103,15 @@ impl<C: WorkerCell> Drop for Guard<'_, C> {
     }
 }
 
+/// How a run that may be left pending ended ([`run_with`]).
+#[derive(Debug)]
+pub enum Outcome {
+    /// It waited for the device: its report.
+    Done(Box<RunReport>),
+    /// It was left pending (see `pending.rs`): `Worker::wait_run` waits for it.
+    Pending(RunId),
+}
+
 /// Runs `call` once. `started` is when the host's call began: converting its arguments is
 /// part of the timed bind phase. Returns the run's report.
 pub fn run<C: WorkerCell, H: RunHost>(
@@ -111,6 +120,26 @@ pub fn run<C: WorkerCell, H: RunHost>(
     host: &mut H,
     started: Instant,
 ) -> std::result::Result<RunReport, RunError<H::Error>> {
+    match run_with(cell, call, host, started, true)? {
+        Outcome::Done(report) => Ok(*report),
+        Outcome::Pending(run) => cell
+            .with(true, |w| w.wait_run(run))
+            .map_err(RunError::Runtime),
+    }
+}
+
+/// [`run`], or, with `wait == false`, a run that returns once its device work is enqueued,
+/// without waiting for the device, when the runtime allows it (see `pending.rs`): then the
+/// worker is free for the next run at once. With `wait == false` the outcome is always
+/// `Pending`: a run that could not be left pending completed, and `Worker::wait_run` returns
+/// its report.
+pub fn run_with<C: WorkerCell, H: RunHost>(
+    cell: &C,
+    call: &RunCall<'_>,
+    host: &mut H,
+    started: Instant,
+    wait: bool,
+) -> std::result::Result<Outcome, RunError<H::Error>> {
     // A bind that moves no bytes (no staged argument) runs at once; one that uploads is heavy.
     let run = host
         .lend_staged(|hosts| {
@@ -124,7 +153,11 @@ pub fn run<C: WorkerCell, H: RunHost>(
         run,
         armed: true,
     };
-    let body = phases(cell, run, host);
+    let body = phases(cell, run, host, wait);
+    if let Ok(true) = body {
+        guard.armed = false;
+        return Ok(Outcome::Pending(run));
+    }
     if body.is_err() {
         cell.with(false, |w| w.fail_run(run));
     }
@@ -134,7 +167,14 @@ pub fn run<C: WorkerCell, H: RunHost>(
     let cleanup = quick.unwrap_or_else(|| cell.with(true, finish));
     guard.armed = false;
     match (body, cleanup) {
-        (Ok(()), r) => r.map_err(RunError::Runtime),
+        (Ok(_), Ok(report)) if !wait => {
+            // Asked not to wait, but it could not be left pending: its handle finds the report.
+            cell.with(false, |w| w.keep_report(run, report));
+            Ok(Outcome::Pending(run))
+        }
+        (Ok(_), r) => r
+            .map(|report| Outcome::Done(Box::new(report)))
+            .map_err(RunError::Runtime),
         (Err(e), Ok(_)) => Err(e),
         // A close from another thread ended the run (and released what it held): the run's
         // own error says so, and there was nothing left to clean up.
@@ -146,15 +186,19 @@ pub fn run<C: WorkerCell, H: RunHost>(
     }
 }
 
-/// Orchestrate, execute and copy back (bind is done; cleanup follows whatever this returns).
+/// Orchestrate, execute and copy back (bind is done; cleanup follows whatever this returns,
+/// unless the run was left pending: `Ok(true)`, with `wait == false`).
 fn phases<C: WorkerCell, H: RunHost>(
     cell: &C,
     run: RunId,
     host: &mut H,
-) -> std::result::Result<(), RunError<H::Error>> {
+    wait: bool,
+) -> std::result::Result<bool, RunError<H::Error>> {
     host.checkpoint().map_err(RunError::Host)?;
     host.orchestrate(run).map_err(RunError::Host)?;
-    cell.with(false, |w| w.begin_execute(run))?;
+    // Waits for a run left pending first (heavy work then).
+    let settle = cell.with(false, |w| w.has_pending());
+    cell.with(settle, |w| w.begin_execute(run))?;
     let copies = cell.with(false, |w| !w.device().has_kernel_memory());
     let mut task = TaskCall::default();
     let executed = (|| -> std::result::Result<(), RunError<H::Error>> {
@@ -168,6 +212,9 @@ fn phases<C: WorkerCell, H: RunHost>(
     })();
     drop(task);
     let ok = executed.is_ok();
+    if ok && !wait && cell.with(false, |w| w.leave_pending(run))? {
+        return Ok(true);
+    }
     // Waits for the device when device code ran: heavy where kernels are not host memory.
     let ended = cell.with(copies, |w| w.end_execute(run, ok));
     executed?;
@@ -182,7 +229,7 @@ fn phases<C: WorkerCell, H: RunHost>(
         .map_err(RunError::Runtime)
     });
     cell.with(false, |w| w.end_copy_back(run))?;
-    copied
+    copied.map(|()| false)
 }
 
 /// An orchestration's handle on its run, for embeddings: each method locks the cell for one

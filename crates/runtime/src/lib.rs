@@ -30,6 +30,7 @@ mod error;
 mod exports;
 mod geometry;
 mod memory;
+mod pending;
 mod resident;
 mod run;
 mod scratch;
@@ -40,7 +41,7 @@ mod worker;
 
 // What embeddings (the bindings, the tests) use: the entry point and the handles it takes, the
 // typed boundary, the worker's own surface (buffers, resident sets, views, close).
-pub use cycle::{run, Orch, RunError, RunHost, WorkerCell};
+pub use cycle::{run, run_with, Orch, Outcome, RunError, RunHost, WorkerCell};
 pub use device_code::{
     compile_report, compile_stats, CodeImage, CompileReport, DeviceCode, DeviceLaunch, ScalarKind,
 };

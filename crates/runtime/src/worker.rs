@@ -17,6 +17,7 @@ use crate::error::{Error, Phase, Result};
 use crate::exports::ExportGuard;
 use crate::geometry::Geometry;
 use crate::memory::{Memory, Owner};
+use crate::pending::PendingRuns;
 use crate::resident::ResidentSets;
 use crate::run::{
     BatchScalar, BatchSlot, HostWindow, Records, Replay, RunId, RunReport, RunState, TaskCall,
@@ -52,6 +53,8 @@ pub struct Worker {
     scratch: ScratchPool,
     resident: ResidentSets,
     run: Option<RunState>,
+    /// A run left pending (`run(..., wait=False)`), and the reports of those completed.
+    pending: PendingRuns,
     /// The cleared records of the last run, reused by the next.
     spare: Records,
     next_run: u64,
@@ -106,6 +109,7 @@ impl Worker {
             scratch: ScratchPool::default(),
             resident: ResidentSets::default(),
             run: None,
+            pending: PendingRuns::default(),
             spare: Records::default(),
             next_run: 1,
             closed: false,
@@ -231,6 +235,7 @@ impl Worker {
     pub fn free(&mut self, buf: BufferRef) -> Result<()> {
         self.enter(Phase::Buffer);
         self.check_open()?;
+        self.settle();
         let info = self.mem.lookup(buf, &"free")?;
         match info.owner {
             Owner::User => {}
@@ -273,6 +278,7 @@ impl Worker {
     pub fn copy_to(&mut self, buf: BufferRef, offset: u64, src: &[u8]) -> Result<()> {
         self.enter(Phase::Buffer);
         self.check_open()?;
+        self.settle();
         self.mem
             .check_span(buf, offset, src.len() as u64, "copy_to")?;
         if src.is_empty() {
@@ -292,6 +298,7 @@ impl Worker {
     pub fn copy_from(&mut self, buf: BufferRef, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.enter(Phase::Buffer);
         self.check_open()?;
+        self.settle();
         self.mem
             .check_span(buf, offset, dst.len() as u64, "copy_from")?;
         if dst.is_empty() {
@@ -329,6 +336,7 @@ impl Worker {
     pub fn trim_staging(&mut self) -> Result<()> {
         self.enter(Phase::Buffer);
         self.check_open()?;
+        self.settle();
         if self.run.is_some() {
             return Err(Error::State("trim_staging: a run is in progress".into()));
         }
@@ -399,6 +407,7 @@ impl Worker {
     /// Returns the means: `"mapping"`, `"cached"` or `"mirror"`.
     pub fn establish_view(&mut self, buf: BufferRef, tensor: &str) -> Result<&'static str> {
         self.check_open()?;
+        self.settle();
         self.enter(Phase::ResidentAdd);
         let info = self.mem.lookup(buf, &format_args!("tensor {tensor}"))?;
         let mut ev = crate::views::ViewEvents::default();
@@ -422,6 +431,7 @@ impl Worker {
     /// Releasing a released set does nothing.
     pub fn resident_release(&mut self, set: u64) -> Result<Vec<Error>> {
         self.enter(Phase::Release);
+        self.settle();
         if let Some((name, _)) = self
             .resident
             .buffers(set)
@@ -446,6 +456,7 @@ impl Worker {
     /// closed worker; the buffer's host view goes stale (the consumer may write).
     pub fn export(&mut self, buf: BufferRef) -> Result<ExportGuard> {
         self.check_open()?;
+        self.settle();
         self.mem.lookup(buf, &"export")?;
         self.mem.views.mark_stale(buf.ptr);
         self.mem.exports.add(buf)
@@ -458,6 +469,7 @@ impl Worker {
     pub fn wait_stream(&mut self, stream: u64) -> Result<()> {
         self.enter(Phase::Buffer);
         self.check_open()?;
+        self.settle();
         self.mem.dev.wait_for_stream(stream).map_err(buffer_err)
     }
 
@@ -595,7 +607,9 @@ impl Worker {
     /// Whether an orchestrator access to argument `arg` of `run` needs no bulk work (see
     /// `RunState::is_resolved`); `false` for a run not in progress (the access reports that).
     pub(crate) fn orch_is_resolved(&self, run: RunId, arg: u32) -> bool {
-        matches!(&self.run, Some(r) if r.id == run && r.is_resolved(&self.mem, arg))
+        matches!(&self.run, Some(r) if r.id == run
+            && r.is_resolved(&self.mem, arg)
+            && !r.waits_for(&self.pending, arg, true))
     }
 
     /// Takes back the tasks of `run` from task `first` on (see `RunState::discard_tasks`).
@@ -630,7 +644,9 @@ impl Worker {
     ) -> Option<Result<Value>> {
         self.enter(Phase::Orchestrate);
         match &mut self.run {
-            Some(r) if r.id == run => r.read_quick(&mut self.mem, arg, view, index),
+            Some(r) if r.id == run && !r.waits_for(&self.pending, arg, false) => {
+                r.read_quick(&mut self.mem, arg, view, index)
+            }
             _ => None,
         }
     }
@@ -644,6 +660,7 @@ impl Worker {
         index: &[i64],
     ) -> Result<Value> {
         self.enter(Phase::Orchestrate);
+        self.settle_for(run, arg, false);
         let (r, mem) = self.active(run)?;
         r.read(mem, arg, view, index)
     }
@@ -658,6 +675,7 @@ impl Worker {
         value: Value,
     ) -> Result<()> {
         self.enter(Phase::Orchestrate);
+        self.settle_for(run, arg, true);
         let (r, mem) = self.active(run)?;
         r.write(mem, arg, view, index, value)
     }
@@ -670,6 +688,7 @@ impl Worker {
         view: &Geometry,
     ) -> Result<HostWindow> {
         self.enter(Phase::Orchestrate);
+        self.settle_for(run, arg, false);
         let (r, mem) = self.active(run)?;
         r.read_window(mem, arg, view)
     }
@@ -805,8 +824,70 @@ impl Worker {
 
     /// Ends orchestration; returns the number of tasks to run.
     pub(crate) fn begin_execute(&mut self, run: RunId) -> Result<u64> {
+        self.active(run)?;
+        self.settle();
         let (r, _) = self.active(run)?;
         r.begin_execute()
+    }
+
+    /// Leaves run `run` pending instead of waiting for the device, when it may be (see
+    /// `pending.rs`); false when it waits as usual. The worker is free for the next run.
+    pub(crate) fn leave_pending(&mut self, run: RunId) -> Result<bool> {
+        let (r, _) = self.active(run)?;
+        if !r.can_leave_pending() {
+            return Ok(false);
+        }
+        let Some(state) = self.run.take() else {
+            unreachable!("checked by active()")
+        };
+        self.pending.leave(state, &mut self.mem);
+        Ok(true)
+    }
+
+    /// Completes the pending run, if any (see `pending.rs`); its report is kept for its handle.
+    fn settle(&mut self) {
+        if let Some(records) = self.pending.complete(&mut self.mem) {
+            if self.run.is_none() {
+                self.spare = records;
+            }
+        }
+    }
+
+    /// Completes the pending run first when run `run`'s access to argument `arg` (a write, or
+    /// a read) must wait for it.
+    fn settle_for(&mut self, run: RunId, arg: u32, write: bool) {
+        if self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.id == run && r.waits_for(&self.pending, arg, write))
+        {
+            self.settle();
+        }
+    }
+
+    /// Keeps the report of run `run`, which was asked not to wait but could not be left pending
+    /// (it completed at once), for its handle ([`Worker::wait_run`]).
+    pub(crate) fn keep_report(&mut self, run: RunId, report: RunReport) {
+        self.pending.keep(run, Ok(report));
+    }
+
+    /// Waits for pending run `run` (completing it, if no other call did) and returns its report.
+    pub fn wait_run(&mut self, run: RunId) -> Result<RunReport> {
+        if self.pending.is_pending(run) {
+            self.settle();
+        }
+        self.pending.take(run)
+    }
+
+    /// Whether a run is pending: a call that may complete it (see `pending.rs`) waits for the
+    /// device, which a host runs as heavy work.
+    pub fn has_pending(&self) -> bool {
+        self.pending.id().is_some()
+    }
+
+    /// Whether run `run` is still pending: its device work may not have run yet.
+    pub fn run_is_pending(&self, run: RunId) -> bool {
+        self.pending.is_pending(run)
     }
 
     /// Fills `call` with the next task; false after the last.
@@ -903,6 +984,7 @@ impl Worker {
         if self.closed {
             return s;
         }
+        self.settle();
         // Nothing enqueued may still use memory this close frees (a run aborted from another
         // thread mid-execute, say, or another library's last writes through an export).
         let drained = match self.mem.dev.closed() {

@@ -21,12 +21,26 @@ use crate::dtype::{DType, Value};
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
+use crate::pending::PendingRuns;
 use crate::run::hazards::Conflict;
 use crate::run::state::{ArgKind, HostWindow, Resolved, RunState, Stage, Via};
 use crate::views::{Means, ViewEvents, Who};
 
 /// Reads through a mapping are reported to the view cache in batches of this many.
 const NOTE_READS_EVERY: u64 = 16;
+
+impl RunState {
+    /// Whether an orchestrator access to argument `arg` (a write, or a read) must wait for the
+    /// run left pending (`pending.rs`): its tasks write those bytes, or, for a write, read them.
+    pub(crate) fn waits_for(&self, pending: &PendingRuns, arg: u32, write: bool) -> bool {
+        pending.id().is_some()
+            && self
+                .args
+                .get(arg as usize)
+                .and_then(|a| a.span())
+                .is_some_and(|(start, len)| pending.conflicts(start, len, write))
+    }
+}
 
 impl RunState {
     /// Checks an access of `access` (a geometry relative to the allocation of argument `arg`)
@@ -542,7 +556,17 @@ impl RunState {
         let crosses_bus = matches!(r.via, Via::Mapping | Via::Through(..));
         if let via @ (Via::Mirror | Via::SpanCopy) = &r.via {
             let mirror = matches!(via, Via::Mirror);
-            if let Err(e) = mem.dev.copy_h2d(DevPtr(addr), &buf[..es]) {
+            // A mirror is the allocation's own (page-locked where the driver pins mirrors): the
+            // push is queued on the stream, behind device work a run left pending and before the
+            // tasks of this run, without waiting for either. A span copy is the run's, pushed
+            // at once.
+            let pushed = if mirror {
+                mem.dev
+                    .copy_h2d_async(DevPtr(addr), &r.mem, r.host_offset(addr), es)
+            } else {
+                mem.dev.copy_h2d(DevPtr(addr), &buf[..es])
+            };
+            if let Err(e) = pushed {
                 // The host copy now differs from the device: a mirror refreshes on its next read,
                 // a span copy is dropped and re-read from the device on the next access.
                 let a = &mut self.args[arg as usize];

@@ -162,10 +162,55 @@ impl RunState {
         Ok(())
     }
 
+    /// Whether the run may be left pending (`pending.rs`) instead of waiting for the device:
+    /// execution went through its last task without a failure, device code was launched, and no
+    /// argument is staged.
+    pub(crate) fn can_leave_pending(&self) -> bool {
+        self.stage == Stage::Execute
+            && !self.failed
+            && self.pending.is_empty()
+            && !self.device_task
+            && self.fresh.is_empty()
+            && self.report.counters.device_launches > 0
+            && !self
+                .args
+                .iter()
+                .any(|a| matches!(a.kind, ArgKind::Staged { .. }))
+    }
+
+    /// The bytes the run's tasks touch, per argument: `(start, end, written)`.
+    pub(crate) fn touched(&self) -> Vec<(u64, u64, bool)> {
+        let mut out: Vec<(u32, bool)> = Vec::new();
+        for i in 0..self.tasks.slot_count() {
+            let s = self.tasks.slot(i);
+            match out.iter_mut().find(|(a, _)| *a == s.arg) {
+                Some((_, w)) => *w |= s.dir.writes(),
+                None => out.push((s.arg, s.dir.writes())),
+            }
+        }
+        out.into_iter()
+            .filter_map(|(a, w)| {
+                let (start, len) = self.args[a as usize].span()?;
+                Some((start, start + len, w))
+            })
+            .collect()
+    }
+
+    /// The mirror of every allocation a task wrote goes stale, once, however many tasks wrote
+    /// it. Only tasks write device memory during a run (an orchestrator write goes through the
+    /// mirror itself), so a resident argument declared OUT or INOUT that no task wrote keeps its
+    /// mirror: a control tensor the orchestration advances itself is read again from the host.
+    pub(crate) fn mark_written_stale(&self, mem: &mut Memory) {
+        for i in self.tasks.written_args() {
+            if let Some((p, _)) = self.args[i as usize].alloc {
+                mem.views.mark_stale(p);
+            }
+        }
+    }
+
     /// Ends execution (`ok == false` when a task failed): waits for the device once when
     /// device code was launched (a fault of a launch reports here). The mirror of every
-    /// resident argument the callable declares OUT/INOUT, and of every allocation a task wrote,
-    /// goes stale.
+    /// allocation a task wrote goes stale ([`RunState::mark_written_stale`]).
     pub(crate) fn end_execute(&mut self, mem: &mut Memory, ok: bool) -> Result<()> {
         self.pending.clear();
         let mut waited = Ok(());
@@ -200,19 +245,7 @@ impl RunState {
         if !ok || waited.is_err() {
             self.failed = true;
         }
-        let declared = self
-            .args
-            .iter()
-            .filter(|a| matches!(a.kind, ArgKind::Device) && a.dir.writes())
-            .filter_map(|a| a.alloc.map(|(p, _)| p));
-        let written = self
-            .tasks
-            .written_args()
-            .into_iter()
-            .filter_map(|i| self.args[i as usize].alloc.map(|(p, _)| p));
-        for p in declared.chain(written) {
-            mem.views.mark_stale(p);
-        }
+        self.mark_written_stale(mem);
         if self.stage == Stage::Orchestrate {
             self.report.phases.orchestrate = self.lap();
         } else {
