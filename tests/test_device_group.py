@@ -182,6 +182,19 @@ def test_fault_injection_reaches_through_the_group(backend):
         assert g.round(malloc_free) == [0, 1]
 
 
+def test_a_library_error_of_a_device_crosses_as_itself_with_its_attributes(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        g.inject_fault(1, "alloc")
+        with pytest.raises(sp.DeviceError) as ei:
+            g.round(malloc_free)
+        e = ei.value
+        assert type(e) is sp.DeviceError and str(e).startswith("device 1 (round): ")
+        # What the device's driver call said, not only its message.
+        assert (e.op, e.call, e.nbytes, e.phase) == ("alloc", "sim_malloc", 64, "buffer")
+        assert isinstance(e.code, int)
+        assert any(n.startswith("raised in the process of device 1:") for n in e.__notes__)
+
+
 def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(backend, tmp_path):
     g = DeviceGroup("sim", devices=[0, 1], backend=backend)
     victim = g.pids[1]

@@ -8,6 +8,7 @@ import pytest
 
 import simpler as sp
 from simpler import errors
+from simpler.group import DeviceGroupError, RemoteError
 
 
 def _acc_callable():
@@ -62,3 +63,30 @@ def test_a_device_error_of_a_failed_driver_call_pickles_with_the_call_it_names()
     fields = ("op", "code", "code_name", "call", "phase", "tensor", "addr", "nbytes")
     assert {f: getattr(back, f) for f in fields} == {f: getattr(e, f) for f in fields}
     assert back.op == "alloc"
+
+
+def test_the_group_errors_pickle_with_their_fields():
+    d = _roundtrip(DeviceGroupError("device 1 died", 1, "round"))
+    assert type(d) is DeviceGroupError and (str(d), d.device, d.phase) == ("device 1 died", 1, "round")
+    text = "device 1 (round): boom [RuntimeError]"
+    r = _roundtrip(RemoteError(text, "RuntimeError", 1, "round"))
+    assert type(r) is RemoteError and (str(r), r.kind, r.device, r.phase) == (
+        text,
+        "RuntimeError",
+        1,
+        "round",
+    )
+
+
+def test_a_library_error_that_cannot_pickle_crosses_as_a_remote_error_naming_its_type():
+    import threading
+
+    from simpler.group._errors import crossing
+
+    e = sp.StateError("busy")
+    e.lock = threading.Lock()  # an attribute pickle refuses
+    out, trace = crossing(e)
+    assert type(out) is RemoteError and (str(out), out.kind) == ("busy", "StateError")
+    assert "StateError: busy" in trace
+    same, _ = crossing(sp.StateError("busy"))
+    assert type(same) is sp.StateError

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import errors
 from .._core import PLATFORMS
-from ._errors import DeviceGroupError, rebuild_remote
+from ._errors import DeviceGroupError, raised_on
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
 
@@ -352,7 +352,7 @@ class DeviceGroup:
             raise DeviceGroupError(msg, d, phase)
         for i in idx:
             if answers[i][0] == "err":
-                raise rebuild_remote(self.devices[i], phase, *answers[i][1])
+                raise raised_on(self.devices[i], phase, *answers[i][1])
         return [answers[i][1] for i in idx]
 
     def _pack(self, per_device: Sequence[Any], what: str) -> tuple[list[Any], str | None]:
@@ -526,7 +526,7 @@ class DeviceGroup:
             for i in sent:
                 status, result = b.finish(i)
                 if status == "err":
-                    log.error("device %s close after a failure: %s", self.devices[i], result[1])
+                    log.error("device %s close after a failure: %s", self.devices[i], result[0])
         except BaseException:
             self._stop_all(kill=True)
             raise

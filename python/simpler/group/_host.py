@@ -6,7 +6,6 @@ method calls; everything a child does is here, once.
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Callable as Fn
 from typing import TYPE_CHECKING, Any
 
@@ -15,24 +14,11 @@ import numpy as np
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, StateError
 from ..worker import Worker
+from ._errors import crossing
 from ._transport import Attached, GroupTensor, ShmRef, walk
 
 if TYPE_CHECKING:
     from .._core import _DriverOp, _Platform
-
-
-class RemoteError(Exception):
-    """An exception raised in a child, carried back with its type name and traceback text."""
-
-    def __init__(self, kind: str, message: str, trace: str):
-        super().__init__(message)
-        self.kind = kind
-        self.trace = trace
-
-
-def capture(e: BaseException) -> tuple[str, str, str]:
-    """What crosses back of an exception: type name, message, traceback text."""
-    return type(e).__name__, str(e), "".join(traceback.format_exception(e))
 
 
 class DeviceContext:
@@ -202,8 +188,9 @@ class DeviceHost:
     # -- dispatch ----------------------------------------------------------------------------
 
     def dispatch(self, method: str, args: tuple[Any, ...]) -> tuple[str, Any]:
-        """One call from the parent: ``("ok", result)`` or ``("err", (type, message, trace))``."""
+        """One call from the parent: ``("ok", result)`` or ``("err", (exception, trace))``, the
+        exception as it crosses (:func:`~simpler.group._errors.crossing`)."""
         try:
             return "ok", getattr(self, method)(*args)
         except BaseException as e:  # carried back, never raised here
-            return "err", capture(e)
+            return "err", crossing(e)

@@ -42,8 +42,8 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DeviceGroupError
-from ._host import DeviceHost, capture
+from ._errors import DeviceGroupError, crossing
+from ._host import DeviceHost
 from ._transport import attach
 
 if TYPE_CHECKING:
@@ -182,13 +182,13 @@ def _serve(
         try:
             method, args = pickle.loads(message)
         except BaseException as e:  # a message this process cannot read: an error of the call
-            method, status, result = "", "err", capture(e)
+            method, status, result = "", "err", crossing(e)
         else:
             status, result = host.dispatch(method, args)
         try:
             reply = _dumps((status, result))
         except Exception as e:  # an answer that cannot cross is an error of the call, not a death
-            reply = _dumps(("err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))))
+            reply = _dumps(("err", crossing(TypeError(f"the result of {method} cannot be pickled: {e}"))))
         try:
             if outbox.put(call_id, reply):
                 os.write(answer_fd, _IN_SLOT)

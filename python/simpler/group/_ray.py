@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PlatformUnavailableError
-from ._host import DeviceHost, capture
+from ._errors import RemoteError, crossing
+from ._host import DeviceHost
 
 if TYPE_CHECKING:
     from .._core import _Platform
@@ -203,7 +204,7 @@ class DeviceActor:
             try:
                 self.host.options["device_id"] = _assigned_device(self.host.platform)
             except Exception as e:  # carried back, as DeviceHost.dispatch does
-                return "err", capture(e), None
+                return "err", crossing(e), None
         stored: list[Stored] = []
         _stored(args, stored)
         if not stored:
@@ -234,7 +235,7 @@ def _crossable(method: str, status: str, result: Any) -> tuple[str, Any]:
     try:
         _ray().cloudpickle.dumps(result)
     except Exception as e:
-        return "err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))
+        return "err", crossing(TypeError(f"the result of {method} cannot be pickled: {e}"))
     return status, result
 
 
@@ -386,7 +387,7 @@ class Backend:
         return [i for i in indices if i not in calls] + [by_ref[r] for r in ready]
 
     def finish(self, index: int) -> tuple[str, Any]:
-        """The answer of device ``index``'s call: ``("ok", result)``, ``("err", (type, message,
+        """The answer of device ``index``'s call: ``("ok", result)``, ``("err", (exception,
         trace))`` or ``("dead", cause)``."""
         answer = self._answers[index]
         if answer is not None:
@@ -406,9 +407,9 @@ class Backend:
         except ray.exceptions.RayTaskError as e:  # the actor's own code (not DeviceHost's)
             cause = e.cause if e.cause is not None else e
             trace = getattr(e, "traceback_str", None) or str(e)
-            return "err", (type(cause).__name__, str(cause), trace)
+            return "err", crossing(cause, trace)
         except ray.exceptions.RayError as e:  # an argument lost by the object store, ...
-            return "err", (type(e).__name__, str(e), "")
+            return "err", (RemoteError(str(e), type(e).__name__), "")
         return self._answered(index, call[0], value)
 
     def _answered(self, index: int, method: str, value: tuple[str, Any, Any]) -> tuple[str, Any]:
