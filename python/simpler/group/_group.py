@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import errors
 from .._core import PLATFORMS
+from ..worker import RunReport
 from ._errors import DeviceGroupError, raised_on
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
@@ -41,7 +42,7 @@ _KILL_TIMEOUT_S = 10.0
 _STOP_ATTEMPTS = 100
 
 
-def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> dict[str, Any]:
+def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> RunReport:
     """A round's function for :meth:`DeviceGroup.run`."""
     return ctx.run(make, args)
 
@@ -161,7 +162,7 @@ class DeviceGroup:
     :class:`DeviceContext`: ``ctx.worker``, ``ctx.device``; ``fn`` must be importable by the
     children: a module-level function) and returns the results in device order. ``run(make,
     per_device)`` runs the :class:`~simpler.Callable` that the module-level ``make()`` builds on
-    every device with that device's arguments, and returns the reports (``RunReport.to_dict()``).
+    every device with that device's arguments, and returns each device's :class:`~simpler.RunReport`.
     Arguments may hold numpy arrays (placed once in shared memory, whatever the number of
     devices; a staged output is copied back into the caller's array after the round) and the
     resident tensors of a :meth:`resident_set` (only on their own device). An array whose dtype
@@ -452,9 +453,9 @@ class DeviceGroup:
 
     def run(
         self, make: Fn[[], Any], per_device: Sequence[Any] | None = None, *, args: Any = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunReport]:
         """Runs the callable ``make()`` builds on every device, each with its argument list
-        (``per_device[i]``, or ``args`` for all); the reports as dicts, in device order."""
+        (``per_device[i]``, or ``args`` for all); the devices' reports, in device order."""
         rows = [list(args or [])] * len(self.devices) if per_device is None else list(per_device)
         if len(rows) == len(self.devices):
             self._refuse_references(rows, "run")

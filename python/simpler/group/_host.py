@@ -13,7 +13,7 @@ import numpy as np
 
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, StateError
-from ..worker import Worker
+from ..worker import RunReport, Worker
 from ._errors import crossing
 from ._transport import Attached, GroupTensor, ShmRef, walk
 
@@ -27,7 +27,7 @@ class DeviceContext:
     ``worker`` is the device's :class:`~simpler.Worker`; ``device`` the device id; ``index`` the
     device's position in the group; ``callable(make)`` the :class:`~simpler.Callable` that
     ``make()`` builds, built once per child and kept; ``run(make, args)`` runs it on the worker
-    and returns the report as a dict (``RunReport.to_dict()``).
+    and returns its :class:`~simpler.RunReport`.
     """
 
     def __init__(self, host: DeviceHost):
@@ -56,9 +56,9 @@ class DeviceContext:
             cache[make] = make()
         return cache[make]
 
-    def run(self, make: Fn[[], Any], args: Any) -> dict[str, Any]:
-        """Runs ``make()``'s callable with ``args`` on the worker; the report as a dict."""
-        return self.worker.run(self.callable(make), args).to_dict()
+    def run(self, make: Fn[[], Any], args: Any) -> RunReport:
+        """Runs ``make()``'s callable with ``args`` on the worker; its report."""
+        return self.worker.run(self.callable(make), args)
 
 
 class DeviceHost:

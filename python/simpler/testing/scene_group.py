@@ -19,8 +19,8 @@ A case runs on ``n > 1`` devices when its class sets ``DEVICES = n``, the case s
   round's staged outputs and compares;
 * ``close()`` releases the resident set on every device (LIFO) and closes the group it opened.
 
-Each round returns a :class:`GroupRound`: every device's report (``RunReport.to_dict()``) and the
-wall time of the group round (sending, every device's run, the copy-back of staged outputs).
+Each round returns a :class:`GroupRound`: every device's :class:`~simpler.RunReport` and the wall
+time of the group round (sending, every device's run, the copy-back of staged outputs).
 
 The device processes import the scene-test class by name to build its ``CALLABLE`` (a spawned
 process shares no objects with this one): the class must be defined at the top level of a
@@ -44,21 +44,16 @@ import numpy as np
 from .. import _arrays
 from ..args import TaskArgsBuilder
 from ..errors import ArgumentError, ArgumentTypeError
-from ..worker import ArgDirection
+from ..worker import ArgDirection, RunReport
 from ._cases import declared_compare, declared_level, host_fixture, release_then_close
 from .caserun import CaseRun, compare
 
 if TYPE_CHECKING:
     from .._core import _Platform
 
-__all__ = ["GroupCaseRun", "GroupRound", "device_round", "dispatch_ns"]
+__all__ = ["GroupCaseRun", "GroupRound", "device_round"]
 
 log = logging.getLogger("simpler")
-
-
-def dispatch_ns(report: Mapping[str, Any]) -> int:
-    """The dispatch path of one device's report dict: every phase but ``execute``."""
-    return int(sum(v for k, v in report["phases"].items() if k != "execute"))
 
 
 @dataclass
@@ -66,26 +61,31 @@ class GroupRound:
     """One round of a case on several devices.
 
     ``devices``: the device ids, in group order; ``reports``: each device's
-    ``RunReport.to_dict()`` (``phases``, ``counters``, ``ok``, ``callable``), in the same order;
-    ``wall_ns``: the wall time of the group round, as the caller saw it."""
+    :class:`~simpler.RunReport`, as its device's process made it, in the same order; ``wall_ns``:
+    the wall time of the group round, as the caller saw it."""
 
     devices: list[int]
-    reports: list[dict[str, Any]]
+    reports: list[RunReport]
     wall_ns: int
 
     @property
     def ok(self) -> bool:
         """Whether every device's run was ok."""
-        return all(r.get("ok", False) for r in self.reports)
+        return all(r.ok for r in self.reports)
 
     @property
     def dispatch_ns(self) -> int:
-        """The round's dispatch path: its slowest device's (every phase but ``execute``)."""
-        return max(dispatch_ns(r) for r in self.reports)
+        """The round's dispatch path: its slowest device's (``RunReport.dispatch_ns``)."""
+        return max(r.dispatch_ns for r in self.reports)
 
     def to_dict(self) -> dict[str, Any]:
-        """``devices``, ``wall_ns`` and ``per_device`` (the reports), as JSON-ready data."""
-        return {"devices": list(self.devices), "wall_ns": self.wall_ns, "per_device": list(self.reports)}
+        """``devices``, ``wall_ns`` and ``per_device`` (each report's ``to_dict()``), as
+        JSON-ready data."""
+        return {
+            "devices": list(self.devices),
+            "wall_ns": self.wall_ns,
+            "per_device": [r.to_dict() for r in self.reports],
+        }
 
 
 # -- in the device processes -------------------------------------------------------------------
@@ -147,15 +147,15 @@ def _load_callable(ref: ClassRef) -> Any:
     return cls.CALLABLE
 
 
-def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> dict[str, Any]:
+def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> RunReport:
     """One round of a scene case on one device, in that device's process: runs the scene
-    test's ``CALLABLE`` with ``args`` on the device's worker; the report as a dict."""
+    test's ``CALLABLE`` with ``args`` on the device's worker; its report."""
     if ctx.worker.platform == "cuda" and "cuda" not in _INSTALLED:
         from .fake_kernels import install_if_fake
 
         install_if_fake()  # a GPU-less machine: the fake's host kernels, here too
         _INSTALLED.add("cuda")
-    return ctx.worker.run(_load_callable(ref), args).to_dict()
+    return ctx.worker.run(_load_callable(ref), args)
 
 
 # -- in the caller -----------------------------------------------------------------------------
