@@ -20,6 +20,7 @@ import numpy as np
 from .. import errors
 from .._core import PLATFORMS
 from ..worker import RunReport
+from ._backend import Backend
 from ._errors import DeviceGroupError, raised_on
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
@@ -40,6 +41,19 @@ _KILL_TIMEOUT_S = 10.0
 
 #: How many interruptions a stop outlasts before it leaves the rest to ``close()``.
 _STOP_ATTEMPTS = 100
+
+
+def _start_backend(
+    name: str, platform: _Platform, devices: list[int], options: dict[str, Any], address: str | None
+) -> Backend:
+    """The processes of a group's devices on backend ``name`` (imported when first used)."""
+    if name == "multiprocessing":
+        from ._mp import MultiprocessingBackend
+
+        return MultiprocessingBackend(platform, devices, options, address)
+    from ._ray import RayBackend
+
+    return RayBackend(platform, devices, options, address)
 
 
 def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> RunReport:
@@ -211,16 +225,10 @@ class DeviceGroup:
         self._lock = threading.RLock()
         self._sets: list[GroupResidentSet] = []
         self._set_ids = itertools.count(1)
-        if backend == "multiprocessing":
-            from ._mp import Backend
-        else:
-            # The ray backend has the multiprocessing one's interface, not its class.
-            from ._ray import Backend  # type: ignore[no-redef, assignment]
-        self._backend = Backend(platform, ids, worker_options, address)
-        # Where a round's arrays go: shared memory, or the store a backend offers with the same
-        # interface (``arena()``; ray: its object store, each array put once).
-        store = getattr(self._backend, "arena", None)
-        self._arena = SharedArrays() if self._backend.shared_arrays() else store() if store else None
+        self._backend = _start_backend(backend, platform, ids, worker_options, address)
+        # Where a round's arrays go: shared memory (multiprocessing), or Ray's object store, each
+        # array put once.
+        self._arena = self._backend.arena()
         #: Bytes the last round placed in shared memory (each array once, whatever reads it).
         self.shared_bytes = 0
         self._key = next(_KEYS)
@@ -359,9 +367,6 @@ class DeviceGroup:
     def _pack(self, per_device: Sequence[Any], what: str) -> tuple[list[Any], str | None]:
         """Arrays in shared memory (each placed once), handles kept; the current block. An array
         whose dtype holds object references is refused before anything is placed."""
-        if self._arena is None:
-            self._refuse_references(per_device, what)
-            return list(per_device), None
         if not any(per_device):
             self._arena.reserve([])  # nothing of an earlier round is written back
             self.shared_bytes = 0
@@ -386,7 +391,6 @@ class DeviceGroup:
 
         def place(x: Any) -> Any:
             if isinstance(x, np.ndarray):
-                assert self._arena is not None
                 # An array given to several devices reaches them read-only: two devices writing
                 # one array would race, and one of them would silently win.
                 writable = x.flags.writeable and len(rows_of[id(x)]) == 1
@@ -447,8 +451,7 @@ class DeviceGroup:
             results = self._all("call", calls, "round")
             # Only after a round every device finished: a failed round leaves the caller's arrays
             # as they were.
-            if self._arena is not None:
-                self._arena.write_back()
+            self._arena.write_back()
             return results
 
     def run(
@@ -568,23 +571,20 @@ class DeviceGroup:
         else:
             for i in range(n):
                 b.stop(i, _CLOSE_TIMEOUT_S)
-        if self._arena is not None:
-            self._arena.close()
+        self._arena.close()
         b.shutdown()
 
     def _resources(self) -> dict[str, list[Any]]:
         """What the group started, for an account of it: ``pids`` (its device processes),
         ``blocks`` (every shared-memory block it created, by name, whether or not it still
         exists) and ``held`` (the blocks it holds now: none once closed)."""
-        blocks = list(getattr(self._backend, "blocks", []))
-        held = []
-        mailbox = getattr(self._backend, "mailbox", None)
-        if mailbox is not None:
-            held.append(mailbox.name)
+        blocks, holds = self._backend.shared_blocks()
+        held = [] if holds is None else [holds]
         if isinstance(self._arena, SharedArrays):
             blocks += self._arena.blocks
-            if self._arena.block_name() is not None:
-                held.append(self._arena.block_name())
+            current = self._arena.block_name()
+            if current is not None:
+                held.append(current)
         return {"pids": list(getattr(self, "pids", [])), "blocks": blocks, "held": held}
 
 

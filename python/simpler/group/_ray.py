@@ -17,7 +17,7 @@ local one (``ray.init()``); an address joins that cluster (``ray.init(address=..
 the group started stays up for later groups and ends with the process (Ray's own exit hook);
 a Ray someone else started is never shut down by a group.
 
-Arrays. :meth:`Backend.arena` gives the group an :class:`ObjectStoreArrays`: each array of a
+Arrays. :meth:`RayBackend.arena` gives the group an :class:`ObjectStoreArrays`: each array of a
 call is put into the object store once (``ray.put``), whatever the number of devices reading
 it, and crosses as a :class:`Stored` key, its ``ObjectRef`` passed beside the pickled call as a
 top-level argument, which Ray resolves before the call runs (numpy from the object store: a
@@ -306,8 +306,8 @@ def connect(address: str | None) -> Any:
     return ray
 
 
-class Backend:
-    """One Ray actor per device (see the module docs)."""
+class RayBackend:
+    """One Ray actor per device (see the module docs; a :class:`~simpler.group._backend.Backend`)."""
 
     name = "ray"
 
@@ -468,10 +468,10 @@ class Backend:
     def forget(self) -> None:
         """In a forked child: nothing to let go (the group's copy is inert)."""
 
-    def shared_arrays(self) -> bool:
-        """False: no shared memory; arrays go through the object store (:meth:`arena`)."""
-        return False
-
     def arena(self) -> ObjectStoreArrays:
         """Where the group places a round's arrays: Ray's object store, each array once."""
         return self._store
+
+    def shared_blocks(self) -> tuple[list[str], str | None]:
+        """No shared memory: none."""
+        return [], None
