@@ -229,7 +229,7 @@ def _interleaved_rounds(
 ) -> Iterator[Round]:
     """The rounds of one case's arms (each on its device counts), interleaved; an arm that fails
     is reported and dropped."""
-    runs: dict[tuple[str, int], tuple[scene.CaseRun, Mapping[str, Any]]] = {}
+    runs: dict[tuple[str, int], tuple[scene.CaseRun | GroupCaseRun, Mapping[str, Any]]] = {}
     t0 = time.perf_counter()
 
     def label(case: Mapping[str, Any], devices: int) -> str:
