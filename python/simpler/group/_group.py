@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import errors
 from .._core import PLATFORMS
-from ..worker import RunReport
+from ..worker import CloseSummary, RunReport, WorkerStats
 from ._backend import Backend
 from ._errors import DeviceGroupError, raised_on
 from ._host import DeviceContext
@@ -471,7 +471,7 @@ class DeviceGroup:
             i = self._index(device)
             self._all("inject_fault", [(op, nth, code)], "inject_fault", indices=[i])
 
-    def stats(self) -> list[dict[str, int]]:
+    def stats(self) -> list[WorkerStats]:
         """Every device's worker counters, in device order."""
         with self._call():
             return self._all("stats", [()] * len(self.devices), "stats")
@@ -491,7 +491,7 @@ class DeviceGroup:
 
     # -- close -------------------------------------------------------------------------------
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[CloseSummary]:
         """Releases every resident set (newest first), then every worker; the children exit.
         Idempotent; returns each device's close summary. After a stop that was interrupted
         more often than it could outlast, finishes it. In a forked copy: does nothing."""

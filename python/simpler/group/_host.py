@@ -13,7 +13,7 @@ import numpy as np
 
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, StateError
-from ..worker import RunReport, Worker
+from ..worker import CloseSummary, RunReport, Worker, WorkerStats
 from ._errors import crossing
 from ._transport import Attached, GroupTensor, ShmRef, walk
 
@@ -84,20 +84,22 @@ class DeviceHost:
         self.worker = Worker(self.platform, **opts)
         return os.getpid()
 
-    def close(self) -> dict[str, Any]:
-        """Releases every resident set (newest first), then closes the worker."""
+    def close(self) -> CloseSummary:
+        """Releases every resident set (newest first), then closes the worker; the worker's
+        close summary (nothing counted when it was not open), with the sets' errors first."""
         errors = []
         for set_id in sorted(self.sets, reverse=True):
             try:
                 self.release_set(set_id)
             except Exception as e:  # every set is attempted
                 errors.append(f"resident set {set_id}: {e}")
-        summary: dict[str, Any] = {}
-        if self.worker is not None:
-            summary = self.worker.close() or {}
+        summary = self.worker.close() if self.worker is not None else None
         self.attached.release()
-        summary.setdefault("errors", [])
-        summary["errors"] = errors + list(summary["errors"])
+        if summary is None:
+            summary = CloseSummary(
+                user_buffers=0, resident_sets=0, leaked_allocations=0, leaked_mappings=0, errors=[]
+            )
+        summary["errors"] = errors + summary["errors"]
         return summary
 
     # -- values ------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ class DeviceHost:
         assert self.worker is not None
         self.worker.inject_fault(op, nth, code)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> WorkerStats:
         """The worker's counters."""
         assert self.worker is not None
         return self.worker.stats()
