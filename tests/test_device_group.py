@@ -135,12 +135,10 @@ def test_stacked_and_replicated_residency_evolve_over_rounds_and_release_lifo(ba
         rs.add("acc", np.zeros((2, 2), np.float32), sp.INOUT)
         for _ in range(3):
             reports = g.run(make_acc, rs.build_args())
-        assert all(r["ok"] for r in reports)
+        assert all(r.ok for r in reports)
         # No staging for resident tensors, on any device, in any round.
-        assert [(r["counters"]["staged_bytes"], r["counters"]["device_mallocs"]) for r in reports] == [
-            (0, 0)
-        ] * 2
-        assert [r["counters"]["resident_tensors"] for r in reports] == [2, 2]
+        assert [(r.counters["staged_bytes"], r.counters["device_mallocs"]) for r in reports] == [(0, 0)] * 2
+        assert [r.counters["resident_tensors"] for r in reports] == [2, 2]
         np.testing.assert_array_equal(rs.gather("w"), w)
         acc = rs.gather("acc")
         np.testing.assert_array_equal(acc[0], 3 * w[:2])
@@ -164,6 +162,22 @@ def test_a_handle_on_the_wrong_device_is_refused(backend):
         g.run(make_acc, [[w, h[0]], [w, h[1]]])  # the group stays usable
 
 
+def test_a_run_returns_each_devices_report_itself(backend):
+    x = np.ones(4, np.float32)
+    with DeviceGroup("sim", devices=[0, 1], backend=backend, model="ascend-a3,h200") as g:
+        reports = g.run(make_acc, [[x, np.zeros(4, np.float32)], [x, np.zeros(4, np.float32)]])
+    assert [type(r) for r in reports] == [sp.RunReport, sp.RunReport]
+    with sp.Worker("sim", model="ascend-a3,h200") as w:
+        local = w.run(make_acc(), [x, np.zeros(4, np.float32)])
+    for r in reports:
+        # What the device's worker reported, whole: the runtime's figures, not ones re-derived.
+        assert r.ok and r.callable == "acc" and list(r.modeled_by) == ["ascend-a3", "h200"]
+        assert r.dispatch_ns == sum(v for k, v in r.phases.items() if k != "execute")
+        assert r.modeled_round_ns == local.modeled_round_ns and r.kernels == local.kernels
+        counts = {k: v for k, v in r.counters.items() if not k.endswith("_ns")}  # not the times
+        assert counts == {k: v for k, v in local.counters.items() if not k.endswith("_ns")}
+
+
 def test_an_add_that_fails_on_one_device_releases_the_set_everywhere(backend):
     with DeviceGroup("sim", devices=[0, 1], backend=backend, capacity=1 << 20) as g:
         rs = g.resident_set()
@@ -180,6 +194,19 @@ def test_fault_injection_reaches_through_the_group(backend):
         with pytest.raises(sp.DeviceError, match=r"device 1 \(round\)"):
             g.round(malloc_free)
         assert g.round(malloc_free) == [0, 1]
+
+
+def test_a_library_error_of_a_device_crosses_as_itself_with_its_attributes(backend):
+    with DeviceGroup("sim", devices=[0, 1], backend=backend) as g:
+        g.inject_fault(1, "alloc")
+        with pytest.raises(sp.DeviceError) as ei:
+            g.round(malloc_free)
+        e = ei.value
+        assert type(e) is sp.DeviceError and str(e).startswith("device 1 (round): ")
+        # What the device's driver call said, not only its message.
+        assert (e.op, e.call, e.nbytes, e.phase) == ("alloc", "sim_malloc", 64, "buffer")
+        assert isinstance(e.code, int)
+        assert any(n.startswith("raised in the process of device 1:") for n in e.__notes__)
 
 
 def test_a_child_killed_in_the_middle_of_a_round_is_named_and_the_group_closes(backend, tmp_path):
@@ -941,7 +968,7 @@ class GroupMachine(RuleBasedStateMachine):
         rs, model, name = found
         ws = [np.full(m.shape, self._token(), np.float32) for m in model[name]]
         reports = self.g.run(make_light_acc, [[ws[i], rs[name][i]] for i in range(2)])
-        assert all(r["ok"] for r in reports)
+        assert all(r.ok for r in reports)
         for i in range(2):
             model[name][i] = model[name][i] + ws[i]
 

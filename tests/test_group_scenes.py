@@ -105,16 +105,14 @@ def test_a_declared_device_count_runs_every_round_on_every_device():
     for r in rounds:
         assert r.devices == [0, 1] and r.ok and r.wall_ns > 0
         # Resident on both devices: nothing staged; each device holds its half of x and acc.
-        assert [d["counters"]["resident_tensors"] for d in r.reports] == [2, 2]
-        assert [d["counters"]["staged_bytes"] for d in r.reports] == [0, 0]
-        assert r.dispatch_ns == max(
-            sum(v for k, v in d["phases"].items() if k != "execute") for d in r.reports
-        )
+        assert [d.counters["resident_tensors"] for d in r.reports] == [2, 2]
+        assert [d.counters["staged_bytes"] for d in r.reports] == [0, 0]
+        assert r.dispatch_ns == max(sum(v for k, v in d.phases.items() if k != "execute") for d in r.reports)
     three = TestAccumulateOnTwoDevices.run_case("state_only_on_three", rounds=2)
     assert three[0].devices == [0, 1, 2]
     # Staged on two devices: each stages its half of x and acc (5 floats each).
     staged = TestAccumulateOnTwoDevices.run_case("staged", rounds=2)
-    assert [d["counters"]["staged_bytes"] for d in staged[1].reports] == [40, 40]
+    assert [d.counters["staged_bytes"] for d in staged[1].reports] == [40, 40]
 
 
 def test_the_golden_follows_resident_state_over_rounds_on_every_device():
@@ -194,9 +192,9 @@ def test_paged_attention_splits_its_batch_over_two_devices_golden_in_every_arm(t
     resident = len(pa.RESIDENT[arm])
     for r in rounds:
         assert r.ok and r.devices == [0, 1]
-        assert [d["counters"]["resident_tensors"] for d in r.reports] == [resident, resident]
+        assert [d.counters["resident_tensors"] for d in r.reports] == [resident, resident]
         if arm == "Residency_all":  # control tensors resident too: nothing staged on any device
-            assert [d["counters"]["staged_bytes"] for d in r.reports] == [0, 0]
+            assert [d.counters["staged_bytes"] for d in r.reports] == [0, 0]
 
 
 def test_split_batch_gives_each_device_its_sequences_blocks_reindexed():

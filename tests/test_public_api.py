@@ -215,3 +215,23 @@ def test_import_simpler_loads_the_library_not_the_harness_nor_the_groups():
         loaded
     )
     assert after == "True True"
+
+
+def test_the_typed_dicts_name_exactly_the_keys_the_native_module_returns():
+    from typing import get_type_hints
+
+    from simpler import worker as wm
+
+    def keys(td):
+        return set(get_type_hints(td))
+
+    w = wm.Worker("sim")
+    try:
+        assert set(w.stats()) == keys(wm.WorkerStats)
+        state = w.debug_state()
+        assert set(state) == keys(wm.DebugState) and set(state["views"]) == keys(wm.HostViews)
+    finally:
+        summary = w.close()
+    assert summary is not None and set(summary) == keys(wm.CloseSummary)
+    assert set(wm.session_stats()) == keys(wm.SessionStats)
+    assert set(wm.release_sessions()) == keys(wm.ReleaseSummary)

@@ -6,7 +6,7 @@ nothing from the package (its numpy helpers are handed over once, by ``install_h
 
 from collections.abc import Callable as _Fn
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final, overload
+from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, TypedDict, final, overload
 
 import numpy as np
 
@@ -406,6 +406,73 @@ class _Export:
 
     def release(self) -> None: ...
 
+# -- the dicts of a worker's observability and of the vendor sessions --
+
+class _WorkerStats(TypedDict):
+    """A worker's cumulative driver counters (``Worker.stats()``)."""
+
+    live_allocations: int
+    live_bytes: int
+    peak_bytes: int
+    allocs: int
+    frees: int
+    h2d_calls: int
+    h2d_bytes: int
+    d2h_calls: int
+    d2h_bytes: int
+    maps: int
+    map_refusals: int
+    unmaps: int
+    live_mappings: int
+    memset_calls: int
+    memset_bytes: int
+    pins: int
+    unpins: int
+    pinned_bytes: int
+    launches: int
+    module_loads: int
+    syncs: int
+    modeled_ns: int
+
+class _HostViews(TypedDict):
+    """Host views of a worker's allocations, by kind."""
+
+    mapped: int
+    mirrored: int
+    refused: int
+
+class _DebugState(TypedDict):
+    """What a worker holds now (``Worker.debug_state()``)."""
+
+    arena: tuple[int, int] | None
+    scratch_chunks: list[tuple[int, int]]
+    views: _HostViews
+    busy: bool
+    closed: bool
+    handles: int
+
+class _CloseSummary(TypedDict):
+    """What ``Worker.close()`` found and freed."""
+
+    user_buffers: int
+    resident_sets: int
+    leaked_allocations: int
+    leaked_mappings: int
+    errors: list[str]
+
+class _SessionStats(TypedDict):
+    """Vendor sessions this process opened so far and holds now (``session_stats()``)."""
+
+    opened: int
+    held: int
+
+class _ReleaseSummary(TypedDict):
+    """What ``release_sessions()`` gave back."""
+
+    sessions: int
+    closed_workers: int
+    errors: list[str]
+
 def nvrtc_info(
     driver: tuple[int, int] | None = None, capability: tuple[int, int] | None = None
 ) -> dict[str, Any]:
@@ -427,13 +494,13 @@ def compile_cuda(
 def device_code_stats() -> dict[str, int]:
     """``compiles`` and ``cache_hits`` of device-code source in this process."""
 
-def release_sessions() -> dict[str, Any]:
+def release_sessions() -> _ReleaseSummary:
     """Gives back this process's vendor sessions now (closing the ascend / cuda workers still
     open first): ``{"sessions": n, "closed_workers": k, "errors": [...]}``. A worker with a live
     export (another library may use its memory) stays open, with its session, and ``errors``
     names it."""
 
-def session_stats() -> dict[str, int]:
+def session_stats() -> _SessionStats:
     """``opened`` (vendor sessions this process opened so far) and ``held`` (held now)."""
 
 def dlpack_destructor() -> int:
@@ -497,6 +564,9 @@ class RunReport:
     @property
     def kernels(self) -> list[dict[str, Any]]: ...
     def to_dict(self) -> dict[str, Any]: ...
+    def __reduce__(self) -> tuple[_Fn[[str, bytes], RunReport], tuple[str, bytes]]: ...
+    @staticmethod
+    def _restore(callable: str, state: bytes) -> RunReport: ...
 
 # -- a run --
 
@@ -579,7 +649,7 @@ class Worker:
     def plans_kept(self) -> int: ...
     @property
     def closed(self) -> bool: ...
-    def close(self) -> dict[str, Any] | None: ...
+    def close(self) -> _CloseSummary | None: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc_info: object) -> None: ...
     def __reduce__(self) -> NoReturn: ...
@@ -590,8 +660,8 @@ class Worker:
     def host_view_info(self, buf: Buffer | DeviceTensor) -> _ViewKind | None: ...
     def wait_stream(self, stream: object) -> None: ...
     def trim_staging(self) -> None: ...
-    def stats(self) -> dict[str, int]: ...
-    def debug_state(self) -> dict[str, Any]: ...
+    def stats(self) -> _WorkerStats: ...
+    def debug_state(self) -> _DebugState: ...
     def call_log(self) -> list[tuple[_DriverOp, int, int, int, str]]: ...
     def inject_fault(self, op: _DriverOp, nth: int | None = None, code: int | None = None) -> None: ...
     def clear_faults(self) -> None: ...

@@ -10,6 +10,7 @@ the ``ResourceWarning`` of a worker that was never closed.
 from __future__ import annotations
 
 import warnings
+from typing import TypedDict
 
 from . import _core
 
@@ -17,17 +18,23 @@ __all__ = [
     "ArgDirection",
     "Buffer",
     "Callable",
+    "CloseSummary",
     "CudaCode",
+    "DebugState",
     "DeviceArray",
     "DeviceTensor",
+    "HostViews",
     "Kernel",
     "KernelWork",
     "Launch",
     "Orchestrator",
     "PendingRun",
+    "ReleaseSummary",
     "RunReport",
     "RunTensor",
+    "SessionStats",
     "Worker",
+    "WorkerStats",
     "compile_cuda",
     "device_code_stats",
     "nvrtc_info",
@@ -53,6 +60,80 @@ device_code_stats = _core.device_code_stats
 nvrtc_info = _core.nvrtc_info
 release_sessions = _core.release_sessions
 session_stats = _core.session_stats
+
+# The dicts of a worker's observability and of the vendor sessions, with exactly the keys the
+# native module returns (the type stubs declare the same).
+
+
+class WorkerStats(TypedDict):
+    """A worker's cumulative driver counters (``Worker.stats()``)."""
+
+    live_allocations: int
+    live_bytes: int
+    peak_bytes: int
+    allocs: int
+    frees: int
+    h2d_calls: int
+    h2d_bytes: int
+    d2h_calls: int
+    d2h_bytes: int
+    maps: int
+    map_refusals: int
+    unmaps: int
+    live_mappings: int
+    memset_calls: int
+    memset_bytes: int
+    pins: int
+    unpins: int
+    pinned_bytes: int
+    launches: int
+    module_loads: int
+    syncs: int
+    modeled_ns: int
+
+
+class HostViews(TypedDict):
+    """Host views of a worker's allocations, by kind."""
+
+    mapped: int
+    mirrored: int
+    refused: int
+
+
+class DebugState(TypedDict):
+    """What a worker holds now (``Worker.debug_state()``)."""
+
+    arena: tuple[int, int] | None
+    scratch_chunks: list[tuple[int, int]]
+    views: HostViews
+    busy: bool
+    closed: bool
+    handles: int
+
+
+class CloseSummary(TypedDict):
+    """What ``Worker.close()`` found and freed."""
+
+    user_buffers: int
+    resident_sets: int
+    leaked_allocations: int
+    leaked_mappings: int
+    errors: list[str]
+
+
+class SessionStats(TypedDict):
+    """Vendor sessions this process opened so far and holds now (``session_stats()``)."""
+
+    opened: int
+    held: int
+
+
+class ReleaseSummary(TypedDict):
+    """What ``release_sessions()`` gave back."""
+
+    sessions: int
+    closed_workers: int
+    errors: list[str]
 
 
 class Worker(_core.Worker):

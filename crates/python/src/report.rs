@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use simpler_driver::model::Work;
 
 use simpler_runtime::RunReport;
+
+use crate::errors::PyResultExt;
 
 /// What one run did: ``phases`` (nanoseconds per phase: ``bind``, ``orchestrate``,
 /// ``execute``, ``copy_back``, ``cleanup``) and ``counters`` (see ``docs/concepts.md``).
@@ -183,6 +185,25 @@ impl PyRunReport {
             d.set_item("kernels", self.kernels(py)?)?;
         }
         Ok(d)
+    }
+
+    /// Pickling: the callable's name and the runtime's bytes of the report, handed to
+    /// ``RunReport._restore`` (a report crosses from a device group's process as itself).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        let py = slf.py();
+        let me = slf.get();
+        let restore = slf.get_type().getattr("_restore")?;
+        let state = (&*me.callable, PyBytes::new(py, &me.report.to_bytes()));
+        PyTuple::new(py, [restore, state.into_pyobject(py)?.into_any()])
+    }
+
+    /// The report ``__reduce__`` gave the state of.
+    #[staticmethod]
+    fn _restore(callable: &str, state: &[u8]) -> PyResult<PyRunReport> {
+        Ok(PyRunReport {
+            report: RunReport::from_bytes(state).py()?,
+            callable: Arc::from(callable),
+        })
     }
 
     fn __repr__(&self) -> String {

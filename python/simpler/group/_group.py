@@ -19,7 +19,9 @@ import numpy as np
 
 from .. import errors
 from .._core import PLATFORMS
-from ._errors import DeviceGroupError, rebuild_remote
+from ..worker import CloseSummary, RunReport, WorkerStats
+from ._backend import Backend
+from ._errors import DeviceGroupError, raised_on
 from ._host import DeviceContext
 from ._transport import GroupTensor, SharedArrays, walk
 
@@ -41,7 +43,20 @@ _KILL_TIMEOUT_S = 10.0
 _STOP_ATTEMPTS = 100
 
 
-def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> dict[str, Any]:
+def _start_backend(
+    name: str, platform: _Platform, devices: list[int], options: dict[str, Any], address: str | None
+) -> Backend:
+    """The processes of a group's devices on backend ``name`` (imported when first used)."""
+    if name == "multiprocessing":
+        from ._mp import MultiprocessingBackend
+
+        return MultiprocessingBackend(platform, devices, options, address)
+    from ._ray import RayBackend
+
+    return RayBackend(platform, devices, options, address)
+
+
+def _run_callable(ctx: DeviceContext, make: Fn[[], Any], args: Any) -> RunReport:
     """A round's function for :meth:`DeviceGroup.run`."""
     return ctx.run(make, args)
 
@@ -161,7 +176,7 @@ class DeviceGroup:
     :class:`DeviceContext`: ``ctx.worker``, ``ctx.device``; ``fn`` must be importable by the
     children: a module-level function) and returns the results in device order. ``run(make,
     per_device)`` runs the :class:`~simpler.Callable` that the module-level ``make()`` builds on
-    every device with that device's arguments, and returns the reports (``RunReport.to_dict()``).
+    every device with that device's arguments, and returns each device's :class:`~simpler.RunReport`.
     Arguments may hold numpy arrays (placed once in shared memory, whatever the number of
     devices; a staged output is copied back into the caller's array after the round) and the
     resident tensors of a :meth:`resident_set` (only on their own device). An array whose dtype
@@ -210,16 +225,10 @@ class DeviceGroup:
         self._lock = threading.RLock()
         self._sets: list[GroupResidentSet] = []
         self._set_ids = itertools.count(1)
-        if backend == "multiprocessing":
-            from ._mp import Backend
-        else:
-            # The ray backend has the multiprocessing one's interface, not its class.
-            from ._ray import Backend  # type: ignore[no-redef, assignment]
-        self._backend = Backend(platform, ids, worker_options, address)
-        # Where a round's arrays go: shared memory, or the store a backend offers with the same
-        # interface (``arena()``; ray: its object store, each array put once).
-        store = getattr(self._backend, "arena", None)
-        self._arena = SharedArrays() if self._backend.shared_arrays() else store() if store else None
+        self._backend = _start_backend(backend, platform, ids, worker_options, address)
+        # Where a round's arrays go: shared memory (multiprocessing), or Ray's object store, each
+        # array put once.
+        self._arena = self._backend.arena()
         #: Bytes the last round placed in shared memory (each array once, whatever reads it).
         self.shared_bytes = 0
         self._key = next(_KEYS)
@@ -352,15 +361,12 @@ class DeviceGroup:
             raise DeviceGroupError(msg, d, phase)
         for i in idx:
             if answers[i][0] == "err":
-                raise rebuild_remote(self.devices[i], phase, *answers[i][1])
+                raise raised_on(self.devices[i], phase, *answers[i][1])
         return [answers[i][1] for i in idx]
 
     def _pack(self, per_device: Sequence[Any], what: str) -> tuple[list[Any], str | None]:
         """Arrays in shared memory (each placed once), handles kept; the current block. An array
         whose dtype holds object references is refused before anything is placed."""
-        if self._arena is None:
-            self._refuse_references(per_device, what)
-            return list(per_device), None
         if not any(per_device):
             self._arena.reserve([])  # nothing of an earlier round is written back
             self.shared_bytes = 0
@@ -385,7 +391,6 @@ class DeviceGroup:
 
         def place(x: Any) -> Any:
             if isinstance(x, np.ndarray):
-                assert self._arena is not None
                 # An array given to several devices reaches them read-only: two devices writing
                 # one array would race, and one of them would silently win.
                 writable = x.flags.writeable and len(rows_of[id(x)]) == 1
@@ -446,15 +451,14 @@ class DeviceGroup:
             results = self._all("call", calls, "round")
             # Only after a round every device finished: a failed round leaves the caller's arrays
             # as they were.
-            if self._arena is not None:
-                self._arena.write_back()
+            self._arena.write_back()
             return results
 
     def run(
         self, make: Fn[[], Any], per_device: Sequence[Any] | None = None, *, args: Any = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunReport]:
         """Runs the callable ``make()`` builds on every device, each with its argument list
-        (``per_device[i]``, or ``args`` for all); the reports as dicts, in device order."""
+        (``per_device[i]``, or ``args`` for all); the devices' reports, in device order."""
         rows = [list(args or [])] * len(self.devices) if per_device is None else list(per_device)
         if len(rows) == len(self.devices):
             self._refuse_references(rows, "run")
@@ -467,7 +471,7 @@ class DeviceGroup:
             i = self._index(device)
             self._all("inject_fault", [(op, nth, code)], "inject_fault", indices=[i])
 
-    def stats(self) -> list[dict[str, int]]:
+    def stats(self) -> list[WorkerStats]:
         """Every device's worker counters, in device order."""
         with self._call():
             return self._all("stats", [()] * len(self.devices), "stats")
@@ -487,7 +491,7 @@ class DeviceGroup:
 
     # -- close -------------------------------------------------------------------------------
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[CloseSummary]:
         """Releases every resident set (newest first), then every worker; the children exit.
         Idempotent; returns each device's close summary. After a stop that was interrupted
         more often than it could outlast, finishes it. In a forked copy: does nothing."""
@@ -526,7 +530,7 @@ class DeviceGroup:
             for i in sent:
                 status, result = b.finish(i)
                 if status == "err":
-                    log.error("device %s close after a failure: %s", self.devices[i], result[1])
+                    log.error("device %s close after a failure: %s", self.devices[i], result[0])
         except BaseException:
             self._stop_all(kill=True)
             raise
@@ -567,23 +571,20 @@ class DeviceGroup:
         else:
             for i in range(n):
                 b.stop(i, _CLOSE_TIMEOUT_S)
-        if self._arena is not None:
-            self._arena.close()
+        self._arena.close()
         b.shutdown()
 
     def _resources(self) -> dict[str, list[Any]]:
         """What the group started, for an account of it: ``pids`` (its device processes),
         ``blocks`` (every shared-memory block it created, by name, whether or not it still
         exists) and ``held`` (the blocks it holds now: none once closed)."""
-        blocks = list(getattr(self._backend, "blocks", []))
-        held = []
-        mailbox = getattr(self._backend, "mailbox", None)
-        if mailbox is not None:
-            held.append(mailbox.name)
+        blocks, holds = self._backend.shared_blocks()
+        held = [] if holds is None else [holds]
         if isinstance(self._arena, SharedArrays):
             blocks += self._arena.blocks
-            if self._arena.block_name() is not None:
-                held.append(self._arena.block_name())
+            current = self._arena.block_name()
+            if current is not None:
+                held.append(current)
         return {"pids": list(getattr(self, "pids", [])), "blocks": blocks, "held": held}
 
 

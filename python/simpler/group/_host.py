@@ -6,7 +6,6 @@ method calls; everything a child does is here, once.
 from __future__ import annotations
 
 import os
-import traceback
 from collections.abc import Callable as Fn
 from typing import TYPE_CHECKING, Any
 
@@ -14,25 +13,12 @@ import numpy as np
 
 from ..args import ResidentTaskArgs
 from ..errors import ArgumentError, StateError
-from ..worker import Worker
+from ..worker import CloseSummary, RunReport, Worker, WorkerStats
+from ._errors import crossing
 from ._transport import Attached, GroupTensor, ShmRef, walk
 
 if TYPE_CHECKING:
     from .._core import _DriverOp, _Platform
-
-
-class RemoteError(Exception):
-    """An exception raised in a child, carried back with its type name and traceback text."""
-
-    def __init__(self, kind: str, message: str, trace: str):
-        super().__init__(message)
-        self.kind = kind
-        self.trace = trace
-
-
-def capture(e: BaseException) -> tuple[str, str, str]:
-    """What crosses back of an exception: type name, message, traceback text."""
-    return type(e).__name__, str(e), "".join(traceback.format_exception(e))
 
 
 class DeviceContext:
@@ -41,7 +27,7 @@ class DeviceContext:
     ``worker`` is the device's :class:`~simpler.Worker`; ``device`` the device id; ``index`` the
     device's position in the group; ``callable(make)`` the :class:`~simpler.Callable` that
     ``make()`` builds, built once per child and kept; ``run(make, args)`` runs it on the worker
-    and returns the report as a dict (``RunReport.to_dict()``).
+    and returns its :class:`~simpler.RunReport`.
     """
 
     def __init__(self, host: DeviceHost):
@@ -70,9 +56,9 @@ class DeviceContext:
             cache[make] = make()
         return cache[make]
 
-    def run(self, make: Fn[[], Any], args: Any) -> dict[str, Any]:
-        """Runs ``make()``'s callable with ``args`` on the worker; the report as a dict."""
-        return self.worker.run(self.callable(make), args).to_dict()
+    def run(self, make: Fn[[], Any], args: Any) -> RunReport:
+        """Runs ``make()``'s callable with ``args`` on the worker; its report."""
+        return self.worker.run(self.callable(make), args)
 
 
 class DeviceHost:
@@ -98,20 +84,22 @@ class DeviceHost:
         self.worker = Worker(self.platform, **opts)
         return os.getpid()
 
-    def close(self) -> dict[str, Any]:
-        """Releases every resident set (newest first), then closes the worker."""
+    def close(self) -> CloseSummary:
+        """Releases every resident set (newest first), then closes the worker; the worker's
+        close summary (nothing counted when it was not open), with the sets' errors first."""
         errors = []
         for set_id in sorted(self.sets, reverse=True):
             try:
                 self.release_set(set_id)
             except Exception as e:  # every set is attempted
                 errors.append(f"resident set {set_id}: {e}")
-        summary: dict[str, Any] = {}
-        if self.worker is not None:
-            summary = self.worker.close() or {}
+        summary = self.worker.close() if self.worker is not None else None
         self.attached.release()
-        summary.setdefault("errors", [])
-        summary["errors"] = errors + list(summary["errors"])
+        if summary is None:
+            summary = CloseSummary(
+                user_buffers=0, resident_sets=0, leaked_allocations=0, leaked_mappings=0, errors=[]
+            )
+        summary["errors"] = errors + summary["errors"]
         return summary
 
     # -- values ------------------------------------------------------------------------------
@@ -157,7 +145,7 @@ class DeviceHost:
         assert self.worker is not None
         self.worker.inject_fault(op, nth, code)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> WorkerStats:
         """The worker's counters."""
         assert self.worker is not None
         return self.worker.stats()
@@ -202,8 +190,9 @@ class DeviceHost:
     # -- dispatch ----------------------------------------------------------------------------
 
     def dispatch(self, method: str, args: tuple[Any, ...]) -> tuple[str, Any]:
-        """One call from the parent: ``("ok", result)`` or ``("err", (type, message, trace))``."""
+        """One call from the parent: ``("ok", result)`` or ``("err", (exception, trace))``, the
+        exception as it crosses (:func:`~simpler.group._errors.crossing`)."""
         try:
             return "ok", getattr(self, method)(*args)
         except BaseException as e:  # carried back, never raised here
-            return "err", capture(e)
+            return "err", crossing(e)

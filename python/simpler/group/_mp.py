@@ -42,9 +42,9 @@ from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ._errors import DeviceGroupError
-from ._host import DeviceHost, capture
-from ._transport import attach
+from ._errors import DeviceGroupError, crossing
+from ._host import DeviceHost
+from ._transport import SharedArrays, attach
 
 if TYPE_CHECKING:
     from .._core import _Platform
@@ -182,13 +182,13 @@ def _serve(
         try:
             method, args = pickle.loads(message)
         except BaseException as e:  # a message this process cannot read: an error of the call
-            method, status, result = "", "err", capture(e)
+            method, status, result = "", "err", crossing(e)
         else:
             status, result = host.dispatch(method, args)
         try:
             reply = _dumps((status, result))
         except Exception as e:  # an answer that cannot cross is an error of the call, not a death
-            reply = _dumps(("err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))))
+            reply = _dumps(("err", crossing(TypeError(f"the result of {method} cannot be pickled: {e}"))))
         try:
             if outbox.put(call_id, reply):
                 os.write(answer_fd, _IN_SLOT)
@@ -326,8 +326,8 @@ class Child:
         process._children.discard(self.proc)  # type: ignore[attr-defined]
 
 
-class Backend:
-    """Spawns and drives the children of a group."""
+class MultiprocessingBackend:
+    """Spawns and drives the children of a group (a :class:`~simpler.group._backend.Backend`)."""
 
     name = "multiprocessing"
 
@@ -418,6 +418,10 @@ class Backend:
         for c in self.children:
             c.forget()
 
-    def shared_arrays(self) -> bool:
-        """Whether arrays travel through the parent's shared memory (else by value)."""
-        return True
+    def arena(self) -> SharedArrays:
+        """Where the group places a round's arrays: shared memory, each array once."""
+        return SharedArrays()
+
+    def shared_blocks(self) -> tuple[list[str], str | None]:
+        """Every block this backend created (the mailbox), and the one it holds now."""
+        return list(self.blocks), None if self.mailbox is None else self.mailbox.name

@@ -17,7 +17,7 @@ local one (``ray.init()``); an address joins that cluster (``ray.init(address=..
 the group started stays up for later groups and ends with the process (Ray's own exit hook);
 a Ray someone else started is never shut down by a group.
 
-Arrays. :meth:`Backend.arena` gives the group an :class:`ObjectStoreArrays`: each array of a
+Arrays. :meth:`RayBackend.arena` gives the group an :class:`ObjectStoreArrays`: each array of a
 call is put into the object store once (``ray.put``), whatever the number of devices reading
 it, and crosses as a :class:`Stored` key, its ``ObjectRef`` passed beside the pickled call as a
 top-level argument, which Ray resolves before the call runs (numpy from the object store: a
@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import PlatformUnavailableError
-from ._host import DeviceHost, capture
+from ._errors import RemoteError, crossing
+from ._host import DeviceHost
 
 if TYPE_CHECKING:
     from .._core import _Platform
@@ -203,7 +204,7 @@ class DeviceActor:
             try:
                 self.host.options["device_id"] = _assigned_device(self.host.platform)
             except Exception as e:  # carried back, as DeviceHost.dispatch does
-                return "err", capture(e), None
+                return "err", crossing(e), None
         stored: list[Stored] = []
         _stored(args, stored)
         if not stored:
@@ -234,7 +235,7 @@ def _crossable(method: str, status: str, result: Any) -> tuple[str, Any]:
     try:
         _ray().cloudpickle.dumps(result)
     except Exception as e:
-        return "err", capture(TypeError(f"the result of {method} cannot be pickled: {e}"))
+        return "err", crossing(TypeError(f"the result of {method} cannot be pickled: {e}"))
     return status, result
 
 
@@ -305,8 +306,8 @@ def connect(address: str | None) -> Any:
     return ray
 
 
-class Backend:
-    """One Ray actor per device (see the module docs)."""
+class RayBackend:
+    """One Ray actor per device (see the module docs; a :class:`~simpler.group._backend.Backend`)."""
 
     name = "ray"
 
@@ -386,7 +387,7 @@ class Backend:
         return [i for i in indices if i not in calls] + [by_ref[r] for r in ready]
 
     def finish(self, index: int) -> tuple[str, Any]:
-        """The answer of device ``index``'s call: ``("ok", result)``, ``("err", (type, message,
+        """The answer of device ``index``'s call: ``("ok", result)``, ``("err", (exception,
         trace))`` or ``("dead", cause)``."""
         answer = self._answers[index]
         if answer is not None:
@@ -406,9 +407,9 @@ class Backend:
         except ray.exceptions.RayTaskError as e:  # the actor's own code (not DeviceHost's)
             cause = e.cause if e.cause is not None else e
             trace = getattr(e, "traceback_str", None) or str(e)
-            return "err", (type(cause).__name__, str(cause), trace)
+            return "err", crossing(cause, trace)
         except ray.exceptions.RayError as e:  # an argument lost by the object store, ...
-            return "err", (type(e).__name__, str(e), "")
+            return "err", (RemoteError(str(e), type(e).__name__), "")
         return self._answered(index, call[0], value)
 
     def _answered(self, index: int, method: str, value: tuple[str, Any, Any]) -> tuple[str, Any]:
@@ -467,10 +468,10 @@ class Backend:
     def forget(self) -> None:
         """In a forked child: nothing to let go (the group's copy is inert)."""
 
-    def shared_arrays(self) -> bool:
-        """False: no shared memory; arrays go through the object store (:meth:`arena`)."""
-        return False
-
     def arena(self) -> ObjectStoreArrays:
         """Where the group places a round's arrays: Ray's object store, each array once."""
         return self._store
+
+    def shared_blocks(self) -> tuple[list[str], str | None]:
+        """No shared memory: none."""
+        return [], None

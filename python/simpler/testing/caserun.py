@@ -127,10 +127,8 @@ class CaseRun:
             raise
 
     def _start(self) -> None:
-        cls, label, callable = self.cls, self.label, self.callable
-        level = declared_level(cls)
-        self._compare_as = declared_compare(cls)
-        self._level = level
+        label, callable = self.label, self.callable
+        self._declared()
         if self._own:
             if self.platform == "cuda":
                 # CI's GPU-less machines: device launches run through the fake's host kernels.
@@ -138,14 +136,9 @@ class CaseRun:
 
                 install_if_fake()
             self.worker = Worker(self.platform, **self.worker_options)
-        args = self._inst.generate_args(self.params)
-        if not isinstance(args, TaskArgsBuilder):
-            raise ArgumentTypeError(
-                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
-            )
-        callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
+        args = self._generate_args()
         resident_specs = [t for t in args.tensors() if t.child_memory]
-        if level == 3 and resident_specs:
+        if self._level == 3 and resident_specs:
             raise ArgumentError(
                 f"{label}: child_memory is not supported at scene-test level 3 (multi-process): "
                 f"{', '.join(t.name for t in resident_specs)}; declare them host-staged or use level 2"
@@ -159,6 +152,22 @@ class CaseRun:
         self._evolving = bool(self.plan.resident_outputs)
         if self.golden is not None and not self._evolving:
             self._inst.compute_golden(self.golden, self.params)
+
+    def _declared(self) -> None:
+        """The class's declared scene-test level and way of comparing outputs."""
+        self._level = declared_level(self.cls)
+        self._compare_as = declared_compare(self.cls)
+
+    def _generate_args(self) -> TaskArgsBuilder:
+        """The case's arguments (``generate_args``), checked against the callable's signature."""
+        label = self.label
+        args = self._inst.generate_args(self.params)
+        if not isinstance(args, TaskArgsBuilder):
+            raise ArgumentTypeError(
+                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
+            )
+        self.callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
+        return args
 
     def round(self) -> RunReport:
         """Runs the next round (and checks it); returns its report."""

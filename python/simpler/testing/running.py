@@ -75,7 +75,7 @@ def case_run(
     *,
     devices: int | None = None,
     group: Any = None,
-) -> CaseRun:
+) -> CaseRun | GroupCaseRun:
     """The round-by-round run of a case (not started): a :class:`CaseRun` on one device, a
     :class:`~simpler.testing.scene_group.GroupCaseRun` on several (or on ``group``); the
     arguments are :func:`run_case`'s."""

@@ -19,8 +19,8 @@ A case runs on ``n > 1`` devices when its class sets ``DEVICES = n``, the case s
   round's staged outputs and compares;
 * ``close()`` releases the resident set on every device (LIFO) and closes the group it opened.
 
-Each round returns a :class:`GroupRound`: every device's report (``RunReport.to_dict()``) and the
-wall time of the group round (sending, every device's run, the copy-back of staged outputs).
+Each round returns a :class:`GroupRound`: every device's :class:`~simpler.RunReport` and the wall
+time of the group round (sending, every device's run, the copy-back of staged outputs).
 
 The device processes import the scene-test class by name to build its ``CALLABLE`` (a spawned
 process shares no objects with this one): the class must be defined at the top level of a
@@ -43,22 +43,17 @@ import numpy as np
 
 from .. import _arrays
 from ..args import TaskArgsBuilder
-from ..errors import ArgumentError, ArgumentTypeError
-from ..worker import ArgDirection
-from ._cases import declared_compare, declared_level, host_fixture, release_then_close
+from ..errors import ArgumentError
+from ..worker import ArgDirection, RunReport
+from ._cases import host_fixture, release_then_close
 from .caserun import CaseRun, compare
 
 if TYPE_CHECKING:
     from .._core import _Platform
 
-__all__ = ["GroupCaseRun", "GroupRound", "device_round", "dispatch_ns"]
+__all__ = ["GroupCaseRun", "GroupRound", "device_round"]
 
 log = logging.getLogger("simpler")
-
-
-def dispatch_ns(report: Mapping[str, Any]) -> int:
-    """The dispatch path of one device's report dict: every phase but ``execute``."""
-    return int(sum(v for k, v in report["phases"].items() if k != "execute"))
 
 
 @dataclass
@@ -66,26 +61,31 @@ class GroupRound:
     """One round of a case on several devices.
 
     ``devices``: the device ids, in group order; ``reports``: each device's
-    ``RunReport.to_dict()`` (``phases``, ``counters``, ``ok``, ``callable``), in the same order;
-    ``wall_ns``: the wall time of the group round, as the caller saw it."""
+    :class:`~simpler.RunReport`, as its device's process made it, in the same order; ``wall_ns``:
+    the wall time of the group round, as the caller saw it."""
 
     devices: list[int]
-    reports: list[dict[str, Any]]
+    reports: list[RunReport]
     wall_ns: int
 
     @property
     def ok(self) -> bool:
         """Whether every device's run was ok."""
-        return all(r.get("ok", False) for r in self.reports)
+        return all(r.ok for r in self.reports)
 
     @property
     def dispatch_ns(self) -> int:
-        """The round's dispatch path: its slowest device's (every phase but ``execute``)."""
-        return max(dispatch_ns(r) for r in self.reports)
+        """The round's dispatch path: its slowest device's (``RunReport.dispatch_ns``)."""
+        return max(r.dispatch_ns for r in self.reports)
 
     def to_dict(self) -> dict[str, Any]:
-        """``devices``, ``wall_ns`` and ``per_device`` (the reports), as JSON-ready data."""
-        return {"devices": list(self.devices), "wall_ns": self.wall_ns, "per_device": list(self.reports)}
+        """``devices``, ``wall_ns`` and ``per_device`` (each report's ``to_dict()``), as
+        JSON-ready data."""
+        return {
+            "devices": list(self.devices),
+            "wall_ns": self.wall_ns,
+            "per_device": [r.to_dict() for r in self.reports],
+        }
 
 
 # -- in the device processes -------------------------------------------------------------------
@@ -147,15 +147,15 @@ def _load_callable(ref: ClassRef) -> Any:
     return cls.CALLABLE
 
 
-def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> dict[str, Any]:
+def device_round(ctx: Any, ref: ClassRef, args: list[Any]) -> RunReport:
     """One round of a scene case on one device, in that device's process: runs the scene
-    test's ``CALLABLE`` with ``args`` on the device's worker; the report as a dict."""
+    test's ``CALLABLE`` with ``args`` on the device's worker; its report."""
     if ctx.worker.platform == "cuda" and "cuda" not in _INSTALLED:
         from .fake_kernels import install_if_fake
 
         install_if_fake()  # a GPU-less machine: the fake's host kernels, here too
         _INSTALLED.add("cuda")
-    return ctx.worker.run(_load_callable(ref), args).to_dict()
+    return ctx.worker.run(_load_callable(ref), args)
 
 
 # -- in the caller -----------------------------------------------------------------------------
@@ -168,13 +168,19 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
     return v
 
 
-class GroupCaseRun(CaseRun):
+class GroupCaseRun:
     """One case of a scene test on several devices, round by round (see the module docs).
 
     ``GroupCaseRun(cls, case, platform, rounds, skip_golden, worker_options, group=None,
     devices=None)``: ``group`` an open :class:`~simpler.group.DeviceGroup` (left open), else one
     is opened on ``platform`` with ``devices`` processes (device ids ``0..n-1``) and
     ``worker_options``, and closed by ``close()``. ``round()`` returns a :class:`GroupRound`.
+
+    The interface of :class:`~simpler.testing.caserun.CaseRun` (``start``, ``round``,
+    ``finish``, ``close``, ``label``, ``golden_skipped_by``, ``reports``), by composition: it
+    holds a ``CaseRun`` of the whole case, never started (its devices are the group's), which
+    checks the class and the case, holds the whole case's arguments and golden and makes every
+    comparison.
     """
 
     def __init__(
@@ -189,32 +195,57 @@ class GroupCaseRun(CaseRun):
         group: Any = None,
         devices: int | None = None,
     ):
-        super().__init__(cls, case, platform, rounds, skip_golden, worker_options)
+        self._case = whole = CaseRun(cls, case, platform, rounds, skip_golden, worker_options)
         if group is not None and devices is not None and devices != len(group):
-            raise ArgumentError(f"{self.label}: devices={devices} but the group has {len(group)} devices")
+            raise ArgumentError(f"{whole.label}: devices={devices} but the group has {len(group)} devices")
         self.group = group
         self.devices = len(group) if group is not None else int(devices or 1)
         self._own_group = group is None
-        self.label = f"{self.label} on {self.devices} devices"
-        self.reports: list[GroupRound] = []  # type: ignore[assignment]
+        # Every message and note of the whole case names the devices.
+        whole.label = f"{whole.label} on {self.devices} devices"
+        self.reports: list[GroupRound] = []
         self.parts: list[TaskArgsBuilder] = []
         self._set: Any = None
+        self._closed = False
+
+    @property
+    def label(self) -> str:
+        """The case's name, with its device count (``Test::case on 2 devices``)."""
+        return self._case.label
+
+    @property
+    def golden_skipped_by(self) -> str | None:
+        """Who turned the golden check off (see :class:`~simpler.testing.caserun.CaseRun`)."""
+        return self._case.golden_skipped_by
+
+    @property
+    def args(self) -> TaskArgsBuilder:
+        """The whole case's arguments (after ``start()``): the devices' outputs joined."""
+        return self._case.args
+
+    @property
+    def golden(self) -> TaskArgsBuilder | None:
+        """The whole case's golden (after ``start()``), or ``None`` when it is not checked."""
+        return self._case.golden
+
+    def start(self) -> None:
+        """Builds the whole case's fixtures and golden, splits them, opens the group (unless
+        given) and makes every ``child_memory`` tensor resident on each device."""
+        try:
+            self._start()
+        except BaseException as e:
+            self._case._note(e)
+            raise
 
     def _start(self) -> None:
-        cls, label, n = self.cls, self.label, self.devices
-        self._level = declared_level(cls)
-        self._compare_as = declared_compare(cls)
-        self._ref = _class_ref(cls)
-        args = self._inst.generate_args(self.params)
-        if not isinstance(args, TaskArgsBuilder):
-            raise ArgumentTypeError(
-                f"{label}: generate_args must return a TaskArgsBuilder, not {type(args).__name__}"
-            )
-        self.callable.check_tensor_count(len(args.tensors()), f"{label}: generate_args")
-        self.args = args
-        self.golden = None if self.skip else args.clone()
-        parts = self._inst.split_args(args, self.params, n)
-        dirs = {t.name: d for t, (d, _) in zip(args.tensors(), self.callable.signature)}
+        whole, n = self._case, self.devices
+        whole._declared()
+        self._ref = _class_ref(whole.cls)
+        args = whole._generate_args()
+        whole.args = args
+        whole.golden = None if whole.skip else args.clone()
+        parts = whole._inst.split_args(args, whole.params, n)
+        dirs = {t.name: d for t, (d, _) in zip(args.tensors(), whole.callable.signature)}
         self._check_parts(parts, args, dirs)
         self.parts = parts
         self._resident = [t.name for t in args.tensors() if t.child_memory]
@@ -224,9 +255,10 @@ class GroupCaseRun(CaseRun):
         outputs = [t for t in args.tensor_names() if dirs[t] is not ArgDirection.IN]
         self._staged_out = [t for t in outputs if t not in self._resident]
         self._resident_out = [t for t in outputs if t in self._resident]
-        self._evolving = bool(self._resident_out)
+        # The whole case's golden evolves (one compute_golden a round) when outputs are resident.
+        whole._evolving = bool(self._resident_out)
         # One snapshot per device here, where CaseRun keeps one for the whole case.
-        self._initial: list[dict[str, np.ndarray]] = [  # type: ignore[assignment]
+        self._initial: list[dict[str, np.ndarray]] = [
             {t: np.array(host_fixture(p[t]), copy=True) for t in self._staged_out} for p in parts
         ]
         self._initial_whole = {t: np.array(host_fixture(args[t]), copy=True) for t in self._staged_out}
@@ -240,16 +272,16 @@ class GroupCaseRun(CaseRun):
                 arr = host_fixture(p[t])
                 views[t] = ro.setdefault(id(arr), (arr, _readonly(arr)))[1]
             self._inputs.append(views)
-        if self.golden is not None and not self._evolving:
-            self._inst.compute_golden(self.golden, self.params)
+        if whole.golden is not None and not whole._evolving:
+            whole._inst.compute_golden(whole.golden, whole.params)
         if self.group is None:
             from ..group import DeviceGroup
 
-            if self.platform == "cuda":
+            if whole.platform == "cuda":
                 from .fake_kernels import install_if_fake
 
                 install_if_fake()  # what the device processes inherit (NVRTC's path)
-            self.group = DeviceGroup(self.platform, devices=list(range(n)), **self.worker_options)
+            self.group = DeviceGroup(whole.platform, devices=list(range(n)), **whole.worker_options)
         self._set = self.group.resident_set()
         for name in self._resident:
             self._set.add(name, [host_fixture(p[name]) for p in parts], dirs[name])
@@ -298,7 +330,16 @@ class GroupCaseRun(CaseRun):
                 row.append(host_fixture(t.value))
         return row + [_arrays.host_scalar(s.value) for s in p.scalars()]
 
-    def _round(self) -> GroupRound:  # type: ignore[override]
+    def round(self) -> GroupRound:
+        """Runs the next round on every device (and checks it); returns it."""
+        __tracebackhide__ = True
+        try:
+            return self._round()
+        except BaseException as e:
+            self._case._note(e)
+            raise
+
+    def _round(self) -> GroupRound:
         from ..group import DeviceGroup
 
         r = len(self.reports)
@@ -313,23 +354,25 @@ class GroupCaseRun(CaseRun):
         wall = time.perf_counter_ns() - t0
         result = GroupRound(list(self.group.devices), reports, wall)
         self.reports.append(result)
-        merge = lambda: self._inst.merge_outputs(self.parts, self.args, self.params)  # noqa: E731
-        self._step_golden(r, self._initial_whole, merge)
+        whole = self._case
+        merge = lambda: whole._inst.merge_outputs(self.parts, whole.args, whole.params)  # noqa: E731
+        whole._step_golden(r, self._initial_whole, merge)
         return result
 
-    def finish(self) -> list[Any]:  # type: ignore[override]
+    def finish(self) -> list[GroupRound]:
         """After the last round: reads every device's resident outputs back once, joins them with
         the last round's staged outputs and compares; returns the rounds."""
         __tracebackhide__ = True
         try:
-            if self.golden is not None and self._evolving and self._set is not None:
+            whole = self._case
+            if whole.golden is not None and whole._evolving and self._set is not None:
                 for name in self._resident_out:
                     for p, arr in zip(self.parts, self._set.gather(name)):
                         np.copyto(host_fixture(p[name]), arr)
-                self._inst.merge_outputs(self.parts, self.args, self.params)
-                compare(self, f"{self.label}, after {len(self.reports)} round(s) (resident outputs)")
+                whole._inst.merge_outputs(self.parts, whole.args, whole.params)
+                compare(whole, f"{self.label}, after {len(self.reports)} round(s) (resident outputs)")
         except BaseException as e:
-            self._note(e)
+            self._case._note(e)
             raise
         return self.reports
 

@@ -229,7 +229,7 @@ def _interleaved_rounds(
 ) -> Iterator[Round]:
     """The rounds of one case's arms (each on its device counts), interleaved; an arm that fails
     is reported and dropped."""
-    runs: dict[tuple[str, int], tuple[scene.CaseRun, Mapping[str, Any]]] = {}
+    runs: dict[tuple[str, int], tuple[scene.CaseRun | GroupCaseRun, Mapping[str, Any]]] = {}
     t0 = time.perf_counter()
 
     def label(case: Mapping[str, Any], devices: int) -> str:
@@ -284,17 +284,16 @@ def _interleaved_rounds(
             run.close(failed=True)
 
 
-def _record(report: Mapping[str, Any], common: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """One record: a report's dict (``RunReport.to_dict()``), the round's fields, the dispatch
-    path, the modeled one (with a cost model), the bytes moved and the provenance."""
-    rec = dict(report)
+def _record(report: RunReport, common: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """One record: a report's dict (``RunReport.to_dict()``), the round's fields, the report's
+    dispatch path, its modeled one and modeled round (with a cost model), the bytes moved and
+    the provenance."""
+    rec = report.to_dict()
     rec.update(common)
-    phases = rec["phases"]
-    rec["dispatch_ns"] = int(sum(v for k, v in phases.items() if k != "execute"))
-    modeled = rec.get("modeled")
-    if modeled is not None:  # RunReport's modeled_dispatch_ns and modeled_round_ns, from its dict
-        rec["modeled_dispatch_ns"] = int(sum(v for k, v in modeled.items() if k != "execute"))
-        rec["modeled_round_ns"] = int(sum(modeled.values()))
+    rec["dispatch_ns"] = report.dispatch_ns
+    if report.modeled is not None:
+        rec["modeled_dispatch_ns"] = report.modeled_dispatch_ns
+        rec["modeled_round_ns"] = report.modeled_round_ns
     rec["bytes_moved"] = sum(int(rec["counters"].get(k, 0)) for k in BYTES_KEYS)
     rec.update(meta)
     return rec
@@ -381,7 +380,7 @@ def bench_records(
                     rec.update(device=device, device_index=i, round_wall_ns=rep.wall_ns)
                     records.append(rec)
             else:
-                records.append(_record(rep.to_dict(), common, meta))
+                records.append(_record(rep, common, meta))
     finally:
         bar.close()
     return records, failures
