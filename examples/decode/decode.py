@@ -210,18 +210,49 @@ ROPE = sp.Kernel(_rope, [IN, IN, OUT, OUT], name="rope")
 ATTENTION = sp.Kernel(_attention, [IN, IN, IN, OUT], name="attention")
 O_PROJ = sp.Kernel(_o_proj, [IN, IN, IN, OUT], name="o_proj")
 MLP = sp.Kernel(_mlp, [IN, IN, IN, IN, IN, OUT], name="mlp")
+HOST_KERNELS = {k.name: k for k in (RMSNORM, QKV, ROPE, ATTENTION, O_PROJ, MLP)}
+
+#: The numpy function of each kernel (the fake libcuda's stand-ins for the device code call them).
+KERNEL_FNS = {
+    "rmsnorm": _rmsnorm,
+    "qkv": _qkv,
+    "rope": _rope,
+    "attention": _attention,
+    "o_proj": _o_proj,
+    "mlp": _mlp,
+}
 
 
-def make_callable(cfg: DecodeConfig, seq: int) -> sp.Callable:
-    """The per-token device program: ``(x, out, pos, k_cache, v_cache, *weights)``."""
+def device_kernels() -> dict[str, sp.Kernel]:
+    """The same kernels with device code (``decode_cuda.py``): native launches on cuda (on the
+    fake libcuda, through the numpy functions), the numpy functions on sim and ascend."""
+    import decode_cuda  # beside this file
+
+    return {
+        name: sp.Kernel(KERNEL_FNS[name], [d for d, _ in k.signature], name=name, cuda=decode_cuda.CODE[name])
+        for name, k in HOST_KERNELS.items()
+    }
+
+
+def make_callable(cfg: DecodeConfig, seq: int, device: bool = False) -> sp.Callable:
+    """The per-token device program: ``(x, out, pos, k_cache, v_cache, *weights)``. With
+    ``device``, the kernels carry device code and ``x`` / ``out`` are ``[seq, hidden]`` tables
+    (every step's token embedding, every step's output) that step ``t`` views row ``t`` of, so
+    every argument can be resident."""
     fxs = fixtures(cfg, seq)
     nh, nkv, d, h = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
     scale = 1.0 / math.sqrt(d)
+    k_ = device_kernels() if device else HOST_KERNELS
+    RMSNORM, QKV, ROPE, ATTENTION, O_PROJ, MLP = (
+        k_[n] for n in ("rmsnorm", "qkv", "rope", "attention", "o_proj", "mlp")
+    )
 
     def decode_step(o: sp.Orchestrator, x, out, pos, k_cache, v_cache, *weights):
         t = int(o.get_tensor_data(pos, 0))  # a host view of the resident control tensor
         if not 0 <= t < seq:
             raise ValueError(f"decode position {t} is outside the KV cache (0..{seq - 1})")
+        if device:
+            x, out = x.view([1, h], [t, 0]), out.view([1, h], [t, 0])
         per = len(LAYER_WEIGHTS)
         for layer in range(cfg.layers):
             an, wq, wk, wv, wo, mn, wg, wu, wdn = weights[layer * per : (layer + 1) * per]
@@ -408,30 +439,50 @@ def run_decode(
     rtol: float = 1e-3,
     atol: float = 1e-3,
     worker_options: dict[str, Any] | None = None,
+    wait: bool = True,
 ) -> DecodeResult:
-    """Runs ``rounds`` decode steps (one token each) in ``mode`` ("resident" or "staged")."""
+    """Runs ``rounds`` decode steps (one token each) in ``mode``: "resident", "staged", or
+    "device" (every argument resident, the token embeddings and the outputs as ``[seq,
+    hidden]`` tables, and kernels with device code: on cuda the whole step runs on the device).
+    With ``wait=False`` each step is left pending (``w.run(..., wait=False)``): the next step's
+    bind and orchestration overlap the device's work on it."""
     cfg = cfg or DecodeConfig()
-    if mode not in ("resident", "staged"):
-        raise ValueError(f"mode must be 'resident' or 'staged', not {mode!r}")
+    if mode not in ("resident", "staged", "device"):
+        raise ValueError(f"mode must be 'resident', 'staged' or 'device', not {mode!r}")
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
     seq = cfg.seq(rounds)
     if rounds > seq:
         raise ValueError(f"{rounds} steps do not fit a KV cache of {seq} positions")
     fxs = fixtures(cfg, seq)
-    call = make_callable(cfg, seq)
+    device = mode == "device"
+    call = make_callable(cfg, seq, device=device)
     opts = dict(worker_options or {})
     if svm is not None:
         opts["svm"] = svm
+    if device and platform == "cuda":
+        import decode_cuda  # beside this file
+
+        from simpler.testing import fake_kernels
+
+        decode_cuda.install_fakes(KERNEL_FNS)
+        fake_kernels.install_if_fake()  # a GPU-less machine: the fake runs the launches
     with sp.Worker(platform, **opts) as w, sp.ResidentTaskArgs(w) as res:
         h2d0 = w.stats()["h2d_bytes"]
         host: dict[str, np.ndarray] = {}
-        if mode == "resident":
+        if device:
+            res.add("x", np.stack([token_embedding(cfg, t) for t in range(seq)]).reshape(seq, -1), sp.IN)
+            res.add("out", np.zeros((seq, cfg.hidden), np.float32), sp.OUT)
+        if mode in ("resident", "device"):
             peak = _measure_upload(cfg, fxs, lambda fx, a: res.add(fx.name, a, fx.direction))
         else:
             peak = _measure_upload(cfg, fxs, lambda fx, a: host.__setitem__(fx.name, a))
         h2d1 = w.stats()["h2d_bytes"]
-        if mode == "resident":
+        if device:
+            built = res.build_args(expected_count=len(fxs) + 2)
+            dev = list(zip(built.names, built))
+            weight_ranges = []
+        elif mode == "resident":
             # Every fixture must be there, in signature order: a skipped one (an empty fixture a
             # driver forgot to add) would shift every later argument against the signature.
             built = res.build_args(expected_count=len(fxs))
@@ -448,22 +499,42 @@ def run_decode(
         reports: list[sp.RunReport] = []
         out = np.zeros((1, cfg.hidden), np.float32)
         step_s: list[float] = []
+        pending = None
         for t in _progress(range(rounds), rounds, progress, f"decode {mode}"):
-            args = BuiltArgs([("x", token_embedding(cfg, t)), ("out", out), *dev])
+            if device:
+                args = BuiltArgs(dev)
+            else:
+                args = BuiltArgs([("x", token_embedding(cfg, t)), ("out", out), *dev])
             t0 = time.perf_counter()
-            reports.append(w.run(call, args))
+            if wait:
+                reports.append(w.run(call, args))
+            else:
+                # This step's execute waited for the previous step: its report is ready.
+                step = w.run(call, args, wait=False)
+                if pending is not None:
+                    reports.append(pending.wait())
+                pending = step
             step_s.append(time.perf_counter() - t0)
+        if pending is not None:
+            # The last step's device work: its wait counts as the last step's time.
+            t0 = time.perf_counter()
+            reports.append(pending.wait())
+            step_s[-1] += time.perf_counter() - t0
         h2d2 = w.stats()["h2d_bytes"]
         calls = w.call_log()[log_mark:]
         weight_hits = sum(
             1 for op, addr, *_ in calls if op == "h2d" and any(s <= addr < e for s, e in weight_ranges)
         )
-        if mode == "resident":
+        if mode in ("resident", "device"):
             inout = [fx for fx in fxs if fx.direction is sp.INOUT]
             back = sp.TaskArgsBuilder(*(sp.TensorArg(fx.name, np.empty(fx.shape, fx.dtype)) for fx in inout))
-            res.copy_back(back)
+            res.copy_back(back, [fx.name for fx in inout])
             pos_view = w.host_view_info(res["pos"])
             k_cache, v_cache, pos = back.k_cache, back.v_cache, back.pos
+            if device:
+                rows = sp.TaskArgsBuilder(sp.TensorArg("out", np.empty((seq, cfg.hidden), np.float32)))
+                res.copy_back(rows, "out")
+                out[...] = rows.out[rounds - 1]
         else:
             pos_view = None
             k_cache, v_cache, pos = host["k_cache"], host["v_cache"], host["pos"]
@@ -535,15 +606,51 @@ def report_lines(r: DecodeResult) -> list[str]:
     return lines
 
 
+def compare_overlap(
+    cfg: DecodeConfig,
+    rounds: int,
+    platform: str,
+    repeats: int = 3,
+    *,
+    svm: str | int | None = None,
+    skip_golden: bool = False,
+) -> int:
+    """Tokens per second of the "device" mode with each step waited for and with each step left
+    pending (the next step's bind and orchestration overlap the device's work), the two arms
+    interleaved ``repeats`` times in this process; prints the medians and their ratio. Returns
+    the exit status (1 when a golden check failed or the arms' outputs differ)."""
+    arms: dict[bool, list[DecodeResult]] = {True: [], False: []}
+    for i in range(repeats):
+        for wait in (True, False) if i % 2 == 0 else (False, True):
+            arms[wait].append(
+                run_decode(cfg, "device", rounds, platform, svm=svm, skip_golden=skip_golden, wait=wait)
+            )
+    med = {w: float(np.median([r.tokens_per_s for r in rs])) for w, rs in arms.items()}
+    for wait, label in ((True, "waits for each step"), (False, "leaves each step pending")):
+        each = ", ".join(f"{r.tokens_per_s:.1f}" for r in arms[wait])
+        print(f"[device, {label}] median {med[wait]:.1f} tokens/s over {repeats} runs ({each})")
+    print(f"overlap vs wait: {med[False] / med[True]:.2f}x tokens/s ({rounds} tokens a run on {platform})")
+    same = all(
+        np.array_equal(a.out, b.out) and np.array_equal(a.k_cache, b.k_cache)
+        for a, b in zip(arms[True], arms[False])
+    )
+    print(f"outputs of the two arms: {'bit-identical' if same else 'DIFFERENT'}")
+    ok = same and all(r.golden_ok is not False for rs in arms.values() for r in rs)
+    return 0 if ok else 1
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=8, help="decode steps = tokens generated (default 8)")
     p.add_argument(
         "--mode",
-        choices=("resident", "staged", "both"),
+        choices=("resident", "staged", "both", "device", "overlap"),
         default="resident",
-        help="resident weights + KV cache, or everything host-staged every step; both = compare",
+        help="resident weights + KV cache, or everything host-staged every step; both = compare; "
+        "device = every argument resident and device code (native launches on cuda); overlap = "
+        "device with and without waiting for each step (w.run(..., wait=False)), interleaved",
     )
+    p.add_argument("--repeats", type=int, default=3, help="runs of each arm for --mode overlap")
     # The platform and --svm mean what they mean for scene tests: the runner's choices and its
     # parser (the native core's, the one parser of the option).
     p.add_argument("-p", "--platform", default="sim", choices=runner.PLATFORMS, help="sim, ascend or cuda")
@@ -582,6 +689,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(head_dim {cfg.head_dim}), ffn {cfg.ffn}, KV cache {seq} positions; {len(fxs)} fixtures, "
         f"{_mib(sum(f.nbytes for f in fxs))}; {a.rounds} steps on {a.platform}"
     )
+    if a.mode == "overlap":
+        return compare_overlap(cfg, a.rounds, a.platform, a.repeats, svm=svm, skip_golden=a.skip_golden)
     modes = ("resident", "staged") if a.mode == "both" else (a.mode,)
     results = []
     for mode in modes:

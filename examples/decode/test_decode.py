@@ -72,6 +72,37 @@ def test_decode_passes_golden_with_exact_counters(mode, rounds, platform, worker
         assert r.h2d_step_bytes >= rounds * (total + token)
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "pending"])
+def test_device_mode_stages_nothing_and_a_pending_step_gives_the_same_bits(wait, platform, worker_options):
+    """Every argument resident (the token embeddings and outputs as tables): no staged byte, no
+    copy back, no device malloc on a warm step but a launch plan's rows; on cuda each step is 15
+    native launches (and, with ``wait=False``, each step left pending until the next one's
+    execute); the same bits either way, and the golden holds."""
+    rounds = 3
+    r = run_decode(SMALL, "device", rounds, platform, worker_options=worker_options, wait=wait)
+    assert r.golden_ok, r.golden_errors
+    assert r.final_pos == rounds and len(r.reports) == rounds
+    launches = 7 * SMALL.layers + 1 if platform == "cuda" else 0
+    for rep in r.reports:
+        c = rep.counters
+        assert (c["staged_tensors"], c["staged_bytes"], c["copied_back_bytes"]) == (0, 0, 0)
+        assert c["device_launches"] == launches
+    # A warm step allocates nothing but, on cuda, the task-row region its new launch plan keeps
+    # (each step's tasks differ: the cache position moves; a worker keeps four plans).
+    regions = 1 if platform == "cuda" else 0
+    assert [rep.counters["device_mallocs"] for rep in r.reports[1:]] == [regions] * (rounds - 1)
+    ref = run_decode(SMALL, "resident", rounds, platform, worker_options=worker_options, skip_golden=True)
+    np.testing.assert_array_equal(r.out, ref.out)
+    np.testing.assert_array_equal(r.k_cache, ref.k_cache)
+
+
+def test_command_line_compares_waiting_and_overlapping_steps(platform, capsys):
+    argv = ["--mode", "overlap", "--rounds", "2", "--repeats", "1", "--layers", "1", "--hidden", "32"]
+    assert main([*argv, "-p", platform]) == 0
+    out = capsys.readouterr().out
+    assert "leaves each step pending" in out and "bit-identical" in out
+
+
 def test_streaming_upload_peak_host_memory_is_about_one_fixture(platform, worker_options):
     cfg = DecodeConfig(layers=4, hidden=128, heads=4, kv_heads=2, ffn=512)
     r = run_decode(cfg, "resident", 1, platform, worker_options=worker_options)

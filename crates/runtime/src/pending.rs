@@ -28,7 +28,7 @@ use crate::memory::Memory;
 use crate::run::{Records, RunId, RunReport, RunState};
 
 /// Reports of completed pending runs kept for handles that have not waited yet.
-pub const REPORTS_KEPT: usize = 8;
+pub const REPORTS_KEPT: usize = 64;
 
 /// The bytes one run argument's tasks touch: `[start, end)`, and whether a task writes them.
 type Touched = (u64, u64, bool);

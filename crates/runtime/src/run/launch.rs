@@ -468,10 +468,10 @@ fn batch_spans<'a>(tasks: &'a TaskStore, args: &[RunArg], i: usize) -> Vec<SlotS
     (b.first_slot..b.first_slot + u32::from(b.slots))
         .map(|s| {
             let slot = tasks.slot(s);
-            let alloc = args[slot.arg as usize].alloc;
+            let a = &args[slot.arg as usize];
             SlotSpan {
-                base: alloc.map(|(p, _)| p.0),
-                bytes: alloc.map_or(0, |(_, b)| b),
+                base: a.alloc.map(|(p, _)| p.0),
+                within: a.span().unwrap_or_default(),
                 item: slot.geometry.dtype().size(),
                 extent: slot.geometry.extent(),
                 elems: tasks.slot_elems(s),

@@ -115,9 +115,10 @@ fn conflicts(all: &[(u64, u64, u32, bool)]) -> bool {
 /// extent; only its start element differs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SlotSpan<'a> {
-    /// The allocation's base address (`None`: no allocation) and its size in bytes.
+    /// The allocation's base address (`None`: no allocation), and the bytes of the run argument
+    /// its views lie in, `(start, len)` (absolute).
     pub base: Option<u64>,
-    pub bytes: u64,
+    pub within: (u64, u64),
     pub item: u64,
     pub extent: u64,
     /// Each task's start element (one entry for a slot every task shares).
@@ -152,22 +153,23 @@ const TABLE_PER_TASK: u64 = 8;
 
 /// The levels of the common case, in one pass over the tasks with no sorting and no hashing, or
 /// `None` (outer) when the batch is not that case and the general path decides. The case: the
-/// allocations the batch's views lie in are identical or disjoint (so views in different ones
-/// never share a byte), and in each allocation some view writes, every view has the same extent
-/// `E` and starts a whole number of `E`s from the allocation's base. Then two views of one
-/// allocation are either the same bytes or disjoint, and view `(start - base) / E` indexes a
+/// run arguments the batch's views lie in are identical or disjoint (so views of different ones
+/// never share a byte), and in each argument some view writes, every view has the same extent
+/// `E` and starts a whole number of `E`s from the argument's first byte. Then two views of one
+/// argument are either the same bytes or disjoint, and view `(start - first byte) / E` indexes a
 /// table of the last writer's level and the highest reader's level.
 fn aligned_levels(spans: &[SlotSpan<'_>], count: u32) -> Option<Option<Vec<u32>>> {
-    // The allocations the views lie in: `(base, bytes, extent, written)`, each once.
+    // The arguments the views lie in: `(start, len, extent, written)`, each once.
     let mut allocs: Vec<(u64, u64, u64, bool)> = Vec::with_capacity(spans.len());
     for s in spans {
-        let Some(base) = s.base.filter(|_| s.extent > 0) else {
+        if s.base.is_none() || s.extent == 0 {
             continue;
-        };
-        match allocs.iter_mut().find(|a| (a.0, a.1) == (base, s.bytes)) {
+        }
+        let (start, len) = s.within;
+        match allocs.iter_mut().find(|a| (a.0, a.1) == (start, len)) {
             Some(a) if a.2 != s.extent => return None,
             Some(a) => a.3 |= s.writes,
-            None => allocs.push((base, s.bytes, s.extent, s.writes)),
+            None => allocs.push((start, len, s.extent, s.writes)),
         }
     }
     allocs.sort_unstable_by_key(|a| a.0);
@@ -181,23 +183,31 @@ fn aligned_levels(spans: &[SlotSpan<'_>], count: u32) -> Option<Option<Vec<u32>>
     // writer's level and the highest reader's level (`-1`: none yet).
     let cap = u64::from(count).saturating_mul(TABLE_PER_TASK).max(1 << 16);
     let mut tables: Vec<Vec<(i64, i64)>> = vec![Vec::new(); allocs.len()];
-    let mut watched: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+    // Per watched slot: its index, its argument's, and its argument's first byte relative to
+    // the allocation (views' offsets count from the allocation).
+    let mut watched: Vec<(usize, usize, u64)> = Vec::with_capacity(spans.len());
     for (si, s) in spans.iter().enumerate() {
         let Some(base) = s.base.filter(|_| s.extent > 0) else {
             continue;
         };
-        let ai = allocs.iter().position(|a| (a.0, a.1) == (base, s.bytes))?;
+        let ai = allocs.iter().position(|a| (a.0, a.1) == s.within)?;
         if !allocs[ai].3 {
             continue; // only read in this batch: no view of it waits for another
         }
-        let entries = s.bytes.div_ceil(s.extent);
-        if entries > cap || s.elems.iter().any(|&e| (e * s.item) % s.extent != 0) {
+        let skip = s.within.0.checked_sub(base)?;
+        let entries = s.within.1.div_ceil(s.extent);
+        let aligned = |&e: &u64| {
+            (e * s.item)
+                .checked_sub(skip)
+                .is_some_and(|r| r % s.extent == 0)
+        };
+        if entries > cap || !s.elems.iter().all(aligned) {
             return None;
         }
         if tables[ai].is_empty() {
             tables[ai] = vec![(-1, -1); entries as usize];
         }
-        watched.push((si, ai));
+        watched.push((si, ai, skip));
     }
     let mut out = vec![0u32; count as usize];
     let mut any = false;
@@ -205,10 +215,11 @@ fn aligned_levels(spans: &[SlotSpan<'_>], count: u32) -> Option<Option<Vec<u32>>
     for t in 0..count {
         let mut level = 0i64;
         slots.clear();
-        for &(si, ai) in &watched {
+        for &(si, ai, skip) in &watched {
             let s = &spans[si];
             let e = s.elems[if s.elems.len() == 1 { 0 } else { t as usize }];
-            let at = (e * s.item / s.extent) as usize;
+            // Checked aligned above.
+            let at = ((e * s.item - skip) / s.extent) as usize;
             slots.push(at);
             let (lw, lr) = *tables[ai].get(at)?;
             level = level.max(lw + 1);
@@ -216,7 +227,7 @@ fn aligned_levels(spans: &[SlotSpan<'_>], count: u32) -> Option<Option<Vec<u32>>
                 level = level.max(lr + 1);
             }
         }
-        for (&(si, ai), &at) in watched.iter().zip(&slots) {
+        for (&(si, ai, _), &at) in watched.iter().zip(&slots) {
             let entry = &mut tables[ai][at];
             if spans[si].writes {
                 entry.0 = entry.0.max(level);
@@ -427,7 +438,7 @@ mod tests {
         let spans = [
             SlotSpan {
                 base: Some(0x1000),
-                bytes: 64,
+                within: (0x1000, 64),
                 item: 4,
                 extent: 16,
                 elems: &ins,
@@ -435,7 +446,7 @@ mod tests {
             },
             SlotSpan {
                 base: Some(0x2000),
-                bytes: 48,
+                within: (0x2000, 48),
                 item: 4,
                 extent: 16,
                 elems: &acc,
@@ -448,7 +459,7 @@ mod tests {
         let odd = [0u64, 2, 0, 8];
         let spans = [SlotSpan {
             base: Some(0x2000),
-            bytes: 48,
+            within: (0x2000, 48),
             item: 4,
             extent: 16,
             elems: &odd,
@@ -499,15 +510,20 @@ mod tests {
             ),
             count in 2u32..7,
         ) {
-            // Allocations of `len` 8-byte cells at cell `at` (so some overlap partially); slots
-            // of views `cells` cells long, per task or shared, at cell offsets.
+            // Run arguments of `len` 8-byte cells at cell `at` of one allocation at 0 (so some
+            // overlap partially); slots of views `cells` cells long, per task or shared, at
+            // cell offsets within their argument.
+            let owned: Vec<Vec<u64>> = slots
+                .iter()
+                .map(|(a, _, _, _, elems)| elems.iter().map(|e| allocs[a % allocs.len()].0 + e).collect())
+                .collect();
             let mut spans = Vec::new();
-            for (a, cells, per_task, writes, elems) in &slots {
+            for ((a, cells, per_task, writes, _), elems) in slots.iter().zip(&owned) {
                 let (at, len) = allocs[a % allocs.len()];
                 let elems: &[u64] = if *per_task { &elems[..count as usize] } else { &elems[..1] };
                 spans.push(SlotSpan {
-                    base: Some(at * 8),
-                    bytes: len * 8 + 48,
+                    base: Some(0),
+                    within: (at * 8, len * 8 + 48),
                     item: 8,
                     extent: cells * 8,
                     elems,
