@@ -8,8 +8,9 @@ Three arms per workload, interleaved round by round in one worker (the order rot
 round): ``planned`` (``w.replay = "off"``: levels, rows and their upload every round),
 ``plans`` (the kept plan, plain launches) and ``graphs`` (the kept plan as one CUDA graph
 launch). Per arm, the medians over the warm rounds of: the host's part of execute (execute
-less ``execute_wait_ns``), its parts (``plan_ns``, ``row_upload_ns``, ``launch_ns``) and the
-wait; the first round of each arm is left out (it plans, or captures).
+less ``execute_wait_ns``), its parts (``plan_ns``, ``row_upload_ns``, ``launch_ns``), the
+wait, and the device's time from events (``device_ns``: with ``SIMPLER_DEVICE_TIMING`` on a
+device that times, else 0); the first round of each arm is left out (it plans, or captures).
 
 On the fake libcuda every kernel entry of the two workloads is made a native no-op
 (``fake_cuda_register_noop_kernel``), so the device's part is the fake's queue alone and the
@@ -73,7 +74,7 @@ def bench_replay(quick: bool, platform: str = "cuda", rounds: int | None = None)
     )
     print(
         f"{'workload':<18} {'arm':<8} {'exec host':>11} {'plan':>11} {'upload':>11} {'launch':>11} "
-        f"{'wait':>11}   {'tasks':>6} {'launches':>8} {'graph':>5}"
+        f"{'wait':>11} {'device':>11}   {'tasks':>6} {'launches':>8} {'graph':>5}"
     )
     try:
         for label, callable_, case in workloads:
@@ -105,6 +106,7 @@ def bench_replay(quick: bool, platform: str = "cuda", rounds: int | None = None)
                                     "upload": c["row_upload_ns"],
                                     "launch": c["launch_ns"],
                                     "wait": c["execute_wait_ns"],
+                                    "device": c["device_ns"],
                                 }
                             )
                             last[a] = {
@@ -120,7 +122,8 @@ def bench_replay(quick: bool, platform: str = "cuda", rounds: int | None = None)
                 m, c = med[a], last[a]
                 print(
                     f"{label:<18} {a:<8} {_fmt_us(m['host']):>11} {_fmt_us(m['plan']):>11} "
-                    f"{_fmt_us(m['upload']):>11} {_fmt_us(m['launch']):>11} {_fmt_us(m['wait']):>11}   "
+                    f"{_fmt_us(m['upload']):>11} {_fmt_us(m['launch']):>11} {_fmt_us(m['wait']):>11} "
+                    f"{_fmt_us(m['device']):>11}   "
                     f"{c['tasks']:>6} {c['device_launches']:>8} {c['graph_launches']:>5}"
                 )
             cold = med["planned"]["plan"] + med["planned"]["upload"]

@@ -52,6 +52,12 @@ The checks (``--platform cuda``, the default):
   platform (``h200`` on cuda, ``ascend-a3`` on ascend), printed beside the measured phases (every
   phase, the dispatch path and the round) with the ratio measured / modeled, figures
   ``model.<arm>.<row>.<model>`` (``docs/cost-model.md`` keeps them per platform).
+* ``bench.replay`` — warm rounds planned against replayed (:mod:`simpler.tools.bench_replay`),
+  with the device's time from events: the host's part of execute, its planning and the device
+  time per workload and arm, and each workload's cold plan.
+* ``decode.overlap`` — the decode driver's device mode (``examples/decode``) with each step
+  waited for and left pending, interleaved: tokens per second of each and their ratio, outputs
+  bit for bit the same.
 * ``export.queued_work`` — a consumer reads a :class:`~simpler.DeviceTensor` while the memsets
   that write it are still queued on the worker's stream (:mod:`simpler.tools.export_check`; on the
   fake libcuda the stream is held instead): through DLPack (a capsule for the consumer's stream),
@@ -388,7 +394,7 @@ def check_mirror_pinning(ctx: Context) -> Figures:
     seen: dict[str, int] = {}
 
     def orch(o, t):
-        a = o.read_tensor(t)  # refreshes the mirror the previous run left stale (INOUT)
+        a = o.read_tensor(t)  # refreshes the mirror the copy before the run left stale
         seen["first"], seen["last"] = int(a[0]), int(a[-1])
 
     call = Callable(orch, [INOUT_], name="mirror_refresh")
@@ -403,6 +409,8 @@ def check_mirror_pinning(ctx: Context) -> Figures:
             tensors[arm] = bufs[arm].tensor((n,), "int32")
         for r in range(rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:
+                # A copy into the buffer (its first element, unchanged) makes its mirror stale.
+                workers[arm].copy_to(bufs[arm], np.zeros(1, np.int32))
                 rep = workers[arm].run(call, [tensors[arm]])
                 if (seen["first"], seen["last"]) != (0, n - 1):
                     raise AssertionError(f"{arm} mirror reads {seen} after round {r + 1}, not (0, {n - 1})")
@@ -756,6 +764,80 @@ def _model_error(
 # -- d: exports while work is still queued --------------------------------------------------------------
 
 
+def check_replay(ctx: Context) -> Figures:
+    """Warm rounds planned against replayed (``python -m simpler.tools.benchmarks replay``),
+    with the device's time from events: per workload and arm, the medians of the host's part
+    of execute, its planning, and the device time (ns)."""
+    _need_cuda(ctx)
+    from .bench_replay import bench_replay
+
+    before = os.environ.get("SIMPLER_DEVICE_TIMING")
+    os.environ["SIMPLER_DEVICE_TIMING"] = "1"
+    try:
+        got = bench_replay(ctx.quick, ctx.platform)
+    finally:
+        if before is None:
+            os.environ.pop("SIMPLER_DEVICE_TIMING", None)
+        else:
+            os.environ["SIMPLER_DEVICE_TIMING"] = before
+    figures: Figures = {"rounds": got["rounds"]}
+    for label, w in got["workloads"].items():
+        key = label.replace(" ", "_")
+        for arm, m in w["median_ns"].items():
+            figures[f"{key}.{arm}.exec_host_us"] = round(m["host"] / 1e3, 2)
+            figures[f"{key}.{arm}.plan_us"] = round(m["plan"] / 1e3, 2)
+            figures[f"{key}.{arm}.device_us"] = round(m["device"] / 1e3, 2)
+        figures[f"{key}.cold_plan_us"] = round(w["cold_plan_ns"] / 1e3, 2)
+    return figures
+
+
+def check_decode_overlap(ctx: Context) -> Figures:
+    """The decode driver's device mode with each step waited for and left pending
+    (``w.run(..., wait=False)``), interleaved: tokens per second of each (medians), and the
+    outputs of the two arms bit for bit."""
+    _need_cuda(ctx)
+    # The driver is an example: in a checkout beside this package, or in the working directory
+    # (an installed wheel run from the repository).
+    roots = (Path(__file__).resolve().parents[3], Path.cwd())
+    found = [r / "examples" / "decode" for r in roots if (r / "examples" / "decode" / "decode.py").exists()]
+    if not found:
+        raise Skip("examples/decode/decode.py is neither beside this package nor in the working directory")
+    examples = found[0]
+    cfg_args = {
+        "layers": 2 if ctx.quick else 8,
+        "hidden": 64 if ctx.quick else 512,
+        "heads": 8,
+        "kv_heads": 2,
+    }
+    rounds = 4 if ctx.quick else 32
+    arms: dict[bool, list[Any]] = {True: [], False: []}
+    # The driver imports its kernels' device code from beside it, while it runs.
+    sys.path.insert(0, str(examples))
+    try:
+        from decode import DecodeConfig, run_decode  # type: ignore[import-not-found]  # an example
+
+        cfg = DecodeConfig(**cfg_args)
+        for i in range(2 if ctx.quick else 4):
+            for wait in (True, False) if i % 2 == 0 else (False, True):
+                arms[wait].append(run_decode(cfg, "device", rounds, ctx.platform, wait=wait))
+    finally:
+        sys.path.remove(str(examples))
+    bad = [r for rs in arms.values() for r in rs if r.golden_ok is False]
+    if bad:
+        raise AssertionError(f"decode golden failed: {bad[0].golden_errors}")
+    if any(not np.array_equal(a.out, b.out) for a, b in zip(arms[True], arms[False])):
+        raise AssertionError("a pending step gave other outputs than a waited one")
+    waited = median(r.tokens_per_s for r in arms[True])
+    pending = median(r.tokens_per_s for r in arms[False])
+    return {
+        "rounds": rounds,
+        "waited_tokens_per_s": round(waited, 2),
+        "pending_tokens_per_s": round(pending, 2),
+        "pending_over_waited": round(pending / waited, 4),
+        "device_launches_per_step": arms[False][0].reports[-1].counters["device_launches"],
+    }
+
+
 def check_export_queued(ctx: Context) -> Figures:
     """A consumer reads a device tensor while the work that writes it is still queued on the
     worker's stream (:mod:`simpler.tools.export_check`): the reads that wait as DLPack and the
@@ -897,6 +979,8 @@ def _checks(quick: bool) -> list[tuple[str, Check]]:
         checks.append((f"bench.paged_attention_unroll[{case}]", _bench_check(case, "paged_attention_unroll")))
     for case in ("Small1", "Small2") if quick else ("B64_8K", "B256_8K"):
         checks.append((f"bench.paged_attention[{case}]", _bench_check(case)))
+    checks.append(("bench.replay", check_replay))
+    checks.append(("decode.overlap", check_decode_overlap))
     checks.append(("export.queued_work", check_export_queued))
     checks.append(("compile.kernel_resources", check_kernel_resources))
     checks.append(("launches", check_launches))
