@@ -63,33 +63,11 @@ fn round_trip_is_exact_counted_and_every_view_is_a_mirror() {
     let fake = fake();
     let d = open_id(&fake, 0);
     assert_eq!(d.platform(), "cuda");
-    let p = d.alloc(1 << 16).unwrap();
-    assert!(
-        p.0 >= 0xc0da_0000_0000_0000,
-        "{p} looks like a host pointer"
-    );
-    let data: Vec<u8> = (0..1u32 << 16).map(|i| (i * 7) as u8).collect();
-    d.copy_h2d(p, &data).unwrap();
-    let mut out = vec![0u8; 4096];
-    d.copy_d2h(&mut out, DevPtr(p.0 + 1000)).unwrap();
-    assert_eq!(out[..], data[1000..1000 + 4096]);
-    d.fill(DevPtr(p.0 + 8), 8, 0xA5).unwrap();
-    let mut b = [0u8; 8];
-    d.copy_d2h(&mut b, DevPtr(p.0 + 8)).unwrap();
-    assert_eq!(b, [0xA5; 8]);
+    let p = d.alloc(64).unwrap();
     assert!(matches!(
-        d.map_host(p, 1 << 16).unwrap(),
+        d.map_host(p, 64).unwrap(),
         MapGrant::Refused { code: 801, .. }
     ));
-    let e = d
-        .copy_h2d(DevPtr(p.0 + (1 << 16) - 1), &[0, 0])
-        .unwrap_err();
-    assert!(
-        !e.called
-            && e.to_string()
-                .starts_with("h2d refused before calling cuMemcpyHtoDAsync_v2"),
-        "{e}"
-    );
     d.inject_fault(Op::H2d, 1, None).unwrap();
     let e = d.copy_h2d(p, &[1]).unwrap_err();
     assert_eq!(
@@ -110,15 +88,22 @@ fn round_trip_is_exact_counted_and_every_view_is_a_mirror() {
     d.free(p).unwrap();
     let s = d.stats();
     assert_eq!(
-        (
-            s.allocs,
-            s.frees,
-            s.h2d_calls,
-            s.d2h_calls,
-            s.memset_calls,
-            s.map_refusals
-        ),
-        (1, 1, 1, 2, 1, 1)
+        (s.allocs, s.frees, s.h2d_calls, s.map_refusals),
+        (1, 1, 0, 1),
+        "failed calls are not counted"
+    );
+    let c = common::conformance(&d, "cuda over the fake");
+    assert!(
+        c.ptr.0 >= 0xc0da_0000_0000_0000,
+        "{} looks like a host pointer",
+        c.ptr
+    );
+    let e = &c.refused;
+    assert!(
+        !e.called
+            && e.to_string()
+                .starts_with("h2d refused before calling cuMemcpyHtoDAsync_v2"),
+        "{e}"
     );
     assert_eq!(fake.count("live_allocations"), 0);
 }
@@ -126,9 +111,9 @@ fn round_trip_is_exact_counted_and_every_view_is_a_mirror() {
 #[test]
 fn one_primary_context_reference_per_device_across_threads_and_devices() {
     let fake = fake();
-    let devs: Vec<Arc<CudaDevice>> = (0..2).map(|id| Arc::new(open_id(&fake, id))).collect();
+    let devs: Vec<CudaDevice> = (0..2).map(|id| open_id(&fake, id)).collect();
     assert_eq!((retains(&fake, 0), retains(&fake, 1)), (1, 1));
-    common::round_trips_on_threads(&devs, 4, 10, 256);
+    common::round_trips_on_threads(&[&devs[0], &devs[1]], 4, 10, 256);
     assert_eq!(
         fake.count("violations"),
         0,
@@ -1361,8 +1346,8 @@ fn nvrtc_compiles_what_the_device_loads_and_reports_the_log() {
 /// `copy_h2d_async` from a page-locked mirror queues the copy and returns before it runs: the
 /// device reads the bytes when the copy runs (so a write the caller makes before then is what
 /// arrives, which is why a caller must not write them), the device keeps the mirror alive
-/// meanwhile (the caller's handle is dropped at once), a range past the mirror is refused before
-/// any call, and pageable memory falls back to a copy that waits.
+/// meanwhile (the caller's handle is dropped at once), and pageable memory falls back to a copy
+/// that waits.
 #[test]
 fn an_async_upload_from_a_page_locked_mirror_runs_in_stream_order() {
     let fake = fake();
@@ -1390,22 +1375,13 @@ fn an_async_upload_from_a_page_locked_mirror_runs_in_stream_order() {
     let log = fake.calls("cuMemcpyHtoDAsync_v2");
     assert!(log.last().is_some_and(|c| c.contains(" pinned")), "{log:?}");
     assert_eq!(d.stats().h2d_calls, 2);
-
-    let small = d.alloc_mirror(64).unwrap();
-    let e = d.copy_h2d_async(p, &small, 32, 64).unwrap_err();
-    assert!(
-        !e.called && e.addr == Some(p.0) && e.bytes == Some(64),
-        "{e}"
-    );
-    assert!(e.to_string().contains("runs past a block of"), "{e}");
-    assert_eq!(d.stats().h2d_calls, 2, "a refused copy is not counted");
+    // A range past a mirror is refused: the conformance checks (the round trip test above).
 
     // Pageable memory: copied before the call returns (the fake reads it at call time).
     let pageable = Arc::new(simpler_driver::HostMem::new(n, 0x33).unwrap());
     d.copy_h2d_async(p, &pageable, 0, n).unwrap();
     d.synchronize().unwrap();
     assert!(k.peek(p, n).iter().all(|&b| b == 0x33));
-    d.free_mirror(&small).unwrap();
     d.free(p).unwrap();
     assert!(d.close().errors.is_empty());
 }

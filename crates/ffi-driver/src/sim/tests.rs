@@ -1,4 +1,5 @@
-//! Unit tests of the sim backend.
+//! Unit tests of the sim backend: what is sim's own. What every backend does alike (round
+//! trips, counters, refusals, close) is checked by `tests/sim.rs` through the shared conformance.
 
 use super::*;
 
@@ -7,35 +8,6 @@ fn sim(svm: SvmPolicy) -> SimDevice {
         svm,
         ..SimConfig::default()
     })
-}
-
-#[test]
-fn round_trip_counts_exactly() {
-    let d = sim(SvmPolicy::Always);
-    let p = d.alloc(100).unwrap();
-    d.copy_h2d(p, &[7u8; 100]).unwrap();
-    let mut out = [0u8; 40];
-    d.copy_d2h(&mut out, DevPtr(p.0 + 60)).unwrap();
-    assert_eq!(out, [7u8; 40]);
-    d.free(p).unwrap();
-    let s = d.stats();
-    assert_eq!(
-        (
-            s.allocs,
-            s.frees,
-            s.h2d_calls,
-            s.h2d_bytes,
-            s.d2h_calls,
-            s.d2h_bytes
-        ),
-        (1, 1, 1, 100, 1, 40)
-    );
-    assert_eq!(
-        (s.live_allocations, s.live_bytes, s.peak_bytes),
-        (0, 0, 100)
-    );
-    let ops: Vec<Op> = d.call_log().iter().map(|c| c.op).collect();
-    assert_eq!(ops, [Op::Alloc, Op::H2d, Op::D2h, Op::Free]);
 }
 
 #[test]
@@ -57,16 +29,11 @@ fn invalid_calls_are_errors() {
     let p = d.alloc(16).unwrap();
     let e = d.copy_h2d(DevPtr(p.0 + 8), &[0u8; 9]).unwrap_err();
     assert_eq!((e.op, e.code), (Op::H2d, codes::BAD_ADDRESS));
-    assert!(e.to_string().contains("runs past its allocation"), "{e}");
     assert_eq!(
         d.free(DevPtr(p.0 + 1)).unwrap_err().code,
         codes::BAD_ADDRESS
     );
-    d.free(p).unwrap();
-    let e = d.free(p).unwrap_err();
-    assert!(e.to_string().contains("already freed"), "{e}");
-    // Freed memory is gone for copies too.
-    assert!(d.copy_h2d(p, &[1]).is_err());
+    // The messages, double frees and copies into freed memory: `tests/sim.rs` (conformance).
 }
 
 #[test]

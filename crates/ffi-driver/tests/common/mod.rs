@@ -1,4 +1,5 @@
-//! The fake vendor libraries (`crates/fake-ascend`, `crates/fake-cuda`), for the driver tests.
+//! What the driver tests share: the fake vendor libraries (`crates/fake-ascend`,
+//! `crates/fake-cuda`), and [`conformance`], the checks every backend must pass alike.
 //!
 //! [`fake_library`] finds the fake's `.so`: next to the test executable (`target/<profile>/`,
 //! where `cargo build --workspace` puts it) when it is there and newer than the fake's sources,
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use simpler_driver::ascend::{AscendConfig, VisibleDevices};
-use simpler_driver::Device;
+use simpler_driver::{CloseReport, DevPtr, Device, DeviceError, HostMem, Op, Stats};
 
 /// The newest modification time of the files under `dir`.
 fn newest(dir: &Path) -> SystemTime {
@@ -273,18 +274,12 @@ pub fn ascend_config(fake: &Fake) -> AscendConfig {
 /// `threads` threads, each running `rounds` rounds over every device in `devs` (alternating
 /// between them): alloc `len` bytes, copy a pattern of the thread and round in, copy it back,
 /// check it, free.
-pub fn round_trips_on_threads<D: Device + Send + Sync + 'static>(
-    devs: &[Arc<D>],
-    threads: u8,
-    rounds: u8,
-    len: usize,
-) {
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let devs = devs.to_vec();
-            std::thread::spawn(move || {
+pub fn round_trips_on_threads(devs: &[&dyn Device], threads: u8, rounds: u8, len: usize) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
                 for i in 0..rounds {
-                    for d in &devs {
+                    for d in devs {
                         let p = d.alloc(len as u64).unwrap();
                         d.copy_h2d(p, &vec![t ^ i; len]).unwrap();
                         let mut out = vec![0u8; len];
@@ -293,10 +288,257 @@ pub fn round_trips_on_threads<D: Device + Send + Sync + 'static>(
                         d.free(p).unwrap();
                     }
                 }
-            })
-        })
-        .collect();
-    for t in handles {
-        t.join().unwrap();
+            });
+        }
+    });
+}
+
+/// The size of the allocation [`conformance`] works on.
+pub const CONFORMANCE_BYTES: u64 = 1 << 16;
+
+/// What [`conformance`] leaves for the backend's own assertions.
+#[derive(Debug)]
+pub struct Conformed {
+    /// Its allocation of [`CONFORMANCE_BYTES`] (freed since).
+    pub ptr: DevPtr,
+    /// The refusal of its copy past the end of that allocation.
+    pub refused: DeviceError,
+    /// The counters just before the close.
+    pub stats: Stats,
+    /// What the close reported.
+    pub close: CloseReport,
+}
+
+/// `[(op, addr, bytes, refused)]` of the call-log records after the first `from`.
+fn calls_since(dev: &dyn Device, from: usize) -> Vec<(Op, u64, u64, bool)> {
+    dev.call_log()[from..]
+        .iter()
+        .map(|c| (c.op, c.addr, c.bytes, c.code != 0))
+        .collect()
+}
+
+/// What every backend must do identically, checked over `&dyn Device` (`what` names the backend
+/// in failures); the device may hold allocations already, and is closed at the end:
+/// * an allocation of [`CONFORMANCE_BYTES`]; `copy_h2d` then `copy_d2h` gives the bytes back
+///   exactly, whole or from an offset; `fill` sets exactly the bytes asked for;
+/// * a copy (either way) or fill past the end of an allocation, a free of an address that is no
+///   allocation's start and a second free are refused with a `DeviceError` naming the address
+///   (and size), logged as a failed call and never counted; nothing crashes;
+/// * `copy_h2d_async` from a mirror or from ordinary host memory delivers the bytes by
+///   `synchronize()`; a range past the host block is refused before any call;
+/// * threads doing round trips concurrently;
+/// * every counter moves by exactly what the calls above did, in the call log's order;
+/// * `close` frees what is still live and leaves nothing live.
+pub fn conformance(dev: &dyn Device, what: &str) -> Conformed {
+    const N: u64 = CONFORMANCE_BYTES;
+    let n = N as usize;
+    let s0 = dev.stats();
+    let log0 = dev.call_log().len();
+
+    let p = dev.alloc(N).unwrap();
+    let s = dev.stats();
+    assert_eq!(
+        (s.allocs, s.live_allocations, s.live_bytes, s.peak_bytes),
+        (
+            s0.allocs + 1,
+            s0.live_allocations + 1,
+            s0.live_bytes + N,
+            s0.peak_bytes.max(s0.live_bytes + N)
+        ),
+        "{what}: alloc counters"
+    );
+
+    // The round trip: whole, and from an offset.
+    let data: Vec<u8> = (0..N as u32).map(|i| (i * 7) as u8).collect();
+    dev.copy_h2d(p, &data).unwrap();
+    let mut out = vec![0u8; n];
+    dev.copy_d2h(&mut out, p).unwrap();
+    assert!(
+        out == data,
+        "{what}: copy_d2h gives back what copy_h2d wrote"
+    );
+    let mut part = vec![0u8; 4096];
+    dev.copy_d2h(&mut part, DevPtr(p.0 + 1000)).unwrap();
+    assert_eq!(
+        part[..],
+        data[1000..1000 + 4096],
+        "{what}: copy from an offset"
+    );
+
+    // fill sets exactly its bytes.
+    dev.fill(DevPtr(p.0 + 8), 16, 0xA5).unwrap();
+    dev.copy_d2h(&mut out, p).unwrap();
+    assert_eq!(out[..8], data[..8], "{what}: fill left the bytes before it");
+    assert_eq!(out[8..24], [0xA5; 16], "{what}: fill");
+    assert!(
+        out[24..] == data[24..],
+        "{what}: fill left the bytes after it"
+    );
+
+    // Past the end: refused, named, logged, not counted.
+    let before = dev.stats();
+    let end = DevPtr(p.0 + N - 1);
+    let refused = dev.copy_h2d(end, &[0, 0]).unwrap_err();
+    assert_eq!(
+        (refused.op, refused.addr, refused.bytes),
+        (Op::H2d, Some(end.0), Some(2)),
+        "{what}: {refused}"
+    );
+    let msg = refused.to_string();
+    assert!(
+        msg.contains(&format!("{end}")) && msg.contains("2 bytes"),
+        "{what}: {msg}"
+    );
+    assert!(msg.contains("runs past its allocation"), "{what}: {msg}");
+    let e = dev.copy_d2h(&mut [0u8; 4], DevPtr(p.0 + N)).unwrap_err();
+    assert_eq!(
+        (e.op, e.addr, e.bytes),
+        (Op::D2h, Some(p.0 + N), Some(4)),
+        "{what}: {e}"
+    );
+    let e = dev.fill(DevPtr(p.0 + N - 4), 8, 0).unwrap_err();
+    assert_eq!(
+        (e.op, e.addr, e.bytes),
+        (Op::Memset, Some(p.0 + N - 4), Some(8)),
+        "{what}: {e}"
+    );
+    let e = dev.free(DevPtr(p.0 + 1)).unwrap_err();
+    assert_eq!((e.op, e.addr), (Op::Free, Some(p.0 + 1)), "{what}: {e}");
+    assert_eq!(dev.stats(), before, "{what}: refused calls are not counted");
+    assert_eq!(
+        calls_since(dev, log0),
+        [
+            (Op::Alloc, p.0, N, false),
+            (Op::H2d, p.0, N, false),
+            (Op::D2h, p.0, N, false),
+            (Op::D2h, p.0 + 1000, 4096, false),
+            (Op::Memset, p.0 + 8, 16, false),
+            (Op::D2h, p.0, N, false),
+            (Op::H2d, end.0, 2, true),
+            (Op::D2h, p.0 + N, 4, true),
+            (Op::Memset, p.0 + N - 4, 8, true),
+            (Op::Free, p.0 + 1, 0, true),
+        ],
+        "{what}: the call log"
+    );
+
+    // Asynchronous uploads: from a mirror, from ordinary host memory, and refused past the
+    // host block.
+    let mirror = dev.alloc_mirror(n).unwrap();
+    mirror.write(0, &[0x11; 4096]).unwrap();
+    dev.copy_h2d_async(p, &mirror, 0, 4096).unwrap();
+    let host = Arc::new(HostMem::new(n, 0x33).unwrap());
+    dev.copy_h2d_async(DevPtr(p.0 + 4096), &host, 16, n - 4096)
+        .unwrap();
+    dev.synchronize().unwrap();
+    dev.free_mirror(&mirror).unwrap();
+    dev.copy_d2h(&mut out, p).unwrap();
+    assert!(
+        out[..4096].iter().all(|&b| b == 0x11) && out[4096..].iter().all(|&b| b == 0x33),
+        "{what}: copy_h2d_async delivers by synchronize"
+    );
+    let small = dev.alloc_mirror(64).unwrap();
+    let counted = dev.stats().h2d_calls;
+    let e = dev.copy_h2d_async(p, &small, 32, 64).unwrap_err();
+    assert!(
+        !e.called && e.addr == Some(p.0) && e.bytes == Some(64),
+        "{what}: {e}"
+    );
+    assert!(
+        e.to_string().contains("runs past a block of"),
+        "{what}: {e}"
+    );
+    assert_eq!(
+        dev.stats().h2d_calls,
+        counted,
+        "{what}: a refused copy is not counted"
+    );
+    dev.free_mirror(&small).unwrap();
+
+    // Free; a second free and a copy into freed memory are refused.
+    dev.free(p).unwrap();
+    let last = dev
+        .call_log()
+        .pop()
+        .map(|c| (c.op, c.addr, c.bytes, c.code));
+    assert_eq!(last, Some((Op::Free, p.0, N, 0)), "{what}: the free logged");
+    let e = dev.free(p).unwrap_err();
+    assert_eq!((e.op, e.addr), (Op::Free, Some(p.0)), "{what}: {e}");
+    assert!(e.to_string().contains("already freed"), "{what}: {e}");
+    assert!(
+        dev.copy_h2d(p, &[1]).is_err(),
+        "{what}: copy into freed memory"
+    );
+
+    // Threads.
+    let (threads, rounds, len) = (4u64, 4u64, 256u64);
+    round_trips_on_threads(&[dev], threads as u8, rounds as u8, len as usize);
+    let trips = threads * rounds;
+
+    let s = dev.stats();
+    let moved = (
+        s.allocs - s0.allocs,
+        s.frees - s0.frees,
+        s.h2d_calls - s0.h2d_calls,
+        s.h2d_bytes - s0.h2d_bytes,
+        s.d2h_calls - s0.d2h_calls,
+        s.d2h_bytes - s0.d2h_bytes,
+        s.memset_calls - s0.memset_calls,
+        s.memset_bytes - s0.memset_bytes,
+    );
+    assert_eq!(
+        moved,
+        (
+            1 + trips,
+            1 + trips,
+            3 + trips,
+            2 * N + trips * len,
+            4 + trips,
+            3 * N + 4096 + trips * len,
+            1,
+            16
+        ),
+        "{what}: (allocs, frees, h2d calls, bytes, d2h calls, bytes, memset calls, bytes) moved"
+    );
+    assert_eq!(
+        (s.live_allocations, s.live_bytes),
+        (s0.live_allocations, s0.live_bytes),
+        "{what}: nothing left live"
+    );
+    assert_eq!(
+        (s.maps, s.map_refusals, s.unmaps, s.live_mappings),
+        (s0.maps, s0.map_refusals, s0.unmaps, s0.live_mappings),
+        "{what}: no mapping calls"
+    );
+
+    // Close frees what is still live.
+    let q = dev.alloc(64).unwrap();
+    let stats = dev.stats();
+    let close = dev.close();
+    assert!(close.errors.is_empty(), "{what}: {:?}", close.errors);
+    assert_eq!(
+        (
+            close.leaked_allocations,
+            close.leaked_bytes,
+            close.leaked_mappings
+        ),
+        (
+            stats.live_allocations,
+            stats.live_bytes,
+            stats.live_mappings
+        ),
+        "{what}: close reports what was live ({q} among it)"
+    );
+    let s = dev.stats();
+    assert_eq!(
+        (s.live_allocations, s.live_bytes, s.live_mappings),
+        (0, 0, 0),
+        "{what}: close leaves nothing live"
+    );
+    Conformed {
+        ptr: p,
+        refused,
+        stats,
+        close,
     }
 }
