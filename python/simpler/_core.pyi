@@ -6,9 +6,16 @@ nothing from the package (its numpy helpers are handed over once, by ``install_h
 
 from collections.abc import Callable as _Fn
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, TypedDict, final, overload
+from typing import Any, ClassVar, Final, Literal, NoReturn, Protocol, Self, final, overload
 
 import numpy as np
+
+# The dicts the worker's observability methods return: declared once, in the Python module.
+from simpler.worker import CloseSummary as _CloseSummary
+from simpler.worker import DebugState as _DebugState
+from simpler.worker import ReleaseSummary as _ReleaseSummary
+from simpler.worker import SessionStats as _SessionStats
+from simpler.worker import WorkerStats as _WorkerStats
 
 __all__ = [
     "DRIVER_OPS",
@@ -407,71 +414,6 @@ class _Export:
     def release(self) -> None: ...
 
 # -- the dicts of a worker's observability and of the vendor sessions --
-
-class _WorkerStats(TypedDict):
-    """A worker's cumulative driver counters (``Worker.stats()``)."""
-
-    live_allocations: int
-    live_bytes: int
-    peak_bytes: int
-    allocs: int
-    frees: int
-    h2d_calls: int
-    h2d_bytes: int
-    d2h_calls: int
-    d2h_bytes: int
-    maps: int
-    map_refusals: int
-    unmaps: int
-    live_mappings: int
-    memset_calls: int
-    memset_bytes: int
-    pins: int
-    unpins: int
-    pinned_bytes: int
-    launches: int
-    module_loads: int
-    syncs: int
-    modeled_ns: int
-
-class _HostViews(TypedDict):
-    """Host views of a worker's allocations, by kind."""
-
-    mapped: int
-    mirrored: int
-    refused: int
-
-class _DebugState(TypedDict):
-    """What a worker holds now (``Worker.debug_state()``)."""
-
-    arena: tuple[int, int] | None
-    scratch_chunks: list[tuple[int, int]]
-    views: _HostViews
-    busy: bool
-    closed: bool
-    handles: int
-
-class _CloseSummary(TypedDict):
-    """What ``Worker.close()`` found and freed."""
-
-    user_buffers: int
-    resident_sets: int
-    leaked_allocations: int
-    leaked_mappings: int
-    errors: list[str]
-
-class _SessionStats(TypedDict):
-    """Vendor sessions this process opened so far and holds now (``session_stats()``)."""
-
-    opened: int
-    held: int
-
-class _ReleaseSummary(TypedDict):
-    """What ``release_sessions()`` gave back."""
-
-    sessions: int
-    closed_workers: int
-    errors: list[str]
 
 def nvrtc_info(
     driver: tuple[int, int] | None = None, capability: tuple[int, int] | None = None

@@ -174,6 +174,18 @@ pub struct CloseReport {
     pub errors: Vec<DeviceError>,
 }
 
+/// `Device::copy_h2d_async` as a synchronous copy of the `len` bytes at `offset` of `src`.
+pub(crate) fn copy_at_once<D: Device + ?Sized>(
+    dev: &D,
+    dst: DevPtr,
+    src: &HostMem,
+    offset: usize,
+    len: usize,
+) -> Result<(), DeviceError> {
+    src.with_slice(offset, len, |s| dev.copy_h2d(dst, s))
+        .unwrap_or_else(|e| Err(host_source_error(dst, len, e)))
+}
+
 /// The error of a copy whose host source cannot be read (a range past the block, a revoked
 /// mapping), refused before any vendor call.
 pub(crate) fn host_source_error(dst: DevPtr, len: usize, e: HostMemError) -> DeviceError {
@@ -209,8 +221,7 @@ pub trait Device: Send + Sync + fmt::Debug {
         offset: usize,
         len: usize,
     ) -> Result<(), DeviceError> {
-        src.with_slice(offset, len, |s| self.copy_h2d(dst, s))
-            .unwrap_or_else(|e| Err(host_source_error(dst, len, e)))
+        copy_at_once(self, dst, src, offset, len)
     }
 
     /// Copies `dst.len()` bytes from device address `src` into `dst`.

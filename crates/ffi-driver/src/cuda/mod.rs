@@ -560,9 +560,7 @@ impl Device for CudaDevice {
         // Only memory this process owns outlives the call for certain (a foreign mapping can be
         // revoked): the rest is copied at once.
         if src.owned_addr().is_none() {
-            return src
-                .with_slice(offset, len, |s| self.copy_h2d(dst, s))
-                .unwrap_or_else(|e| Err(crate::device::host_source_error(dst, len, e)));
+            return crate::device::copy_at_once(self, dst, src, offset, len);
         }
         // The range is checked (and the block's address taken) under the block's lock.
         let from = src
