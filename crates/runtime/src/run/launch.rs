@@ -259,7 +259,10 @@ impl RunState {
         })?;
         let n = b.count as usize;
         let spans = batch_spans(&self.tasks, &self.args, i);
-        let level = batch_levels(&spans, b.count);
+        let level = match self.levels.take(i) {
+            Some(recorded) => recorded,
+            None => batch_levels(&spans, b.count),
+        };
         let src = RowSource {
             spans: &spans,
             scalars: b.scalars,
@@ -463,7 +466,11 @@ impl RunState {
 }
 
 /// The slots of batch `i` of `tasks` over `args` as planning reads them.
-fn batch_spans<'a>(tasks: &'a TaskStore, args: &[RunArg], i: usize) -> Vec<SlotSpan<'a>> {
+pub(crate) fn batch_spans<'a>(
+    tasks: &'a TaskStore,
+    args: &[RunArg],
+    i: usize,
+) -> Vec<SlotSpan<'a>> {
     let b = tasks.batch(i);
     (b.first_slot..b.first_slot + u32::from(b.slots))
         .map(|s| {

@@ -42,6 +42,34 @@ impl PlannedLaunch {
     }
 }
 
+/// Dependence levels computed while the run's tasks were recorded (`submit.rs`), per batch:
+/// `None` for a batch whose levels were not computed then (planning computes them), `Some(None)`
+/// for independent tasks.
+#[derive(Debug, Default)]
+pub(crate) struct RecordedLevels {
+    by_batch: Vec<Option<Option<Vec<u32>>>>,
+}
+
+impl RecordedLevels {
+    /// Keeps batch `i`'s levels.
+    pub fn set(&mut self, i: usize, levels: Option<Vec<u32>>) {
+        if self.by_batch.len() <= i {
+            self.by_batch.resize_with(i + 1, || None);
+        }
+        self.by_batch[i] = Some(levels);
+    }
+
+    /// Batch `i`'s levels, if they were computed while recording (taken).
+    pub fn take(&mut self, i: usize) -> Option<Option<Vec<u32>>> {
+        self.by_batch.get_mut(i).and_then(Option::take)
+    }
+
+    /// Forgets the levels of batches `batches` on (their tasks were taken back).
+    pub fn truncate(&mut self, batches: usize) {
+        self.by_batch.truncate(batches);
+    }
+}
+
 /// The launches of one run: per batch of device code, its range of `launches`.
 #[derive(Debug, Default)]
 pub(crate) struct LaunchPlan {

@@ -238,6 +238,8 @@ pub struct RunState {
     /// The launches of the run's batches of device code (planned when execution reaches the
     /// first).
     pub(crate) plan: crate::run::plan::LaunchPlan,
+    /// Dependence levels computed as batches of device code were recorded.
+    pub(crate) levels: crate::run::plan::RecordedLevels,
     /// Time each batch's launches on the device (events around them).
     pub(crate) time_device: bool,
 }
@@ -270,6 +272,7 @@ impl RunState {
             pending: Vec::new(),
             device_task: false,
             poison: None,
+            levels: Default::default(),
             time_device: false,
         }
     }

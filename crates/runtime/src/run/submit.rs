@@ -15,6 +15,8 @@ use simpler_driver::DevPtr;
 use crate::error::{Error, Phase, Result};
 use crate::geometry::{span_contains, Geometry};
 use crate::memory::Memory;
+use crate::run::launch::batch_spans;
+use crate::run::levels::batch_levels;
 use crate::run::state::{ArgKind, RunArg, RunState, Stage};
 use crate::run::tasks::Slot;
 use crate::scratch::ScratchPool;
@@ -383,6 +385,13 @@ impl RunState {
             })
         });
         self.tasks.push_batch(kernel, shape, rows);
+        // Device code's dependence levels, computed now while the views are at hand, unless the
+        // round still records exactly the tasks of a kept plan (which it will reuse).
+        if kernel.device.is_some() && count > 1 && !self.tasks.still_following() {
+            let i = self.tasks.batch_count() - 1;
+            let levels = batch_levels(&batch_spans(&self.tasks, &self.args, i), count);
+            self.levels.set(i, levels);
+        }
         self.report.counters.tasks += n;
         self.report.counters.submits += u64::from(new_call);
         Ok(first)
@@ -400,6 +409,7 @@ impl RunState {
             return Ok(());
         }
         self.tasks.truncate(first);
+        self.levels.truncate(self.tasks.batch_count());
         self.hazards.reindex();
         self.report.counters.tasks -= before - self.tasks.len();
         self.report.counters.submits = self.report.counters.submits.saturating_sub(1);

@@ -215,6 +215,12 @@ impl TaskStore {
         (done && s.tasks.tasks == self.tasks).then_some(&s.tasks)
     }
 
+    /// Whether tasks are being compared with a kept plan's ([`TaskStore::follow`]) and every
+    /// one recorded so far equals them.
+    pub fn still_following(&self) -> bool {
+        self.shadow.as_ref().is_some_and(|s| s.compared.is_some())
+    }
+
     /// The lengths of the vectors that make the tasks.
     fn lens(&self) -> [usize; 7] {
         [
