@@ -228,7 +228,7 @@ def test_without_ml_dtypes_the_bfloat16_checks_skip_and_the_others_run(tmp_path)
     checks = {r["name"]: r for r in recs if r["kind"] == "check"}
     assert checks["driver.open"]["status"] == "passed"
     skipped = [n for n in checks if n.startswith(("paged_attention.", "bench."))]
-    assert len(skipped) == 7, list(checks)  # Small1 in three arms, four benches
+    assert len(skipped) == 8, list(checks)  # Small1 in three arms, four benches and the replay
     for name in skipped:
         assert checks[name]["status"] == "skipped", checks[name]
         assert "pip install ml-dtypes" in checks[name]["skip_reason"]

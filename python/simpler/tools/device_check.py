@@ -769,6 +769,7 @@ def check_replay(ctx: Context) -> Figures:
     with the device's time from events: per workload and arm, the medians of the host's part
     of execute, its planning, and the device time (ns)."""
     _need_cuda(ctx)
+    _need_bfloat16()  # the paged attention's inputs
     from .bench_replay import bench_replay
 
     before = os.environ.get("SIMPLER_DEVICE_TIMING")
