@@ -12,6 +12,7 @@
 //! * [`resident`] — resident sets (case-owned device buffers).
 //! * [`run`] — the state and the phases of a run, and its report.
 //! * [`worker`] — the owner of all of the above; the steps of a run.
+//! * [`pending`] — a run that did not wait for the device, and what waits for it.
 //! * [`cycle`] — the one entry point that runs a call, phase by phase, under a guard.
 //!
 //! No pyo3 here: the bindings crate maps these types to Python. The modules are private; the

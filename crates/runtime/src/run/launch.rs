@@ -1,16 +1,21 @@
 //! Device execution of a run's batches of device code, natively (no host call per task).
 //!
-//! When execution reaches its first batch of device code, the run plans every such batch at
-//! once: it writes one task row per task (the ABI in `crate::device_code`), uploads all rows
-//! with one copy into a task-row region of their own, and decides each batch's launches:
+//! The run plans its batches of device code as execution reaches them. The first batch takes a
+//! task-row region (device memory of its own, sized for every batch's rows) and a page-locked
+//! row buffer; each batch then gets one task row per task (the ABI in `crate::device_code`),
+//! written into the buffer, and its launches:
 //!
 //! * a batch whose tasks are independent (no task writes a byte another task of the batch reads
 //!   or writes) is one launch over all its rows: grid `(gx, gy, gz * n)`, the task being
 //!   `blockIdx.z / gz`;
-//! * a batch with dependences runs in *levels*: a task's level is one past the last earlier task
-//!   of the batch it depends on, the rows are ordered by level, and each level is one launch, so
-//!   every dependence is ordered by the stream. When tasks' footprints overlap other than
-//!   exactly (two views sharing some bytes), each task is its own level.
+//! * a batch with dependences runs in *levels* (`levels.rs`; computed when the batch was
+//!   recorded, or here): the rows are ordered by level, and each level is one launch, so every
+//!   dependence is ordered by the stream.
+//!
+//! Rows go up in chunks with asynchronous copies ordered on the worker's stream before the
+//! launches that read them: the first chunk is the first batch alone, so the device starts on it
+//! while the host plans the rest; each later chunk carries at least twice the rows of the one
+//! before (and [`MIN_CHUNK`]).
 //!
 //! A launch covers at most `65535 / gz` tasks (the grid's z limit); longer levels are split.
 //! Launches are enqueued in submission order on the worker's stream as execution reaches each
