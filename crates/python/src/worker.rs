@@ -542,10 +542,6 @@ impl PyWorker {
             Outcome::Done(report) => {
                 Ok(Bound::new(py, PyRunReport::new(*report, name))?.into_any())
             }
-            Outcome::Pending(run) if wait => {
-                let report = done(py, self.cell.with(true, |w| w.wait_run(run)))?;
-                Ok(Bound::new(py, PyRunReport::new(report, name))?.into_any())
-            }
             Outcome::Pending(run) => {
                 Ok(Bound::new(py, PendingRun::new(self.cell.clone(), run, name))?.into_any())
             }

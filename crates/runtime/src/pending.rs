@@ -5,8 +5,8 @@
 //! the device remains: it ran to the end of its tasks without a failure, launched device code,
 //! and stages no argument (a staged output would need copying back into the caller's array,
 //! and a staged input's arena bytes must outlive the tasks that read them; such a run waits as
-//! any other). The allocations its tasks write go stale at once; what its tasks read and write
-//! is kept, as byte ranges, for the checks below.
+//! any other). What its tasks read and write is kept, as byte ranges, for the checks below; the
+//! host views of what they write go stale when it completes.
 //!
 //! At most one run is pending. It completes — the wait, its device time, pricing, cleanup and
 //! its report — when its handle waits, and before anything that needs its results or could
@@ -53,13 +53,14 @@ impl PendingRuns {
     }
 
     /// Keeps `state` pending (see the module docs: the caller checked
-    /// `RunState::can_leave_pending`); the allocations its tasks write go stale now.
-    pub fn leave(&mut self, state: RunState, mem: &mut Memory) {
+    /// `RunState::can_leave_pending`). The host views of what its tasks write go stale when it
+    /// completes: an access to those bytes completes it first, and the views of other bytes stay
+    /// good meanwhile.
+    pub fn leave(&mut self, state: RunState) {
         debug_assert!(
             self.run.is_none(),
             "a pending run completes before the next execute"
         );
-        state.mark_written_stale(mem);
         let touched = state.touched();
         self.run = Some(Pending { state, touched });
     }

@@ -840,7 +840,7 @@ impl Worker {
         let Some(state) = self.run.take() else {
             unreachable!("checked by active()")
         };
-        self.pending.leave(state, &mut self.mem);
+        self.pending.leave(state);
         Ok(true)
     }
 

@@ -170,7 +170,6 @@ impl RunState {
             && !self.failed
             && self.pending.is_empty()
             && !self.device_task
-            && self.fresh.is_empty()
             && self.report.counters.device_launches > 0
             && !self
                 .args

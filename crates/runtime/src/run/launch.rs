@@ -147,7 +147,9 @@ impl RunState {
             Ok(rows) => rows,
             Err(e) => {
                 mem.plans.spare.push(region);
-                return Err(Error::host("<task rows>", e));
+                return Err(Error::Value(format!(
+                    "execute: a page-locked task-row buffer of {need} bytes: {e}"
+                )));
             }
         };
         let end = (0..self.tasks.batch_count())

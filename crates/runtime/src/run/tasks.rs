@@ -237,27 +237,34 @@ impl TaskStore {
     /// Compares what was recorded since the last comparison with the followed tasks.
     fn compare_shadow(&mut self) {
         let to = self.lens();
-        let Some(shadow) = &mut self.shadow else {
+        let Some(shadow) = &self.shadow else {
             return;
         };
         let Some(from) = shadow.compared else {
             return;
         };
+        // Lengths first: the parts compared then lie inside both stores.
         let e = &shadow.tasks;
+        let same = to.iter().zip(e.lens()).all(|(&t, n)| t <= n) && self.same_parts(e, from, to);
+        if let Some(shadow) = &mut self.shadow {
+            shadow.compared = same.then_some(to);
+        }
+    }
+
+    /// Whether the parts `from..to` of each vector (in [`TaskStore::lens`] order) equal
+    /// `other`'s, scalars bit for bit; both stores hold at least `to`.
+    fn same_parts(&self, other: &TaskStore, from: [usize; 7], to: [usize; 7]) -> bool {
         let r = |i: usize| from[i]..to[i];
-        // Lengths first: the ranges below then lie inside both stores.
-        let same = to.iter().zip(e.lens()).all(|(&t, n)| t <= n)
-            && self.batches[r(0)] == e.batches[r(0)]
-            && self.slots[r(1)] == e.slots[r(1)]
-            && self.starts[r(2)] == e.starts[r(2)]
+        self.batches[r(0)] == other.batches[r(0)]
+            && self.slots[r(1)] == other.slots[r(1)]
+            && self.starts[r(2)] == other.starts[r(2)]
             && self.scalars[r(3)]
                 .iter()
-                .zip(&e.scalars[r(3)])
+                .zip(&other.scalars[r(3)])
                 .all(|(a, b)| same_value(a, b))
-            && self.devices[r(4)] == e.devices[r(4)]
-            && self.consts[r(5)] == e.consts[r(5)]
-            && self.works[r(6)] == e.works[r(6)];
-        shadow.compared = same.then_some(to);
+            && self.devices[r(4)] == other.devices[r(4)]
+            && self.consts[r(5)] == other.consts[r(5)]
+            && self.works[r(6)] == other.works[r(6)]
     }
 
     /// Whether `other` holds exactly the tasks recorded here: the same batches (kernels, task
@@ -267,21 +274,8 @@ impl TaskStore {
     /// Lengths first, so two different task lists usually part at once.
     pub fn same_tasks(&self, other: &TaskStore) -> bool {
         self.tasks == other.tasks
-            && self.batches.len() == other.batches.len()
-            && self.slots.len() == other.slots.len()
-            && self.starts.len() == other.starts.len()
-            && self.scalars.len() == other.scalars.len()
-            && self.batches == other.batches
-            && self.devices == other.devices
-            && self.consts == other.consts
-            && self.works == other.works
-            && self.slots == other.slots
-            && self.starts == other.starts
-            && self
-                .scalars
-                .iter()
-                .zip(&other.scalars)
-                .all(|(a, b)| same_value(a, b))
+            && self.lens() == other.lens()
+            && self.same_parts(other, [0; 7], self.lens())
     }
 
     /// Makes this store a copy of `other`'s tasks, reusing this store's memory.
