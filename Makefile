@@ -6,7 +6,7 @@ STAMP := $(VENV)/.deps-installed
 RAY_STAMP := $(VENV)/.ray-installed
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test build lint rust-test py-test memcheck bench device-check device-wheels wheel wheel-check test-min clean
+.PHONY: demo test build lint rust-test py-test memcheck bench bench-replay device-check device-wheels wheel wheel-check test-min clean
 
 $(STAMP): requirements/dev.txt
 	python3 -m venv $(VENV)
@@ -140,6 +140,17 @@ device-check:
 
 bench: build $(RAY_STAMP)
 	$(BENCH_ENV) $(PY) -m simpler.tools.benchmarks
+
+# Planned against replayed warm rounds on cuda, against the fake libcuda built in release mode
+# (`make test` builds it for debugging: its per-call cost would hide the runtime's), unless
+# SIMPLER_CUDA_LIB names a driver already.
+FAKE_CUDA_RELEASE := target/fake-cuda-release
+bench-replay: build
+	cargo build -q --release -p fake-cuda
+	mkdir -p $(FAKE_CUDA_RELEASE)
+	ln -sf ../release/libfake_cuda.so $(FAKE_CUDA_RELEASE)/libcuda.so.1
+	SIMPLER_CUDA_LIB=$${SIMPLER_CUDA_LIB:-$(CURDIR)/$(FAKE_CUDA_RELEASE)/libcuda.so.1} \
+		$(BENCH_ENV) $(PY) -m simpler.tools.benchmarks replay
 
 clean:
 	cargo clean

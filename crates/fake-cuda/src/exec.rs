@@ -1,11 +1,16 @@
 //! Streams and events, and the execution of device work.
 //!
 //! Every stream has a FIFO queue of operations. A background thread runs them in order; it is
-//! started when the queue goes from idle to busy, first sleeps the launch latency, and ends as
-//! soon as the queue is empty again, so an idle fake has no threads of its own (nothing keeps
-//! the process alive or runs in the library at exit). It is a plain, detached pthread, so a host
-//! kernel ended by `pthread_exit` (a Python callback while the interpreter finalizes) ends just
-//! that thread instead of aborting the process (see `spawn_executor`).
+//! started when the queue goes from idle to busy and sleeps the launch latency whenever work
+//! arrives on an idle queue. Once the queue is empty it stays for [`LINGER`], looking for more
+//! work, and then ends: a stream fed round after round keeps its thread (queueing work costs
+//! what a driver's call does, not a thread's start), and a fake left idle soon has no threads of
+//! its own. Nothing holds the process open at exit (an exiting process ends a lingering thread,
+//! which owns nothing and runs no code of ours but a wait), and the library is never unloaded
+//! while one waits (it is opened once per process and never closed, by the driver's loader as by
+//! ctypes). It is a plain, detached pthread, so a host kernel ended by `pthread_exit` (a Python
+//! callback while the interpreter finalizes) ends just that thread instead of aborting the
+//! process (see `spawn_executor`).
 //!
 //! The built-in streams are queues too, as on a GPU, made on first use by [`Exec::resolve`] and
 //! never handed out as handles (nor counted as live streams): `0` and `CU_STREAM_LEGACY` name
@@ -521,35 +526,74 @@ extern "C-unwind" fn executor_start(arg: *mut c_void) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// The executor of stream `h`: runs its queue until it is empty (or the stream is gone).
+/// How long an executor thread keeps looking at its empty queue for more work before it ends.
+pub const LINGER: Duration = Duration::from_millis(20);
+
+/// How often a lingering executor looks at its queue, at least: it polls rather than waits to
+/// be woken, so queueing work on a stream costs no thread wake-up (a system call, tens of
+/// microseconds on a loaded machine), as a driver's queueing costs no system call.
+const POLL: Duration = Duration::from_micros(50);
+
+/// The executor of stream `h`: after the launch latency, runs its queue until it is empty, then
+/// lingers for more work (which it runs after the latency again) until [`linger`] says to end.
 fn worker(h: usize) {
     EXECUTOR.with(|c| c.set(true));
-    let latency = lock().latency;
-    if !latency.is_zero() {
-        std::thread::sleep(latency);
-    }
-    while let Some(job) = next_job(h) {
-        run_job(job);
-        if let Some(s) = lock().streams.get_mut(&h) {
-            s.done += 1;
+    loop {
+        let latency = lock().latency;
+        if !latency.is_zero() {
+            std::thread::sleep(latency);
         }
-        notify();
+        while let Some(job) = next_job(h) {
+            run_job(job);
+            if let Some(s) = lock().streams.get_mut(&h) {
+                s.done += 1;
+            }
+            notify();
+        }
+        if !linger(h) {
+            return;
+        }
+    }
+}
+
+/// Looks at the empty queue of stream `h` every launch latency (or [`POLL`], if longer) for up to
+/// [`LINGER`]: `true` once work is queued (it then waits the latency, as on a thread just
+/// started); `false` when the thread is to end, with the stream marked as having no thread (or
+/// dropped, when it is an orphaned per-thread stream): the time ran out, or the stream is gone,
+/// destroyed or orphaned.
+fn linger(h: usize) -> bool {
+    let start = Instant::now();
+    loop {
+        let poll = {
+            let mut ex = lock();
+            let poll = ex.latency.max(POLL);
+            let Some(s) = ex.streams.get_mut(&h) else {
+                return false;
+            };
+            if !s.ops.is_empty() {
+                return true;
+            }
+            if s.destroyed || s.orphan || start.elapsed() >= LINGER {
+                s.worker = false;
+                if s.orphan && s.idle() {
+                    ex.streams.remove(&h);
+                }
+                return false;
+            }
+            poll
+        };
+        std::thread::sleep(poll);
     }
 }
 
 /// The next operation of stream `h` once it is not held (boxed and leaked, so no frame owns it
-/// while it runs), or `None` when the queue is empty: the thread then ends (and an orphaned
-/// per-thread stream is dropped).
+/// while it runs), or `None` when the queue is empty (or the stream is gone).
 fn next_job(h: usize) -> Option<*mut Op> {
     let mut ex = lock();
     loop {
         let all_held = ex.held;
         let s = ex.streams.get_mut(&h)?;
         if s.ops.is_empty() {
-            s.worker = false;
-            if s.orphan && s.idle() {
-                ex.streams.remove(&h);
-            }
             return None;
         }
         let held = s.held || (all_held && s.kind == Kind::Created);
@@ -607,42 +651,31 @@ fn run_job(job: *mut Op) {
 fn run(op: Op) {
     let dev = op.dev;
     let code = match op.work {
-        Work::HtoD { dst, src, n } => with_state(|st| {
-            let Ok(to) = st.device_range(dst, n as u64, dev) else {
-                return CUDA_ERROR_ILLEGAL_ADDRESS;
-            };
+        Work::HtoD { dst, src, n } => {
             let from = match &src {
                 Source::Host(p) => *p as *const u8,
                 Source::Copied(v) => v.as_ptr(),
             };
-            if n > 0 {
-                // SAFETY: `to` has `n` bytes of a live backing block behind it (checked just
-                // now); `from` is the fake's own `n`-byte copy, or a host range the caller
-                // vouched for at call time (valid until the copy ran: a pinned range, as for
-                // DMA, or the buffer of a synchronous call that waits for this copy).
-                unsafe { std::ptr::copy_nonoverlapping(from, to, n) };
-            }
-            CUDA_SUCCESS
+            in_chunks(dst, n, dev, |to, at, len| {
+                // SAFETY: `to` has `len` bytes of a live backing block behind it (checked under
+                // the lock `in_chunks` holds); `from` is the fake's own `n`-byte copy, or a host
+                // range the caller vouched for at call time (valid until the copy ran: a pinned
+                // range, as for DMA, or the buffer of a synchronous call that waits for this
+                // copy), and `at + len <= n`.
+                unsafe { std::ptr::copy_nonoverlapping(from.add(at), to, len) };
+            })
+        }
+        Work::DtoH { dst, src, n } => in_chunks(src, n, dev, |from, at, len| {
+            // SAFETY: `from` has `len` bytes of a live backing block behind it (checked under
+            // the lock `in_chunks` holds); `dst` was valid for `n` bytes per the enqueuing
+            // caller, who must keep it so until the copy ran (a synchronous call waits for it),
+            // and `at + len <= n`.
+            unsafe { std::ptr::copy_nonoverlapping(from, (dst as *mut u8).add(at), len) };
         }),
-        Work::DtoH { dst, src, n } => with_state(|st| {
-            let Ok(from) = st.device_range(src, n as u64, dev) else {
-                return CUDA_ERROR_ILLEGAL_ADDRESS;
-            };
-            if n > 0 {
-                // SAFETY: `from` has `n` bytes of a live backing block behind it (checked just
-                // now); `dst` was valid for `n` bytes per the enqueuing caller, who must keep it
-                // so until the copy ran (a synchronous call waits for it).
-                unsafe { std::ptr::copy_nonoverlapping(from, dst as *mut u8, n) };
-            }
-            CUDA_SUCCESS
-        }),
-        Work::Memset { dst, value, n } => with_state(|st| {
-            let Ok(to) = st.device_range(dst, n as u64, dev) else {
-                return CUDA_ERROR_ILLEGAL_ADDRESS;
-            };
-            // SAFETY: `to` has `n` bytes of a live backing block behind it (checked just now).
-            unsafe { std::ptr::write_bytes(to, value, n) };
-            CUDA_SUCCESS
+        Work::Memset { dst, value, n } => in_chunks(dst, n, dev, |to, _, len| {
+            // SAFETY: `to` has `len` bytes of a live backing block behind it (checked under the
+            // lock `in_chunks` holds).
+            unsafe { std::ptr::write_bytes(to, value, len) };
         }),
         Work::Launch(ref l) => call_kernel(l),
         Work::Graph(ref ls) => ls
@@ -668,6 +701,45 @@ fn run(op: Op) {
     };
     if code != CUDA_SUCCESS {
         fault(dev, code, &op.what);
+    }
+}
+
+/// The most bytes a copy or memset moves under one hold of the state lock: host calls made
+/// while the stream works (a launch, a graph launch) wait for one chunk, not for the whole copy,
+/// as they would not wait for a copy engine at all.
+const CHUNK: usize = 16 << 10;
+
+/// Runs `f(device pointer, offset, length)` over the `n` bytes of device memory at `addr`, a
+/// chunk at a time, each translated and run under the state lock (so memory freed meanwhile is
+/// an illegal address, never a dangling pointer); `CUDA_ERROR_ILLEGAL_ADDRESS` at the first chunk
+/// that is not live memory of `dev`.
+fn in_chunks(
+    addr: u64,
+    n: usize,
+    dev: CUdevice,
+    mut f: impl FnMut(*mut u8, usize, usize),
+) -> CUresult {
+    let mut at = 0;
+    loop {
+        let len = CHUNK.min(n - at);
+        let ok = with_state(|st| {
+            let Ok(p) = st.device_range(addr + at as u64, len as u64, dev) else {
+                return false;
+            };
+            if len > 0 {
+                f(p, at, len);
+            }
+            true
+        });
+        if !ok {
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+        at += len;
+        if at >= n {
+            return CUDA_SUCCESS;
+        }
+        // A caller waiting for the lock takes it now (the lock is not fair).
+        std::thread::yield_now();
     }
 }
 

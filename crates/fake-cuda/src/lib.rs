@@ -32,7 +32,10 @@
 //!   the driver's allocator does, so a handle kept past `cuMemFree_v2` really aliases newer data.
 //! * **Streams run asynchronously** ([`exec`]). Each stream has a FIFO queue run in order by a
 //!   background thread, after the enqueuing call returned (and, by default, after a launch
-//!   latency), so a caller that forgets to synchronize sees stale data.
+//!   latency), so a caller that forgets to synchronize sees stale data. Queueing costs what a
+//!   driver's call does: a stream's thread stays a while after its queue empties, looking for
+//!   more work rather than waiting to be woken, and copies move in chunks, so a call made while
+//!   the stream copies waits for one chunk at most.
 //!   `cuMemcpyHtoDAsync_v2` from a registered (pinned) range reads the host bytes when it runs,
 //!   as DMA does; from pageable memory it copies them at call time. `cuMemcpyDtoHAsync_v2`
 //!   writes the host buffer when it runs. The built-in streams are queues too, as on a GPU
