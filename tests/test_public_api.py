@@ -131,6 +131,32 @@ def test_the_crate_modules_form_no_cycle(crate):
         visit(m, ())
 
 
+#: The crates that are C libraries or call them: the driver (vendor libraries through their C
+#: APIs) and the fake vendor libraries (C exports by nature). Every other crate forbids ``unsafe``.
+_UNSAFE_CRATES = {"ffi-driver", "fake-cuda", "fake-ascend", "fake-vendor"}
+
+
+def test_unsafe_code_is_a_rule_of_the_compiler():
+    """Outside the driver and the fake vendor libraries, ``unsafe`` is the compiler's to refuse:
+    the runtime forbids it; the bindings deny it and lift the lint for one module, ``capi`` (the
+    interpreter's C API and the DLPack ABI), the only module of theirs that writes ``unsafe``."""
+    roots = {d.name: d / "src" / "lib.rs" for d in _CRATES.iterdir() if (d / "src" / "lib.rs").exists()}
+    assert {"runtime", "python", "ffi-driver"} <= set(roots)
+    for name, lib in roots.items():
+        if name not in _UNSAFE_CRATES | {"python"}:
+            assert "#![forbid(unsafe_code)]" in lib.read_text(), name
+    bindings = roots["python"].read_text()
+    assert "#![deny(unsafe_code)]" in bindings
+    assert re.findall(r"#\[allow\(unsafe_code\)\]\s*mod (\w+);", bindings) == ["capi"]
+    assert bindings.count("allow(unsafe_code)") == 1
+    writes = {
+        f.name
+        for f in (_CRATES / "python" / "src").rglob("*.rs")
+        if re.search(r"\bunsafe\s*(\{|fn\b|extern\b|impl\b)", f.read_text())
+    }
+    assert writes == {"capi.rs"}
+
+
 _PACKAGE = Path(__file__).resolve().parent.parent / "python" / "simpler"
 
 

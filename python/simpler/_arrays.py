@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from . import _core, _cuda, _dlpack
+from . import _core, _cuda
 from .errors import ArgumentError, ArgumentTypeError
 
 if TYPE_CHECKING:
@@ -272,7 +272,6 @@ _core.install_helpers(
     window_array=window_array,
     dtype_name=dtype_name,
     np_dtype=np_dtype,
-    dlpack_export=_dlpack.export,
     nvrtc_dirs=_cuda.nvrtc_dirs,
     device_array=_cuda.device_array,
     host_array=host_array,

@@ -54,13 +54,11 @@ __all__ = [
     "SimplerError",
     "StateError",
     "Worker",
-    "_Export",
     "check_name",
     "check_scalar",
     "check_worker_options",
     "compile_cuda",
     "device_code_stats",
-    "dlpack_destructor",
     "install_helpers",
     "nvrtc_info",
     "parse_svm",
@@ -165,7 +163,6 @@ def install_helpers(
     window_array: _Fn[..., Any],
     dtype_name: _Fn[..., Any],
     np_dtype: _Fn[..., Any],
-    dlpack_export: _Fn[..., Any],
     nvrtc_dirs: _Fn[..., Any],
     device_array: _Fn[..., Any],
     host_array: _Fn[..., Any],
@@ -407,12 +404,6 @@ class DeviceArray:
         copy: bool | None = None,
     ) -> Any: ...
 
-@final
-class _Export:
-    """One live export of a tensor's memory (held by a DLPack capsule until its deleter runs)."""
-
-    def release(self) -> None: ...
-
 # -- the dicts of a worker's observability and of the vendor sessions --
 
 def nvrtc_info(
@@ -444,9 +435,6 @@ def release_sessions() -> _ReleaseSummary:
 
 def session_stats() -> _SessionStats:
     """``opened`` (vendor sessions this process opened so far) and ``held`` (held now)."""
-
-def dlpack_destructor() -> int:
-    """The address of the DLPack capsule destructor ``simpler._dlpack`` uses."""
 
 class Callable:
     """A device program: an orchestration function over tensor arguments."""

@@ -1,21 +1,20 @@
 //! Device drivers for simpler.
 //!
-//! This crate is the only place in the workspace that contains `unsafe` code: raw host memory
-//! ([`HostMem`]) and, for vendor backends, foreign function calls into libraries opened at run
-//! time. Everything above it (the runtime core, the bindings) is safe Rust over the [`Device`]
-//! trait defined here.
+//! This crate holds the workspace's `unsafe` code for devices: raw host memory ([`HostMem`]) and,
+//! for vendor backends, foreign function calls into libraries opened at run time. It knows
+//! nothing of Python. Everything above it is safe Rust over the [`Device`] trait defined here:
+//! the runtime core forbids `unsafe`, and the bindings allow it in one module of theirs, for the
+//! interpreter's C API (DLPack capsules).
 //!
 //! Backends:
 //! * [`sim`] — host memory standing in for device memory, with device addresses in a distinct,
 //!   non-dereferenceable range, a mapping policy, poison fill, fault injection and counters.
 
 pub mod ascend;
-pub mod capsule;
 pub mod cuda;
 mod device;
 mod error;
 pub mod fork;
-mod host;
 mod hostmem;
 mod ledger;
 mod loader;
@@ -30,7 +29,6 @@ pub use device::{
     MapGrant, ModuleId, Stats,
 };
 pub use error::{codes, DeviceError, Op, Status};
-pub use host::python_finalizing;
 pub use hostmem::{host_page_size, HostMem, HostMemError};
 pub use ledger::{traced, Ledger, Ledgered, Outcome};
 pub use loader::{LoadAttempt, LoadError};

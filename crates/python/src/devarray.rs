@@ -10,6 +10,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use simpler_runtime::Geometry;
 
+use crate::capi;
 use crate::cell::Shared;
 use crate::errors::state_err;
 use crate::exporting::{self, KDL_CUDA};
@@ -126,12 +127,7 @@ impl DeviceArray {
         let device = a.__dlpack_device__();
         let consumer = exporting::dlpack_request("array", device, stream, dl_device, copy)?;
         exporting::order_after(py, &*a.cell.dev, consumer)?;
-        let dt = a.np_dtype(py)?;
-        helpers::call1(
-            py,
-            |h| &h.dlpack_export,
-            (slf, a.addr, device, dt, py.None()),
-        )
+        capi::dlpack_capsule(slf.as_any(), a.addr, device, &a.geometry, None)
     }
 
     fn __repr__(&self) -> String {

@@ -3,7 +3,7 @@
 //! of the worker cell) and its allocation's handle (address and generation); a device tensor
 //! holds its buffer. Every rule about them (ownership, generations, extents) is the runtime's.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use numpy::{
     PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
@@ -18,6 +18,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use simpler_runtime::{BufferRef, Error, ExportGuard, Geometry, HostWindow, WorkerCell};
 
+use crate::capi;
 use crate::cell::Shared;
 use crate::convert;
 use crate::errors::{done, state_err, type_err, type_name, Exc, PyResultExt};
@@ -293,20 +294,6 @@ pub struct DeviceTensor {
     pub cai_export: OnceLock<ExportGuard>,
 }
 
-/// One live export of a tensor's memory (a DLPack capsule holds it until its deleter runs).
-#[pyclass(module = "simpler._core", name = "_Export", frozen)]
-pub struct Export {
-    guard: Mutex<Option<ExportGuard>>,
-}
-
-#[pymethods]
-impl Export {
-    /// Ends the export now (idempotent); otherwise it ends when the object is dropped.
-    fn release(&self) {
-        self.guard.lock().unwrap_or_else(|e| e.into_inner()).take();
-    }
-}
-
 impl PartialEq for DeviceTensor {
     fn eq(&self, other: &Self) -> bool {
         self.buf == other.buf && self.geometry == other.geometry
@@ -550,16 +537,9 @@ impl DeviceTensor {
         let t = slf.get();
         let device = t.__dlpack_device__(py)?;
         let consumer = exporting::dlpack_request("tensor", device, stream, dl_device, copy)?;
-        let dt = t.np_dtype_of(py)?;
-        let guard = Export {
-            guard: Mutex::new(Some(t.export(py)?)),
-        };
+        let guard = t.export(py)?;
         exporting::order_after(py, &*t.buffer.bind(py).get().cell.dev, consumer)?;
-        helpers::call1(
-            py,
-            |h| &h.dlpack_export,
-            (slf, t.data_ptr(), device, dt, guard),
-        )
+        capi::dlpack_capsule(slf.as_any(), t.data_ptr(), device, &t.geometry, Some(guard))
     }
 
     fn __repr__(&self) -> String {
@@ -626,13 +606,4 @@ pub fn window_array<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let w = Bound::new(py, PyHostWindow { win, readonly })?;
     helpers::call1(py, |h| &h.window_array, (w,))
-}
-
-/// The address of the DLPack capsule destructor (``PyCapsule_New``'s third argument) that
-/// ``simpler._dlpack`` gives its capsules: it calls the tensor's deleter when a capsule dies
-/// unconsumed, leaving alone the error a refusing consumer has set.
-#[pyfunction]
-pub fn dlpack_destructor() -> PyResult<usize> {
-    simpler_driver::capsule::dlpack_destructor_address()
-        .ok_or_else(|| state_err("the interpreter's C API is not visible in this process"))
 }

@@ -1,4 +1,4 @@
-//! The numpy and DLPack plumbing written in Python (`simpler._arrays`, `simpler._dlpack`),
+//! The numpy plumbing written in Python (`simpler._arrays`),
 //! handed to the native module once, when the package is imported (`install_helpers`). The
 //! native module never imports its own package: a module that imports `simpler._core` alone
 //! gets a clear error at the first call that needs one of these.
@@ -36,7 +36,6 @@ helpers! {
     window_array: "`(HostWindow) -> ndarray` over the window, no copy.",
     dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",
     np_dtype: "`(name) -> numpy dtype` (ml_dtypes' for bfloat16 and the fp8 kinds).",
-    dlpack_export: "`(tensor, data, device, dtype) -> capsule`: a DLPack capsule.",
     nvrtc_dirs: "`() -> list[str]`: folders of the NVRTC wheels found on `sys.path`.",
     device_array: "`(kind, DeviceArray) -> array`: a CuPy array or a torch tensor over it.",
     host_array: "`(value, what) -> value`: a torch tensor as a numpy view; else unchanged.",

@@ -76,7 +76,7 @@ fn park_while_exiting() {
         return;
     }
     loop {
-        if simpler_driver::python_finalizing() == Some(true) {
+        if crate::capi::python_finalizing() == Some(true) {
             loop {
                 thread::park();
             }
