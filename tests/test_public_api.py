@@ -139,7 +139,8 @@ _UNSAFE_CRATES = {"ffi-driver", "fake-cuda", "fake-ascend", "fake-vendor"}
 def test_unsafe_code_is_a_rule_of_the_compiler():
     """Outside the driver and the fake vendor libraries, ``unsafe`` is the compiler's to refuse:
     the runtime forbids it; the bindings deny it and lift the lint for one module, ``capi`` (the
-    interpreter's C API and the DLPack ABI), the only module of theirs that writes ``unsafe``."""
+    interpreter's and numpy's C APIs, the DLPack ABI), the only module of theirs that writes
+    ``unsafe``."""
     roots = {d.name: d / "src" / "lib.rs" for d in _CRATES.iterdir() if (d / "src" / "lib.rs").exists()}
     assert {"runtime", "python", "ffi-driver"} <= set(roots)
     for name, lib in roots.items():

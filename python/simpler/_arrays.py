@@ -1,10 +1,11 @@
 """Numpy plumbing for the native core (private), handed to it once at import.
 
 The native core takes host arrays as the bytes of their *extent* (what a strided view touches),
-so a transposed or sliced view is staged intact; it computes that extent itself and asks for a
-flat byte view of it here. Arrays it cannot take byte for byte (negative strides, strides that
-are not a multiple of the item size, non-native byte order) are staged through a contiguous
-copy made here and written back after the run for outputs.
+so a transposed or sliced view is staged intact; it computes that extent and views its bytes
+itself (``crates/python/src/capi.rs``), as it makes the arrays over host windows. Arrays it
+cannot take byte for byte (negative strides, strides that are not a multiple of the item size,
+non-native byte order) are staged through a contiguous copy made here and written back after the
+run for outputs.
 """
 
 from __future__ import annotations
@@ -78,32 +79,6 @@ def dtype_name(dtype: object) -> str:
         return (np.dtype(cast("DTypeLike", dtype)) if not isinstance(dtype, str) else np_dtype(dtype)).name
     except TypeError as e:
         raise ArgumentTypeError(f"unsupported dtype {dtype!r}") from e
-
-
-class _Extent:
-    """``nbytes`` bytes of an array from its first element, as a uint8 array interface (keeps the
-    array alive). Described as bytes, so it works for every dtype, ml_dtypes' included (whose
-    own type strings numpy's ``as_strided`` cannot parse)."""
-
-    __slots__ = ("__array_interface__", "_base")
-
-    def __init__(self, arr: np.ndarray, nbytes: int):
-        self._base = arr
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (arr.ctypes.data, not arr.flags.writeable),
-        }
-
-
-def flat_bytes(arr: np.ndarray, nbytes: int) -> np.ndarray:
-    """A 1-D uint8 view of the ``nbytes`` bytes of ``arr`` from its first element (no copy)."""
-    if nbytes == 0:
-        return np.empty(0, dtype=np.uint8)
-    if arr.flags.c_contiguous and arr.nbytes == nbytes:
-        return arr.reshape(-1).view(np.uint8)
-    return np.asarray(_Extent(arr, nbytes))
 
 
 def native_copy(arr: np.ndarray) -> np.ndarray:
@@ -250,26 +225,12 @@ def column(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def window_array(win: _core.HostWindow) -> np.ndarray:
-    """A numpy array over a native host window (no copy)."""
-    name, shape, strides = win.layout
-    dt = np_dtype(name)
-    raw = np.asarray(win)
-    if raw.size == 0:
-        out = np.zeros(shape, dtype=dt)
-        out.flags.writeable = raw.flags.writeable
-        return out
-    return np.ndarray(tuple(shape), dtype=dt, buffer=raw, strides=tuple(strides))
-
-
 # The native module imports nothing from this package: it gets the helpers it calls here.
 _core.install_helpers(
-    flat_bytes=flat_bytes,
     native_copy=native_copy,
     write_back=write_back,
     offset_rows=offset_rows,
     column=column,
-    window_array=window_array,
     dtype_name=dtype_name,
     np_dtype=np_dtype,
     nvrtc_dirs=_cuda.nvrtc_dirs,

@@ -11,17 +11,25 @@
 //!   `PyErr_Restore` around the deleter), which pyo3's capsule type, whose destructor takes a
 //!   closure over the pointer and not the capsule, cannot do. The deleter frees the structures
 //!   and drops what the tensor kept alive: the exporting object and the export guard.
+//! * **Numpy arrays over memory something else owns** ([`flat_bytes`], [`array_over_window`]):
+//!   numpy's C API (`PyArray_NewFromDescr`, `PyArray_SetBaseObject`) with the bounds checked
+//!   here, where the Python helpers went through `__array_interface__` and `np.ndarray` twice per
+//!   array.
 //! * **The interpreter's finalization flag** ([`python_finalizing`]), read without the GIL by a
 //!   thread that must not take it back while the interpreter finalizes (see `shutdown.rs`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-use pyo3::exceptions::PyBufferError;
+use numpy::npyffi::{self, npy_intp, NpyTypes, NPY_ARRAY_WRITEABLE, PY_ARRAY_API};
+use numpy::{
+    dtype, PyArray1, PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use simpler_runtime::{DType, ExportGuard, Geometry};
+use simpler_runtime::{DType, ExportGuard, Geometry, HostWindow};
 
 /// `DLDevice`.
 #[repr(C)]
@@ -206,6 +214,169 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
         }
         ffi::PyErr_Restore(t, v, tb);
     }
+}
+
+/// The bytes past the first element that an array of `shape` and byte `strides`, of items of
+/// `item` bytes, reaches (0 without elements); `None` on a negative stride or an overflow.
+fn extent(shape: &[usize], strides: &[isize], item: usize) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().zip(strides).try_fold(item, |end, (&n, &s)| {
+        let step = usize::try_from(s).ok()?;
+        end.checked_add((n - 1).checked_mul(step)?)
+    })
+}
+
+/// A numpy array of `descr` with `shape` and byte `strides` whose first element is at `data`, in
+/// memory `base` keeps alive (`base` becomes the array's base); read-only unless `writable`.
+/// Without elements the array owns its (empty) memory instead.
+///
+/// # Safety
+/// `data` must be valid for reads (and writes, when `writable`) of the array's
+/// [`extent`] bytes for as long as `base` lives.
+unsafe fn array_over<'py>(
+    base: &Bound<'py, PyAny>,
+    data: usize,
+    descr: Bound<'py, PyArrayDescr>,
+    shape: &[usize],
+    strides: &[isize],
+    writable: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = base.py();
+    let nd = i32::try_from(shape.len()).map_err(|_| PyValueError::new_err("rank too large"))?;
+    let mut dims = shape
+        .iter()
+        .map(|&n| npy_intp::try_from(n))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| PyValueError::new_err("extent too large"))?;
+    let mut steps: Vec<npy_intp> = strides.to_vec();
+    let empty = shape.contains(&0);
+    let flags = if writable { NPY_ARRAY_WRITEABLE } else { 0 };
+    // SAFETY: attached (`py`); `PyArray_NewFromDescr` steals the reference to `descr` and reads
+    // `nd` dimensions and strides; with data given (the caller's promise covers it) the array
+    // does not own it, and without (no elements) numpy allocates.
+    let raw = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            PY_ARRAY_API.get_type_object(py, NpyTypes::PyArray_Type),
+            descr.into_dtype_ptr(),
+            nd,
+            dims.as_mut_ptr(),
+            if empty {
+                std::ptr::null_mut()
+            } else {
+                steps.as_mut_ptr()
+            },
+            if empty {
+                std::ptr::null_mut()
+            } else {
+                data as *mut c_void
+            },
+            flags,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: `raw` is a new reference, or null with an exception set.
+    let arr = unsafe { Bound::from_owned_ptr_or_err(py, raw)? };
+    let ptr = arr.as_ptr().cast::<npyffi::PyArrayObject>();
+    if empty {
+        if !writable {
+            // SAFETY: a live array just made, not yet shared: `PyArray_CLEARFLAGS`.
+            unsafe { (*ptr).flags &= !NPY_ARRAY_WRITEABLE };
+        }
+        return Ok(arr);
+    }
+    // SAFETY: `arr` does not own its data; `PyArray_SetBaseObject` steals the new reference to
+    // `base`, which keeps the memory alive for the array's life.
+    if unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, ptr, base.clone().into_ptr()) } != 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(arr)
+}
+
+/// A 1-D uint8 view of the `nbytes` bytes of `arr` from its first element (no copy), writable
+/// when `arr` is. `nbytes` must be within the array's extent (checked: `ValueError`), which
+/// negative strides have none of.
+pub fn flat_bytes<'py>(
+    arr: &Bound<'py, PyUntypedArray>,
+    nbytes: u64,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let py = arr.py();
+    let item = arr.dtype().itemsize();
+    let reach = extent(arr.shape(), arr.strides(), item);
+    let n = usize::try_from(nbytes)
+        .ok()
+        .filter(|&n| reach.is_some_and(|r| n <= r));
+    let Some(n) = n else {
+        return Err(PyValueError::new_err(format!(
+            "{nbytes} bytes are not within the array's extent ({reach:?} bytes from its first element)"
+        )));
+    };
+    let ptr = arr.as_array_ptr();
+    // SAFETY: `arr` is a live array: its data pointer and flags are readable fields.
+    let (data, writable) = unsafe {
+        (
+            (*ptr).data as usize,
+            (*ptr).flags & NPY_ARRAY_WRITEABLE != 0,
+        )
+    };
+    // SAFETY: the `n` bytes from the first element lie within the array's memory (its extent,
+    // checked above), which the array, as the new array's base, keeps alive; writes only where
+    // the array allows them.
+    let out = unsafe { array_over(arr.as_any(), data, dtype::<u8>(py), &[n], &[1], writable)? };
+    Ok(out.cast_into::<PyArray1<u8>>()?)
+}
+
+/// A numpy array of `descr` over the bytes of host window `win` (no copy), laid out as its
+/// tensor, with `base` (the object holding the window) as its base; read-only unless `writable`.
+/// `ValueError` when the layout or the dtype's item size does not fit the window's bytes.
+pub fn array_over_window<'py>(
+    base: &Bound<'py, PyAny>,
+    win: &HostWindow,
+    writable: bool,
+    descr: Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let g = &win.geometry;
+    let item = usize::try_from(g.dtype().size()).ok();
+    let bad = |what: &str| PyValueError::new_err(format!("host window: {what}"));
+    if item != Some(descr.itemsize()) {
+        return Err(bad("the dtype's item size is not the tensor's"));
+    }
+    let item = descr.itemsize();
+    let shape = g
+        .shape()
+        .iter()
+        .map(|&n| usize::try_from(n))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| bad("shape too large"))?;
+    let strides = g
+        .strides()
+        .iter()
+        .map(|&s| {
+            isize::try_from(s)
+                .ok()
+                .and_then(|s| s.checked_mul(isize::try_from(item).ok()?))
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("strides too large"))?;
+    let within = win
+        .offset
+        .checked_add(win.len)
+        .is_some_and(|end| end <= win.mem.len());
+    let fits = extent(&shape, &strides, item).is_some_and(|e| e <= win.len);
+    if !within || !fits {
+        return Err(bad("the tensor's elements reach past its bytes"));
+    }
+    let data = win
+        .mem
+        .owned_addr()
+        .and_then(|a| a.checked_add(win.offset))
+        .ok_or_else(|| bad("over revocable memory"))?;
+    // SAFETY: the window owns its `len` bytes at `data` for its life (`owned_addr`), the
+    // elements lie within them (checked above), and `base`, which holds the window, becomes the
+    // new array's base; writes only where the caller allows them.
+    unsafe { array_over(base, data, descr, &shape, &strides, writable) }
 }
 
 /// CPython's `int f(void)` finalization flag: `Py_IsFinalizing` (3.13 on) or `_Py_IsFinalizing`

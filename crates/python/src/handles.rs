@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use numpy::{
-    PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
+    PyArray1, PyArrayDescr, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
     PyUntypedArrayMethods,
 };
 use std::ffi::CString;
@@ -84,7 +84,7 @@ pub fn copy_to(
     offset: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let off = convert::u64_arg(offset, "copy_to", "byte offset")?;
-    let bytes = contiguous_bytes(py, arr, "copy_to")?;
+    let bytes = contiguous_bytes(arr, "copy_to")?;
     let ro: PyReadonlyArray1<'_, u8> = bytes.extract()?;
     let s = ro.as_slice()?;
     let off = window(target, "copy_to", off, s.len() as u64)?;
@@ -102,7 +102,7 @@ pub fn copy_from(
     offset: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let off = convert::u64_arg(offset, "copy_from", "byte offset")?;
-    let bytes = contiguous_bytes(py, arr, "copy_from")?;
+    let bytes = contiguous_bytes(arr, "copy_from")?;
     let mut rw: PyReadwriteArray1<'_, u8> = bytes
         .cast::<PyArray1<u8>>()?
         .try_readwrite()
@@ -114,16 +114,12 @@ pub fn copy_from(
 }
 
 /// The bytes of a numpy array whose bytes are its elements in order, as a flat uint8 view.
-fn contiguous_bytes<'py>(
-    py: Python<'py>,
-    arr: &Bound<'py, PyAny>,
-    what: &str,
-) -> PyResult<Bound<'py, PyAny>> {
+fn contiguous_bytes<'py>(arr: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyAny>> {
     let a = &convert::ndarray(arr, &what)?;
     let g = convert::array_geometry(a, &what)?
         .ok_or_else(|| not_native(a, &what))
         .and_then(|g| g.require_contiguous(&what).map(|_| g).py())?;
-    helpers::call1(py, |h| &h.flat_bytes, (a, g.extent()))
+    Ok(capi::flat_bytes(a, g.extent())?.into_any())
 }
 
 /// The refusal of an array the runtime cannot take byte for byte (numpy's own layout named).
@@ -604,6 +600,8 @@ pub fn window_array<'py>(
     win: HostWindow,
     readonly: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let name = win.geometry.dtype().name();
     let w = Bound::new(py, PyHostWindow { win, readonly })?;
-    helpers::call1(py, |h| &h.window_array, (w,))
+    let dtype = helpers::call1(py, |h| &h.np_dtype, (name,))?.cast_into::<PyArrayDescr>()?;
+    capi::array_over_window(w.as_any(), &w.get().win, !readonly, dtype)
 }

@@ -1,5 +1,7 @@
-//! The numpy plumbing written in Python (`simpler._arrays`),
-//! handed to the native module once, when the package is imported (`install_helpers`). The
+//! What the bindings leave to Python (`simpler._arrays`, `simpler._cuda`): dtypes from numpy and
+//! ml_dtypes, copies and write-backs of odd layouts, per-task columns, the torch, ctypes and
+//! CuPy adapters, file lookups. Handed to the native module once, when the package is imported
+//! (`install_helpers`). The
 //! native module never imports its own package: a module that imports `simpler._core` alone
 //! gets a clear error at the first call that needs one of these.
 
@@ -28,12 +30,10 @@ macro_rules! helpers {
 }
 
 helpers! {
-    flat_bytes: "`(array, nbytes) -> uint8 array`: the bytes of an array's extent, no copy.",
     native_copy: "`(array) -> array`: a C-contiguous, native-order copy.",
     write_back: "`(orig, work)`: copies a staged copy's outputs into the caller's array.",
     offset_rows: "`(offsets, rank, what) -> (n, rank) int64 array`; errors name `what`.",
     column: "`(values, dtype) -> 1-D array`: per-task scalars.",
-    window_array: "`(HostWindow) -> ndarray` over the window, no copy.",
     dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",
     np_dtype: "`(name) -> numpy dtype` (ml_dtypes' for bfloat16 and the fp8 kinds).",
     nvrtc_dirs: "`() -> list[str]`: folders of the NVRTC wheels found on `sys.path`.",

@@ -6,7 +6,8 @@
 //!
 //! Modules, each using only those above it:
 //!
-//! * `capi` — the only unsafe code: DLPack capsules and the interpreter's finalization flag;
+//! * `capi` — the only unsafe code: DLPack capsules, numpy arrays over memory another object
+//!   owns, the interpreter's finalization flag;
 //! * `logging` — Rust log records queued and emitted into Python's `logging`;
 //! * `shutdown` — threads in a run at interpreter exit park instead of taking the GIL back;
 //! * `errors` — the exception classes, and runtime errors as them;

@@ -351,7 +351,7 @@ impl ResidentSet {
         let geometry =
             convert::array_geometry(arr, &what)?.ok_or_else(|| handles::not_native(arr, &what))?;
         // The bytes, when the layout is one the runtime takes (it checks contiguity itself).
-        let flat = flat_bytes(py, arr.as_any(), geometry.extent())?;
+        let flat = flat_bytes(arr.as_any(), geometry.extent())?;
         let ro = flat.try_readonly()?;
         let bytes: &[u8] = if geometry.is_contiguous() {
             ro.as_slice()?

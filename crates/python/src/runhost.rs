@@ -29,12 +29,8 @@ use crate::orch::{KernelTable, Orchestrator, RunTensor, RunTensorCache, StagedBy
 use crate::shutdown;
 
 /// A 1-D uint8 view of `nbytes` bytes of `arr` from its first element (no copy).
-pub fn flat_bytes<'py>(
-    py: Python<'py>,
-    arr: &Bound<'py, PyAny>,
-    nbytes: u64,
-) -> PyResult<Bound<'py, PyArray1<u8>>> {
-    Ok(helpers::call1(py, |h| &h.flat_bytes, (arr, nbytes))?.cast_into::<PyArray1<u8>>()?)
+pub fn flat_bytes<'py>(arr: &Bound<'py, PyAny>, nbytes: u64) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    crate::capi::flat_bytes(arr.cast::<PyUntypedArray>()?, nbytes)
 }
 
 /// The protocol of named run arguments: an object that is not a plain sequence gives its
@@ -352,7 +348,7 @@ pub fn run<'py>(
             let writable: bool = v.getattr("flags")?.getattr("writeable")?.extract()?;
             staged.push(Staged {
                 arg: specs.len() as u32,
-                bytes: flat_bytes(py, &work, geometry.extent())?,
+                bytes: flat_bytes(&work, geometry.extent())?,
                 copy_of,
                 written: false,
             });
