@@ -272,6 +272,39 @@ def test_a_0d_views_offset_row_has_no_coordinates():
     assert "tensor arg0: view offsets must have shape (n, 0), not (2, 1)" in msgs[1], msgs[1]
 
 
+def test_offsets_and_columns_are_converted_or_refused_by_what_they_are():
+    """View offsets and per-task scalars that are not already the arrays the runtime takes are
+    converted (a list, a uint64 array within int64, a rank-1 vector for a rank-1 tensor, no
+    offsets of any dtype) or refused with the tensor or the scalars named: ragged rows, floats,
+    an unsigned offset past int64, a 2-D column of scalars."""
+    seen = []
+    k = sp.Kernel(lambda x, a: seen.append((x.tolist(), a)), [IN], name="k")
+    errors = []
+
+    def orch(o, v):
+        o.submit_many(k, v.views([2], [[0], [2]]), [1, 2])
+        o.submit_many(k, v.views([2], np.array([1], np.uint64)), np.array([3], np.uint8))
+        o.submit_many(k, v.views([2], np.zeros((0,), np.float64)), np.zeros(0, np.float64))
+        bad = [
+            (sp.ArgumentError, lambda: v.views([2], [[0], [1, 2]])),
+            (sp.ArgumentTypeError, lambda: v.views([2], np.array([[0.5]]))),
+            (sp.ArgumentError, lambda: v.views([2], np.array([[2**63]], np.uint64))),
+            (sp.ArgumentError, lambda: o.submit_many(k, v.views([2], [[0], [1]]), np.ones((2, 1)))),
+        ]
+        for exc, f in bad:
+            with pytest.raises(exc) as ei:
+                f()
+            errors.append(str(ei.value))
+
+    with sp.Worker("sim") as w:
+        w.run(sp.Callable(orch, [IN]), [np.arange(4, dtype=np.int32)])
+    assert seen == [([0, 1], 1), ([2, 3], 2), ([1, 2], 3)]
+    assert "tensor arg0: view offsets must be a rectangular array of numbers" in errors[0], errors[0]
+    assert "tensor arg0: view offsets must be integers, not float64" in errors[1], errors[1]
+    assert "view offset 9223372036854775808 is out of range (at most 2**63 - 1)" in errors[2], errors[2]
+    assert "per-task scalars must be a 1-D array, not shape (2, 1)" in errors[3], errors[3]
+
+
 @pytest.mark.parametrize("n", [65_536, 65_537])
 def test_a_kernel_of_more_tensors_than_a_task_holds_is_refused(n):
     """A task keeps its tensor count in 16 bits: a kernel of 65,536 or 65,537 tensors is refused

@@ -1,11 +1,9 @@
 """Numpy plumbing for the native core (private), handed to it once at import.
 
-The native core takes host arrays as the bytes of their *extent* (what a strided view touches),
-so a transposed or sliced view is staged intact; it computes that extent and views its bytes
-itself (``crates/python/src/capi.rs``), as it makes the arrays over host windows. Arrays it
-cannot take byte for byte (negative strides, strides that are not a multiple of the item size,
-non-native byte order) are staged through a contiguous copy made here and written back after the
-run for outputs.
+The native core does its numpy work itself (``crates/python/src/arrays.rs`` and ``capi.rs``):
+the bytes of a host array's *extent*, arrays over host windows, staged copies of odd layouts
+and their write-back, view offsets, per-task columns. What it is handed here is what must stay
+Python: numpy's and ml_dtypes' dtypes by name, and the torch and ctypes adapters.
 """
 
 from __future__ import annotations
@@ -79,19 +77,6 @@ def dtype_name(dtype: object) -> str:
         return (np.dtype(cast("DTypeLike", dtype)) if not isinstance(dtype, str) else np_dtype(dtype)).name
     except TypeError as e:
         raise ArgumentTypeError(f"unsupported dtype {dtype!r}") from e
-
-
-def native_copy(arr: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``arr`` in native byte order (what is staged for an array the core
-    cannot take byte for byte)."""
-    if arr.dtype.kind == "V":  # ml_dtypes types carry no byte order
-        return np.ascontiguousarray(arr)
-    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("="), copy=False)
-
-
-def write_back(orig: np.ndarray, work: np.ndarray) -> None:
-    """Copies a staged copy's outputs into the caller's array."""
-    orig[...] = work
 
 
 # -- values written for upstream's runtime: torch CPU tensors and ctypes scalars -------------------
@@ -188,49 +173,8 @@ def host_scalar(value: object) -> object:
     return value
 
 
-def _as_array(values: object, what: str) -> np.ndarray:
-    """``values`` as a numpy array; ragged or unconvertible input is an ``ArgumentError``."""
-    try:
-        return np.asarray(values)
-    except (ValueError, TypeError) as e:
-        raise ArgumentError(f"{what} must be a rectangular array of numbers: {e}") from None
-
-
-def offset_rows(offsets: object, rank: int, what: str = "view") -> np.ndarray:
-    """``offsets`` as a C-contiguous ``(n, rank)`` int64 array (``(n,)`` is accepted for rank 1; a
-    0-d view has no coordinates, so its rows are ``(n, 0)``). Errors name ``what``."""
-    a = _as_array(offsets, f"{what}: view offsets")
-    if a.dtype.kind not in "iu":
-        if a.size == 0:
-            a = a.astype(np.int64)
-        else:
-            raise ArgumentTypeError(f"{what}: view offsets must be integers, not {a.dtype}")
-    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        raise ArgumentError(f"{what}: view offset {int(a.max())} is out of range (at most 2**63 - 1)")
-    if a.ndim == 1 and rank == 1:
-        a = a.reshape(-1, 1)
-    if a.ndim != 2 or a.shape[1] != rank:
-        raise ArgumentError(
-            f"{what}: view offsets must have shape (n, {rank}), not {a.shape}"
-            " (one column per dimension of the view)"
-        )
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
-def column(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Per-task scalars as a 1-D C-contiguous array of ``dtype``."""
-    a = _as_array(values, "per-task scalars")
-    if a.ndim != 1:
-        raise ArgumentError(f"per-task scalars must be a 1-D array, not shape {a.shape}")
-    return np.ascontiguousarray(a, dtype=dtype)
-
-
 # The native module imports nothing from this package: it gets the helpers it calls here.
 _core.install_helpers(
-    native_copy=native_copy,
-    write_back=write_back,
-    offset_rows=offset_rows,
-    column=column,
     dtype_name=dtype_name,
     np_dtype=np_dtype,
     nvrtc_dirs=_cuda.nvrtc_dirs,

@@ -155,10 +155,6 @@ def check_worker_options(platform: _Platform | None = None, **options: Any) -> N
 
 def install_helpers(
     *,
-    native_copy: _Fn[..., Any],
-    write_back: _Fn[..., Any],
-    offset_rows: _Fn[..., Any],
-    column: _Fn[..., Any],
     dtype_name: _Fn[..., Any],
     np_dtype: _Fn[..., Any],
     nvrtc_dirs: _Fn[..., Any],

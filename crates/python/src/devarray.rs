@@ -10,11 +10,11 @@ use pyo3::types::{PyDict, PyTuple};
 
 use simpler_runtime::Geometry;
 
+use crate::arrays;
 use crate::capi;
 use crate::cell::Shared;
 use crate::errors::state_err;
 use crate::exporting::{self, KDL_CUDA};
-use crate::helpers;
 
 /// One tensor of a task, as device memory: hand it to CuPy (``cupy.asarray(a)``) or PyTorch
 /// (``torch.from_dlpack(a)``) without a copy. ``stream`` is the worker's stream, on which the
@@ -61,7 +61,7 @@ impl DeviceArray {
     }
 
     fn np_dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        helpers::call1(py, |h| &h.np_dtype, (self.geometry.dtype().name(),))
+        Ok(arrays::np_dtype(py, self.geometry.dtype())?.into_any())
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use numpy::{
-    PyArray1, PyArrayDescr, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
+    PyArray1, PyArrayMethods, PyReadonlyArray1, PyReadwriteArray1, PyUntypedArray,
     PyUntypedArrayMethods,
 };
 use std::ffi::CString;
@@ -18,12 +18,12 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use simpler_runtime::{BufferRef, Error, ExportGuard, Geometry, HostWindow, WorkerCell};
 
+use crate::arrays;
 use crate::capi;
 use crate::cell::Shared;
 use crate::convert;
 use crate::errors::{done, state_err, type_err, type_name, Exc, PyResultExt};
 use crate::exporting::{self, KDL_CUDA};
-use crate::helpers;
 
 /// What a copy or a free names: a ``Buffer``, or a ``DeviceTensor`` (its buffer, and for a copy
 /// its elements).
@@ -388,7 +388,7 @@ impl DeviceTensor {
     }
 
     fn np_dtype_of<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        helpers::call1(py, |h| &h.np_dtype, (self.geometry.dtype().name(),))
+        Ok(arrays::np_dtype(py, self.geometry.dtype())?.into_any())
     }
 }
 
@@ -600,8 +600,7 @@ pub fn window_array<'py>(
     win: HostWindow,
     readonly: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let name = win.geometry.dtype().name();
+    let dtype = arrays::np_dtype(py, win.geometry.dtype())?;
     let w = Bound::new(py, PyHostWindow { win, readonly })?;
-    let dtype = helpers::call1(py, |h| &h.np_dtype, (name,))?.cast_into::<PyArrayDescr>()?;
     capi::array_over_window(w.as_any(), &w.get().win, !readonly, dtype)
 }

@@ -30,10 +30,6 @@ macro_rules! helpers {
 }
 
 helpers! {
-    native_copy: "`(array) -> array`: a C-contiguous, native-order copy.",
-    write_back: "`(orig, work)`: copies a staged copy's outputs into the caller's array.",
-    offset_rows: "`(offsets, rank, what) -> (n, rank) int64 array`; errors name `what`.",
-    column: "`(values, dtype) -> 1-D array`: per-task scalars.",
     dtype_name: "`(dtype) -> str`: numpy's name of a dtype-like object.",
     np_dtype: "`(name) -> numpy dtype` (ml_dtypes' for bfloat16 and the fp8 kinds).",
     nvrtc_dirs: "`() -> list[str]`: folders of the NVRTC wheels found on `sys.path`.",

@@ -11,6 +11,7 @@
 //! * `logging` — Rust log records queued and emitted into Python's `logging`;
 //! * `shutdown` — threads in a run at interpreter exit park instead of taking the GIL back;
 //! * `errors` — the exception classes, and runtime errors as them;
+//! * `arrays` — numpy conversions: staged copies and write-backs, view offsets, per-task columns;
 //! * `helpers` — the Python helpers handed over at import;
 //! * `cell` — the worker behind a lock that respects the GIL, shared by every handle;
 //! * `direction` — `ArgDirection`;
@@ -29,6 +30,7 @@
 // lifts the lint).
 #![deny(unsafe_code)]
 
+mod arrays;
 mod built;
 #[allow(unsafe_code)]
 mod capi;

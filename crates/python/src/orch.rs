@@ -20,6 +20,7 @@ use simpler_runtime::{
     Signature, TensorInfo, Value, BATCH_PART, MAX_DIMS,
 };
 
+use crate::arrays;
 use crate::cell::Shared;
 use crate::convert::{self, small_ints, small_ints_into, TensorName};
 use crate::devcode::Launch;
@@ -252,7 +253,7 @@ impl RunTensor {
             Some(a) => a,
             None => {
                 let what = format!("tensor {}", self.name);
-                helpers::call1(py, |h| &h.offset_rows, (offsets, nd, what))?.extract()?
+                arrays::offset_rows(offsets, nd, &what)?.extract()?
             }
         };
         let [count, width] = [rows.shape()[0], rows.shape()[1]];
@@ -541,25 +542,24 @@ fn per_task_values(obj: &Bound<'_, PyAny>, what: &dyn fmt::Display) -> PyResult<
     }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
-        let conv = helpers::get(py)?.column.bind(py);
         return match kind {
             b'b' => {
-                let a: PyReadonlyArray1<'_, bool> = conv.call1((obj, "bool"))?.extract()?;
+                let a: PyReadonlyArray1<'_, bool> = arrays::column(obj, "bool")?.extract()?;
                 map_interruptible(py, a.as_slice()?, Value::Bool)
             }
             b'i' => {
-                let a: PyReadonlyArray1<'_, i64> = conv.call1((obj, "int64"))?.extract()?;
+                let a: PyReadonlyArray1<'_, i64> = arrays::column(obj, "int64")?.extract()?;
                 map_interruptible(py, a.as_slice()?, Value::Int)
             }
             // Unsigned values past i64::MAX stay unsigned, as a single submit's do.
             b'u' => {
-                let a: PyReadonlyArray1<'_, u64> = conv.call1((obj, "uint64"))?.extract()?;
+                let a: PyReadonlyArray1<'_, u64> = arrays::column(obj, "uint64")?.extract()?;
                 map_interruptible(py, a.as_slice()?, |u| {
                     i64::try_from(u).map_or(Value::UInt(u), Value::Int)
                 })
             }
             b'f' => {
-                let a: PyReadonlyArray1<'_, f64> = conv.call1((obj, "float64"))?.extract()?;
+                let a: PyReadonlyArray1<'_, f64> = arrays::column(obj, "float64")?.extract()?;
                 map_interruptible(py, a.as_slice()?, Value::Float)
             }
             _ => Err(type_err(format!(

@@ -16,6 +16,7 @@ use simpler_runtime::{
     RunId, TaskCall,
 };
 
+use crate::arrays;
 use crate::built::BuiltArgs;
 use crate::cell::Shared;
 use crate::convert;
@@ -333,7 +334,7 @@ pub fn run<'py>(
             let (work, geometry, copy_of) = match convert::array_geometry(arr, &what)? {
                 Some(g) => (v.clone(), g, None),
                 None => {
-                    let work = helpers::call1(py, |h| &h.native_copy, (&v,))?;
+                    let work = arrays::native_copy(arr)?;
                     let g = convert::array_geometry(work.cast::<PyUntypedArray>()?, &what)?
                         .ok_or_else(|| {
                             type_err(format!(
@@ -387,7 +388,7 @@ pub fn run<'py>(
     })?;
     for s in host.staged.iter().filter(|s| s.written) {
         if let Some((orig, work)) = &s.copy_of {
-            helpers::call1(py, |h| &h.write_back, (orig, work))?;
+            arrays::write_back(orig, work)?;
         }
     }
     Ok(report)
