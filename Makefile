@@ -97,9 +97,10 @@ wheel: $(STAMP)
 	rm -f $(WHEEL_DIR)/*.whl
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/maturin build --release --zig --compatibility manylinux2014 --strip -o $(WHEEL_DIR)
 
-# The pinned runtime dependencies a device machine may lack (requirements/device.txt: ml-dtypes),
-# as binary wheels for the CPython versions and platforms such a machine may run, downloaded with
-# the venv's pip into target/wheels/deps; .ci/device-check installs from there (no registry there).
+# The pinned runtime dependencies a device machine may lack (requirements/device.txt: ml-dtypes,
+# and pytest with its dependencies, which runs the device checks), as binary wheels for the
+# CPython versions and platforms such a machine may run, downloaded with the venv's pip into
+# target/wheels/deps; .ci/device-check installs from there (no registry there).
 # Copy target/wheels/ along with the wheel of `make wheel`.
 DEVICE_REQS := requirements/device.txt
 DEVICE_PYTHONS := 3.11 3.12 3.13
@@ -130,10 +131,10 @@ test-min: wheel
 # On a machine with a GPU (or an Ascend card), without Rust or a package registry: installs the
 # wheel built elsewhere (target/wheels/*.whl, or --wheel) with pip --no-deps --target, with the
 # dependencies it lacks from target/wheels/deps (make device-wheels), and runs
-# `python -m simpler.tools.device_check` from it (its preflight first): named, timed checks of
-# the driver, the shipped paged-attention cases on the device (golden checked), the bench's arms,
-# exports read from a torch side stream and the launches benchmark, into
-# target/device-check/device_check.jsonl.
+# `python -m simpler.tools.device_check` from it (its preflight first): named, timed checks
+# (pytest tests shipped in the package) of the driver, the shipped paged-attention cases on the
+# device (golden checked), the bench's arms, exports read from a torch side stream and the
+# launches benchmark, into target/device-check/device_check.jsonl.
 # Skips cleanly without a device. `make test` runs it as `.ci/device-check --dry-run`.
 device-check:
 	.ci/device-check

@@ -252,6 +252,18 @@ def test_a_missing_driver_library_is_one_line_and_exit_status_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_pytest_missing_stops_the_device_check_with_one_line(tmp_path):
+    """The checks are pytest tests: without pytest the preflight says so (and how to carry it)
+    in one line, exit status 2, before any check or output file."""
+    out = _device_check(["--out", str(tmp_path / "o")], _env(tmp_path, ("pytest",)), tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert _preflight_lines(out.stdout)["pytest"].startswith("missing; pip install pytest")
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("device-check: preflight: pytest is missing for ")
+    assert "make device-wheels" in line
+    assert not (tmp_path / "o").exists()
+
+
 def test_numpy_missing_stops_the_device_check_with_one_line(tmp_path):
     env = _env(tmp_path, ("numpy",))
     out = _device_check(["--preflight"], env, tmp_path)
@@ -476,6 +488,40 @@ def _wheel(path: Path, files: dict[str, bytes], tag: str) -> Path:
         for k, v in files.items():
             z.writestr(k, v)
     return path
+
+
+def _pins(path: Path) -> dict[str, str]:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            pins[canonicalize_name(req.name)] = str(req.specifier).removeprefix("==")
+    return pins
+
+
+def test_the_carried_wheels_hold_the_dev_pytest_and_what_it_needs():
+    """``make device-wheels`` downloads requirements/device.txt without dependencies: it pins the
+    pytest of requirements/dev.txt and every distribution that pytest needs on the device
+    machine's CPython versions on Linux, each at a version pytest accepts."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    device = _pins(ROOT / "requirements" / "device.txt")
+    assert device["pytest"] == _pins(ROOT / "requirements" / "dev.txt")["pytest"]
+    if importlib.metadata.version("pytest") != device["pytest"]:
+        pytest.skip("this interpreter's pytest is not the pinned one: its requirements may differ")
+    for text in importlib.metadata.requires("pytest") or []:
+        req = Requirement(text)
+        envs = [{"python_version": v, "sys_platform": "linux", "extra": ""} for v in ("3.11", "3.12", "3.13")]
+        if req.marker is not None and not any(req.marker.evaluate(env) for env in envs):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in device, f"pytest needs {req} and requirements/device.txt does not carry it"
+        assert req.specifier.contains(device[name]), f"{name}=={device[name]} does not satisfy {req}"
 
 
 @needs_fake_cuda

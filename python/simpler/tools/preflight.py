@@ -6,9 +6,9 @@ JSON line (key ``preflight``). One line each, ``preflight: <what>: <found>``:
 
 * ``python`` — the interpreter: its path, implementation and version, machine, glibc;
 * ``simpler`` — the version and the folder it was imported from;
-* ``numpy``, ``ml_dtypes``, ``torch``, ``cupy``, ``triton`` — found (with the version of the
-  distribution that provides it) or missing; found means importable, not imported: nothing of
-  theirs is loaded here;
+* ``numpy``, ``pytest``, ``ml_dtypes``, ``torch``, ``cupy``, ``triton`` — found (with the
+  version of the distribution that provides it) or missing; found means importable, not
+  imported: nothing of theirs is loaded here;
 * ``nvidia-cuda-nvrtc``, ``nvidia-cuda-nvrtc-cu12`` — the NVRTC wheels (CUDA 13, CUDA 12): the
   version and where their ``libnvrtc`` files are;
 * on cuda, ``driver`` — the CUDA driver library (the one the package opens: ``SIMPLER_CUDA_LIB``,
@@ -21,7 +21,8 @@ JSON line (key ``preflight``). One line each, ``preflight: <what>: <found>``:
 
 What is *required* and missing stops the preflight with :class:`PreflightError`, whose message is
 one line saying what is missing and how to get it (the device check prints it and exits with
-status 2): numpy; on cuda the driver library, a ``cuInit`` that fails. A driver that sees no
+status 2): numpy, pytest (the checks are pytest tests); on cuda the driver library, a ``cuInit``
+that fails. A driver that sees no
 device raises :class:`NoDevice` (the device check then says so and exits 0, as on a machine
 without a driver).
 ``ml_dtypes`` missing is not fatal: the checks that need bfloat16 are skipped with that reason.
@@ -58,10 +59,10 @@ __all__ = [
     "run",
 ]
 
-#: The packages the preflight reports, by import name: numpy is required, the others optional
-#: (``ml_dtypes`` for bfloat16, torch for the export check, CuPy and triton for kernels that use
-#: them).
-PACKAGES = ("numpy", "ml_dtypes", "torch", "cupy", "triton")
+#: The packages the preflight reports, by import name: numpy and pytest (which runs the checks)
+#: are required, the others optional (``ml_dtypes`` for bfloat16, torch for the export check,
+#: CuPy and triton for kernels that use them).
+PACKAGES = ("numpy", "pytest", "ml_dtypes", "torch", "cupy", "triton")
 
 #: The NVRTC wheels (CUDA 13, CUDA 12) the runtime searches ``sys.path`` for.
 NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12")
@@ -70,6 +71,7 @@ NVRTC_WHEELS = ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12")
 #: does not), for the lines that say it is missing.
 _HOW_TO_GET = {
     "numpy": "pip install 'numpy>=1.26'",
+    "pytest": "pip install pytest, or carry the wheels: make device-wheels",
     "ml_dtypes": "pip install ml-dtypes, or carry the wheel: make device-wheels",
 }
 
@@ -482,6 +484,11 @@ def run(
             emit(name, f"missing{'; ' + how if how else ''}")
     if not pkgs["numpy"]["found"]:
         raise PreflightError(f"numpy is missing for {sys.executable}: {_HOW_TO_GET['numpy']}")
+    if not pkgs["pytest"]["found"]:
+        raise PreflightError(
+            f"pytest is missing for {sys.executable} (the device checks are pytest tests): "
+            + _HOW_TO_GET["pytest"]
+        )
     wheels = facts["nvrtc_wheels"] = nvrtc_wheels()
     for name, wheel in wheels.items():
         if wheel is None:
