@@ -3,15 +3,23 @@
 //!
 //! An access is resolved against the argument it is made through: the bytes must lie inside that
 //! argument's extent (else `NoHostView`, never a raw dereference), must not conflict with a task
-//! submitted earlier in the run (else `Hazard`), and are reached through the allocation's host
-//! view, established on first use (see `views.rs`). A staged (or scratch) argument is reached
-//! through a mapping of the arena it lives in; where the driver refuses that mapping (or the
-//! worker's policy is `mirror`) it gets a per-run copy of its own span, filled by one D2H, and
-//! writes through it are pushed to the device at once. A staged argument read often through the
-//! mapping (policy `auto`, at the threshold resident allocations use) or under policy `cached`
-//! gets a per-run copy of its span filled by one bulk read out of the mapping; writes then go
-//! through the mapping and update the copy. The copy lives as long as the run: the arena holds
-//! other bytes in the next one, and no kernel runs while the orchestration reads.
+//! submitted earlier in the run (else `Hazard`), and are then reached by the argument's kind:
+//! * a device argument (a buffer or a resident tensor) through its allocation's host view,
+//!   established on first use and kept for the allocation's life (`views.rs`: a mapping, a
+//!   cached mapping or a mirror);
+//! * a staged argument never through a mapping: the host already holds its bytes, so its reads
+//!   come from a per-run copy of its span, filled from the bytes the run uploaded
+//!   (`supply_staged`) or, for an output that was not uploaded, by one read of the span from the
+//!   device; writes update the copy and go to the device at once;
+//! * a scratch argument through a mapping of the chunk it lives in where the driver grants one,
+//!   switched to a per-run copy of its span (one bulk read out of the mapping; writes then go
+//!   through the mapping and update the copy) once its reads would pay for it, by the same rule
+//!   that turns an allocation's mapping into a cached view (`ViewPolicy::reads_from_copy`);
+//!   where the driver refuses the mapping (or the policy is `mirror`), a per-run copy of its span
+//!   filled by one read from the device.
+//!
+//! A per-run copy lives as long as the run: the arena and the scratch chunks hold other bytes in
+//! the next one, and no kernel runs while the orchestration reads.
 
 use std::sync::Arc;
 
