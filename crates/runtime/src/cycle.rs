@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::device_code::DeviceCode;
 use crate::dtype::{DType, Value};
-use crate::error::{Error, Result};
+use crate::error::{Error, Phase, Result};
 use crate::geometry::Geometry;
 use crate::run::submit::batch_count;
 use crate::run::{
@@ -159,7 +159,11 @@ pub fn run_with<C: WorkerCell, H: RunHost>(
         return Ok(Outcome::Pending(run));
     }
     if body.is_err() {
-        cell.with(false, |w| w.fail_run(run));
+        cell.with(false, |w| {
+            if let Ok((r, _)) = w.active_run(run, None) {
+                r.failed = true;
+            }
+        });
     }
     // Likewise a cleanup that frees nothing that takes time.
     let finish = |w: &mut Worker| w.finish_run(run);
@@ -202,10 +206,17 @@ fn phases<C: WorkerCell, H: RunHost>(
     let copies = cell.with(false, |w| !w.device().has_kernel_memory());
     let mut task = TaskCall::default();
     let executed = (|| -> std::result::Result<(), RunError<H::Error>> {
-        while cell.with(copies, |w| w.next_task(run, &mut task))? {
+        let next = |w: &mut Worker, task: &mut TaskCall| {
+            let (r, mem) = w.active_run(run, Some(Phase::Execute))?;
+            r.next_task(mem, task)
+        };
+        while cell.with(copies, |w| next(w, &mut task))? {
             host.kernel(&task).map_err(RunError::Host)?;
             if task.needs_finish {
-                cell.with(true, |w| w.finish_task(run))?;
+                cell.with(true, |w| {
+                    let (r, mem) = w.active_run(run, Some(Phase::Execute))?;
+                    r.finish_task(mem)
+                })?;
             }
         }
         Ok(())
@@ -216,19 +227,28 @@ fn phases<C: WorkerCell, H: RunHost>(
         return Ok(true);
     }
     // Waits for the device when device code ran: heavy where kernels are not host memory.
-    let ended = cell.with(copies, |w| w.end_execute(run, ok));
+    let ended = cell.with(copies, |w| {
+        let (r, mem) = w.active_run(run, None)?;
+        r.end_execute(mem, ok)
+    });
     executed?;
     ended?;
     host.checkpoint().map_err(RunError::Host)?;
-    let outputs = cell.with(false, |w| w.begin_copy_back(run))?;
+    let outputs = cell.with(false, |w| w.active_run(run, None)?.0.begin_copy_back())?;
     let copied = outputs.into_iter().try_for_each(|(staged, arg)| {
         host.lend_output(staged, |dst| {
-            cell.with(true, |w| w.copy_back_one(run, arg, dst))
+            cell.with(true, |w| {
+                let (r, mem) = w.active_run(run, Some(Phase::CopyBack))?;
+                r.copy_back_one(mem, arg, dst)
+            })
         })
         .map_err(RunError::Host)?
         .map_err(RunError::Runtime)
     });
-    cell.with(false, |w| w.end_copy_back(run))?;
+    cell.with(false, |w| {
+        w.active_run(run, None)?.0.end_copy_back();
+        Ok::<_, Error>(())
+    })?;
     copied.map(|()| false)
 }
 
@@ -262,7 +282,10 @@ impl<C: WorkerCell> Orch<'_, C> {
     #[inline]
     pub fn tensors(&self, n: usize) -> Result<Vec<TensorInfo>> {
         let run = self.run;
-        self.cell.with(false, |w| w.run_tensors(run, n))
+        self.cell.with(false, |w| {
+            let (r, _) = w.active_run(run, None)?;
+            (0..n as u32).map(|i| r.tensor_info(i)).collect()
+        })
     }
 
     /// [`Orch::tensors`], except the arguments `held` says the host already holds a
@@ -276,14 +299,15 @@ impl<C: WorkerCell> Orch<'_, C> {
     ) -> Result<Vec<Option<TensorInfo>>> {
         let run = self.run;
         self.cell
-            .with(false, |w| w.run_tensors_except(run, n, held))
+            .with(false, |w| w.active_run(run, None)?.0.tensor_infos(n, held))
     }
 
     /// Name, geometry and direction of argument `arg` (a scratch tensor is an argument too).
     #[inline]
     pub fn tensor(&self, arg: u32) -> Result<TensorInfo> {
         let run = self.run;
-        self.cell.with(false, |w| w.run_tensor(run, arg))
+        self.cell
+            .with(false, |w| w.active_run(run, None)?.0.tensor_info(arg))
     }
 
     /// Whether staged argument `arg` wants the bytes the run uploaded from the host before its
@@ -300,7 +324,8 @@ impl<C: WorkerCell> Orch<'_, C> {
     pub fn supply_staged(&self, arg: u32, host: &[u8]) -> Result<()> {
         let run = self.run;
         self.cell.with(host.len() > (1 << 20), |w| {
-            w.orch_supply_staged(run, arg, host)
+            let (r, _) = w.active_run(run, Some(Phase::Orchestrate))?;
+            r.supply_staged(arg, host)
         })
     }
 
@@ -437,7 +462,8 @@ impl<C: WorkerCell> Orch<'_, C> {
                 });
             if let Err(e) = recorded {
                 if let Some(f) = first {
-                    self.cell.with(false, |w| w.orch_discard_tasks(run, f))?;
+                    self.cell
+                        .with(false, |w| w.active_run(run, None)?.0.discard_tasks(f))?;
                 }
                 return Err(e);
             }

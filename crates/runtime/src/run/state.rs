@@ -305,6 +305,36 @@ impl RunState {
             .ok_or_else(|| Error::Value(format!("run has no argument {arg}")))
     }
 
+    /// What the orchestration sees of argument `arg`: its name, geometry (relative to its
+    /// allocation) and direction.
+    pub(crate) fn tensor_info(&self, arg: u32) -> Result<TensorInfo> {
+        let a = self.arg(arg)?;
+        Ok(TensorInfo {
+            name: a.name.clone(),
+            geometry: a.geometry,
+            dir: a.dir,
+        })
+    }
+
+    /// [`RunState::tensor_info`] of its first `n` arguments (its tensors), `None` for those
+    /// `held(arg, name, geometry, direction)` says the host already holds.
+    pub(crate) fn tensor_infos(
+        &self,
+        n: usize,
+        held: &(dyn Fn(u32, &str, &Geometry, Direction) -> bool + Sync),
+    ) -> Result<Vec<Option<TensorInfo>>> {
+        (0..n as u32)
+            .map(|i| {
+                let a = self.arg(i)?;
+                Ok((!held(i, &a.name, &a.geometry, a.dir)).then(|| TensorInfo {
+                    name: a.name.clone(),
+                    geometry: a.geometry,
+                    dir: a.dir,
+                }))
+            })
+            .collect()
+    }
+
     /// Fails unless the cycle is at `stage`; `what` says what was attempted.
     pub(crate) fn expect(&self, stage: Stage, what: &str) -> Result<()> {
         if self.stage != stage {
