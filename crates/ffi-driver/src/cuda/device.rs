@@ -1,12 +1,12 @@
 //! The [`Device`] trait over the CUDA driver's rooms: memory and transfers (`mod.rs`), mirrors
 //! (`pinning`), device code (`exec`, `graph`) and closing (`close`).
 
-use std::ffi::c_int;
 use std::sync::Arc;
 
+use super::calls::{call, call_named, untraced};
 use super::loading::CudaFns;
-use super::sys::{self, CuResult, CUDA_ERROR_INVALID_VALUE};
-use super::{call, call_named, CudaDevice, State};
+use super::sys::{self, CUDA_ERROR_INVALID_VALUE};
+use super::{CudaDevice, State};
 use crate::device::{
     CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
 };
@@ -36,11 +36,11 @@ impl Device for CudaDevice {
         call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, (dst.0, bytes), true, |stream| {
                 // SAFETY: `src` is valid for `src.len()` reads until `transfer` has waited for
-                // the stream; `[dst, dst + len)` lies inside a live allocation (checked by
-                // `transfer`); the stream is the device's own.
-                CuResult(unsafe {
-                    (self.f.memcpy_htod_async)(dst.0, src.as_ptr().cast(), src.len(), stream)
-                })
+                // the stream (it waits before returning; `src` is borrowed until then).
+                unsafe {
+                    self.f
+                        .memcpy_htod_async(dst.0, src.as_ptr(), src.len(), stream)
+                }
             })
         })
     }
@@ -66,11 +66,11 @@ impl Device for CudaDevice {
             self.transfer(st, op, (dst.0, bytes), false, |stream| {
                 // SAFETY: `[from, from + len)` lies inside `src` (checked above), a block this
                 // process owns, which `in_flight` keeps alive until the stream is next waited
-                // for, so it stays valid for the copy's reads; `[dst, dst + len)` lies inside a
-                // live allocation (checked by `transfer`); the stream is the device's own.
-                CuResult(unsafe {
-                    (self.f.memcpy_htod_async)(dst.0, from as *const std::ffi::c_void, len, stream)
-                })
+                // for, so it stays valid for the copy's reads.
+                unsafe {
+                    self.f
+                        .memcpy_htod_async(dst.0, from as *const u8, len, stream)
+                }
             })?;
             st.exec.in_flight.push(src.clone());
             Ok(())
@@ -82,10 +82,10 @@ impl Device for CudaDevice {
         let (out, len) = (dst.as_mut_ptr(), dst.len());
         call(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
             self.transfer(st, op, (src.0, bytes), true, |stream| {
-                // SAFETY: `out` is valid for `len` writes (the whole of `dst`) until
-                // `transfer` has waited for the stream; `[src, src + len)` lies inside a live
-                // allocation (checked by `transfer`); the stream is the device's own.
-                CuResult(unsafe { (self.f.memcpy_dtoh_async)(out.cast(), src.0, len, stream) })
+                // SAFETY: `out` is valid for `len` writes (the whole of `dst`, borrowed
+                // mutably) until `transfer` has waited for the stream (it waits before
+                // returning).
+                unsafe { self.f.memcpy_dtoh_async(out, src.0, len, stream) }
             })
         })
     }
@@ -94,11 +94,10 @@ impl Device for CudaDevice {
         let op = Op::Memset;
         call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, (dst.0, bytes), true, |stream| {
-                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
-                // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
-                // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
-                // `cuMemsetD8Async` touches only those bytes; no host memory is involved.
-                CuResult(unsafe { (self.f.memset_d8_async)(dst.0, value, bytes as usize, stream) })
+                // `[dst, dst + bytes)` lies inside a live allocation (checked by `transfer`), so
+                // `bytes` is at most that allocation's size, which fit `size_t` when `do_alloc`
+                // passed it to `cuMemAlloc_v2`: the cast is lossless.
+                self.f.memset_d8_async(dst.0, value, bytes as usize, stream)
             })
         })
     }
@@ -199,19 +198,12 @@ impl Device for CudaDevice {
         let op = Op::Launch;
         let mut st = self.lock_for(op).map_err(|e| (0, e))?;
         // One context bind for the whole group.
-        let _bound = match self.enter(&st, op) {
-            Ok(b) => b,
-            Err(e) => {
-                st.note_fault(&e);
-                return Err((0, e));
-            }
-        };
+        let _bound = untraced(&mut st, |st| self.enter(st, op)).map_err(|e| (0, e))?;
         // Timing is diagnostics: an event that cannot be recorded costs the group its time, not
         // the run (a sticky fault is still noted, and shows at the next call).
-        let timing = |st: &mut State| match self.record_timing(st) {
+        let timing = |st: &mut State| match untraced(st, |st| self.record_timing(st)) {
             Ok(e) => Some(e),
             Err(e) => {
-                st.note_fault(&e);
                 log::warn!("timing a batch of launches: {e}");
                 None
             }
@@ -249,23 +241,16 @@ impl Device for CudaDevice {
     fn launch_graph(&self, graph: crate::GraphId, timed: bool) -> Result<(), DeviceError> {
         let op = Op::Launch;
         let mut st = self.lock_for(op)?;
-        let _bound = match self.enter_as(&st, op, CudaFns::NAMES.graph_launch) {
-            Ok(b) => b,
-            Err(e) => {
-                st.note_fault(&e);
-                return Err(e);
-            }
-        };
-        let timing = |st: &mut State| match self.record_timing(st) {
+        let name = CudaFns::NAMES.graph_launch;
+        let _bound = untraced(&mut st, |st| self.enter_as(st, op, name))?;
+        let timing = |st: &mut State| match untraced(st, |st| self.record_timing(st)) {
             Ok(e) => Some(e),
             Err(e) => {
-                st.note_fault(&e);
                 log::warn!("timing a graph launch: {e}");
                 None
             }
         };
         let start = if timed { timing(&mut st) } else { None };
-        let name = CudaFns::NAMES.graph_launch;
         let r = call_named(&mut st, op, name, 0, 0, |st| {
             self.launch_graph_bound(st, graph)
         });
@@ -281,21 +266,13 @@ impl Device for CudaDevice {
     fn destroy_graph(&self, graph: crate::GraphId) -> Result<(), DeviceError> {
         let op = Op::Launch;
         let mut st = self.lock_for(op)?;
-        let r = self.do_destroy_graph(&mut st, graph);
-        if let Err(e) = &r {
-            st.note_fault(e);
-        }
-        r
+        untraced(&mut st, |st| self.do_destroy_graph(st, graph))
     }
 
     fn take_device_time(&self) -> Result<Option<u64>, DeviceError> {
         let op = Op::Sync;
         let mut st = self.lock_for(op)?;
-        let r = self.do_take_device_time(&mut st);
-        if let Err(e) = &r {
-            st.note_fault(e);
-        }
-        r
+        untraced(&mut st, |st| self.do_take_device_time(st))
     }
 
     fn function_limits(&self, func: FuncId) -> Result<crate::FuncLimits, DeviceError> {
@@ -350,11 +327,7 @@ impl Device for CudaDevice {
     }
 
     fn driver_version(&self) -> Option<(u32, u32)> {
-        let get = self.f.driver_get_version?;
-        let mut v: c_int = 0;
-        // SAFETY: `CUresult cuDriverGetVersion(int*)`; `&mut v` is valid for the write. It needs
-        // no context.
-        CuResult(unsafe { get(&mut v) }).result().ok()?;
+        let v = self.f.driver_get_version().ok()?;
         let v = u32::try_from(v).ok()?;
         Some((v / 1000, v % 1000 / 10))
     }

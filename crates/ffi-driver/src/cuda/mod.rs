@@ -1,9 +1,11 @@
 //! The `cuda` backend: the CUDA driver API (`libcuda.so.1`) opened at run time, through the
 //! `_v2` symbols and the device's primary context (`cuda.h`). Rooms: [`sys`] (signatures,
-//! codes), [`loading`] (finding the library, the function table), `exec` (the worker's stream,
-//! modules, launches), `graph` (captured launches), `pinning` (page-locked mirrors), `session`
-//! (the process's primary-context reference), `device` (the [`Device`] trait over them all) and
-//! `close`; this file is the device itself: opening it, binding its context, and its memory.
+//! codes), [`loading`] (finding the library, the function table), `calls` (every call through
+//! that table, each a typed method that names the call in its errors, and the ledger's one entry
+//! point, `call`), `exec` (the worker's stream, modules, launches), `graph` (captured launches),
+//! `pinning` (page-locked mirrors), `session` (the process's primary-context reference),
+//! `device` (the [`Device`] trait over them all) and `close`; this file is the device itself:
+//! opening it, binding its context, and its memory.
 //!
 //! * **One primary-context reference per process**, in the session every worker on the device
 //!   shares (`session`, `crate::sessions`), released at exit; `close` frees this device's own
@@ -25,6 +27,7 @@
 //!   allocation and unknown addresses are refused before any vendor call), counted and logged like
 //!   sim; an injected fault fails the call before the vendor function runs.
 
+mod calls;
 mod close;
 mod device;
 mod exec;
@@ -44,12 +47,11 @@ pub use loading::{DEFAULT_CUDA_LIBS, ENV_CUDA_LIB};
 pub use sys::cuda_code_name;
 
 use crate::device::{DevPtr, Device};
-use crate::ledger::Outcome;
 use crate::loader::{LoadError, VendorLib};
-use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, Op};
+use crate::{DeviceError, HostMem, Ledger, Ledgered, Op};
 use loading::CudaFns;
 use session::Session;
-use sys::{status, CuContext, CuDevicePtr, CuResult, CUDA_ERROR_INVALID_VALUE};
+use sys::{status, CuContext, CUDA_ERROR_INVALID_VALUE};
 
 /// Options of a CUDA device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,42 +112,6 @@ impl State {
     }
 }
 
-/// One driver call (see `traced`); a sticky fault the vendor call reports poisons the device.
-fn call<T: Outcome>(
-    st: &mut State,
-    op: Op,
-    addr: u64,
-    bytes: u64,
-    body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
-) -> Result<T, DeviceError> {
-    call_named(st, op, CudaDevice::call_name(op), addr, bytes, body)
-}
-
-/// `call`, for an op whose vendor call is not the op's usual one (`call_name`).
-fn call_named<T: Outcome>(
-    st: &mut State,
-    op: Op,
-    name: &'static str,
-    addr: u64,
-    bytes: u64,
-    body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
-) -> Result<T, DeviceError> {
-    traced(
-        st,
-        op,
-        addr,
-        bytes,
-        CudaDevice::injected_at(op, name),
-        |st| {
-            let r = body(st);
-            if let Err(e) = &r {
-                st.note_fault(e);
-            }
-            r
-        },
-    )
-}
-
 impl Ledgered for State {
     fn ledger(&mut self) -> &mut Ledger {
         &mut self.ledger
@@ -195,14 +161,13 @@ struct Bound<'a> {
 impl Drop for Bound<'_> {
     fn drop(&mut self) {
         if let Some(prev) = self.restore {
-            // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the context the thread had
-            // before the call (null unbinds, which is what the thread had then).
-            let r = CuResult(unsafe { (self.f.ctx_set_current)(prev) }).result();
-            if let Err(s) = r {
+            // The context the thread had before the call (null unbinds, which is what the
+            // thread had then).
+            if let Err(e) = self.f.ctx_set_current(Op::Device, prev) {
                 log::warn!(
                     "cuCtxSetCurrent failed with code {} ({}) restoring the caller's context",
-                    s.code,
-                    s.name
+                    e.code,
+                    e.code_name
                 );
             }
         }
@@ -338,12 +303,6 @@ impl CudaDevice {
         status(code).error(op, call, detail).before_call()
     }
 
-    /// The error of an injected fault: it fails the call before the vendor function.
-    /// `injected`, naming `call`.
-    fn injected_at(op: Op, call: &'static str) -> impl FnOnce(i64) -> DeviceError {
-        move |code| status(code).error(op, call, "injected fault")
-    }
-
     /// Makes the primary context current on the calling thread for one call (see [`Bound`]).
     fn enter(&self, st: &State, op: Op) -> Result<Bound<'_>, DeviceError> {
         self.enter_as(st, op, Self::call_name(op))
@@ -351,7 +310,6 @@ impl CudaDevice {
 
     /// `enter`, for a call that is not `op`'s usual one (its refusals name `call`).
     fn enter_as(&self, st: &State, op: Op, call: &'static str) -> Result<Bound<'_>, DeviceError> {
-        let names = CudaFns::NAMES;
         if st.closed {
             return Err(Self::refused_at(
                 op,
@@ -385,11 +343,7 @@ impl CudaDevice {
                 ),
             ));
         }
-        let mut cur: CuContext = std::ptr::null_mut();
-        // SAFETY: `&mut cur` is valid for the pointer the call writes.
-        CuResult(unsafe { (self.f.ctx_get_current)(&mut cur) })
-            .result()
-            .map_err(|s| s.error(op, names.ctx_get_current, "reading the thread's context"))?;
+        let cur = self.f.ctx_get_current(op)?;
         if cur == ctx {
             return Ok(Bound {
                 f: &self.f,
@@ -397,17 +351,8 @@ impl CudaDevice {
                 _ctx: held,
             });
         }
-        // SAFETY: `CUresult cuCtxSetCurrent(CUcontext)` with the session's retained primary
-        // context, not released while `held` is read-locked.
-        CuResult(unsafe { (self.f.ctx_set_current)(ctx) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    names.ctx_set_current,
-                    "making the primary context current",
-                )
-            })?;
+        // The session's retained primary context, not released while `held` is read-locked.
+        self.f.ctx_set_current(op, ctx)?;
         Ok(Bound {
             f: &self.f,
             restore: Some(cur),
@@ -445,19 +390,7 @@ impl CudaDevice {
             Self::refused(op, CUDA_ERROR_INVALID_VALUE, "size exceeds size_t").sized(bytes)
         })?;
         let _bound = self.enter(st, op).map_err(|e| e.sized(bytes))?;
-        let mut p: CuDevicePtr = 0;
-        // SAFETY: `&mut p` is valid for the CUdeviceptr the call writes.
-        CuResult(unsafe { (self.f.mem_alloc)(&mut p, size) })
-            .result()
-            .map_err(|s| {
-                s.error(op, Self::call_name(op), "device allocation")
-                    .sized(bytes)
-            })?;
-        if p == 0 {
-            return Err(status(0)
-                .error(op, Self::call_name(op), "a null pointer")
-                .sized(bytes));
-        }
+        let p = self.f.mem_alloc(size).map_err(|e| e.sized(bytes))?;
         st.ledger.on_alloc(DevPtr(p), bytes);
         Ok(DevPtr(p))
     }
@@ -469,14 +402,10 @@ impl CudaDevice {
             .ledger
             .require_live(ptr, |why| Self::refused(op, CUDA_ERROR_INVALID_VALUE, why))?;
         let _bound = self.enter(st, op).map_err(|e| e.at(ptr.0).sized(size))?;
-        // SAFETY: `ptr` is a live cuMemAlloc allocation (ledger); the host never dereferences it.
-        CuResult(unsafe { (self.f.mem_free)(ptr.0) })
-            .result()
-            .map_err(|s| {
-                s.error(op, Self::call_name(op), "allocation left live")
-                    .at(ptr.0)
-                    .sized(size)
-            })?;
+        // `ptr` is a live cuMemAlloc allocation (ledger).
+        self.f
+            .mem_free(ptr.0)
+            .map_err(|e| e.at(ptr.0).sized(size))?;
         st.ledger.on_free(ptr);
         Ok(())
     }
@@ -490,7 +419,7 @@ impl CudaDevice {
         op: Op,
         (addr, bytes): (u64, u64),
         wait: bool,
-        call: impl FnOnce(sys::CuStream) -> CuResult,
+        call: impl FnOnce(sys::CuStream) -> Result<(), DeviceError>,
     ) -> Result<(), DeviceError> {
         self.check_open(st, op)
             .map_err(|e| e.at(addr).sized(bytes))?;
@@ -499,14 +428,11 @@ impl CudaDevice {
             return Ok(());
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
-        let what = op.transfer_what();
-        call(self.stream_ptr())
-            .result()
-            .map_err(|s| s.error(op, Self::call_name(op), what).at(addr).sized(bytes))?;
+        call(self.stream_ptr()).map_err(|e| e.at(addr).sized(bytes))?;
         if op == Op::Memset || !wait {
             return Ok(());
         }
-        self.wait_stream(what).map_err(|mut e| {
+        self.wait_stream(op.transfer_what()).map_err(|mut e| {
             e.op = op;
             e.at(addr).sized(bytes)
         })?;
