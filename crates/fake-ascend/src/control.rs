@@ -1,20 +1,10 @@
 //! Control and observation functions for tests (C ABI).
 
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_int, c_uint};
 
-use crate::{current_ctx, parse_addresses, parse_map, parse_visible, with_state};
+use fake_vendor::c_text as text;
 
-/// Reads a NUL-terminated string argument.
-///
-/// # Safety
-/// `s` must be null or a valid NUL-terminated string.
-unsafe fn text(s: *const c_char) -> Option<String> {
-    if s.is_null() {
-        return None;
-    }
-    // SAFETY: non-null and NUL-terminated per the caller.
-    Some(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned())
-}
+use crate::{current_ctx, parse_addresses, parse_map, parse_visible, with_state, STATE};
 
 /// Clears the call log, pending injections and the violation count, and re-reads the
 /// environment. Live allocations, mappings and reference counts are kept.
@@ -121,14 +111,7 @@ pub extern "C" fn fake_ascend_set_devices(n: c_uint) {
 #[no_mangle]
 pub unsafe extern "C" fn fake_ascend_inject(name: *const c_char, nth: u32, code: i32) -> c_int {
     // SAFETY: forwarded caller guarantee.
-    let Some(name) = (unsafe { text(name) }) else {
-        return -1;
-    };
-    if with_state(|st| st.injections.push(&name, nth, code)) {
-        0
-    } else {
-        -1
-    }
+    unsafe { STATE.inject(name, nth, code) }
 }
 
 /// Copies up to `cap` bytes of the call log (UTF-8 text, one line per call, not NUL-terminated)
@@ -140,7 +123,7 @@ pub unsafe extern "C" fn fake_ascend_inject(name: *const c_char, nth: u32, code:
 #[no_mangle]
 pub unsafe extern "C" fn fake_ascend_call_log(buf: *mut c_char, cap: usize) -> usize {
     // SAFETY: forwarded caller guarantee.
-    with_state(|st| unsafe { st.log.copy_out(buf.cast(), cap) })
+    unsafe { STATE.copy_log(buf, cap) }
 }
 
 /// Number of live (not freed) allocations.

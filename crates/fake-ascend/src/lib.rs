@@ -66,12 +66,13 @@
 //!   poisons the current device, see above).
 //! * `FAKE_ASCEND_BAR`: bytes the HAL can map at once (default: unlimited).
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
-use std::sync::{Mutex, MutexGuard};
 
-use fake_vendor::{env_flag, AddressMode, Backing, CallLog, Heap, Injections};
+use fake_vendor::{
+    current_ctx, parse_flag, set_current_ctx, AddressMode, Backing, CallLog, FakeState, Handles,
+    Heap, Injections, Shared,
+};
 
 pub mod control;
 mod device;
@@ -88,10 +89,9 @@ const HUGE_PAGE: u64 = 2 << 20;
 const HUGE_THRESHOLD: u64 = 1 << 20;
 /// Byte written into fresh allocations (device memory is not zeroed).
 const FILL: u8 = 0xCD;
-/// Default context handles: device `d`'s is `CTX_BASE + d * CTX_STRIDE`, the same object again
-/// after a reset (the runtime reuses it). Opaque handles, never dereferenced.
-const CTX_BASE: usize = 0xC7A0_0000;
-const CTX_STRIDE: usize = 16;
+/// Default context handles: device `d`'s is number `d`, the same object again after a reset
+/// (the runtime reuses it). Opaque handles, never dereferenced.
+const CONTEXTS: Handles = Handles::new(0xC7A0_0000, 16);
 
 /// Modeled lifecycle costs, in nanoseconds (see the module docs): the first `aclInit`, a
 /// device's first reference, its last reset, and the finalize at the last ACL reference (the
@@ -203,22 +203,9 @@ fn parse_visible(list: &str, devices: u32) -> Vec<u32> {
     ids
 }
 
-thread_local! {
-    /// The calling thread's current context handle (0: none).
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-}
-
-fn current_ctx() -> usize {
-    CURRENT.with(Cell::get)
-}
-
-fn set_current_ctx(ctx: usize) {
-    CURRENT.with(|c| c.set(ctx));
-}
-
 /// The handle of logical device `dev`'s default context.
 fn ctx_of(dev: u32) -> usize {
-    CTX_BASE + dev as usize * CTX_STRIDE
+    CONTEXTS.handle(dev as usize)
 }
 
 /// What the fake records about an allocation.
@@ -268,9 +255,11 @@ struct State {
     reset_freed: u64,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: Shared<State> = Shared::new();
 
-impl State {
+impl FakeState for State {
+    const NAME: &'static str = "fake-ascend";
+
     fn from_env() -> State {
         let mut st = State {
             map_mode: MapMode::Always,
@@ -293,56 +282,43 @@ impl State {
         st
     }
 
+    fn injections(&mut self) -> &mut Injections {
+        &mut self.injections
+    }
+
+    fn log(&mut self) -> &mut CallLog {
+        &mut self.log
+    }
+}
+
+impl State {
     fn apply_env(&mut self) {
         self.map_mode = MapMode::Always;
         self.devices = 8;
         self.heap.reuse = true;
-        if let Ok(v) = std::env::var("FAKE_ASCEND_MAP") {
-            match parse_map(&v) {
-                Some(m) => self.map_mode = m,
-                None => self.config_error(&format!("FAKE_ASCEND_MAP={v:?}")),
-            }
+        if let Some(m) = self.env("FAKE_ASCEND_MAP", parse_map) {
+            self.map_mode = m;
         }
-        if let Ok(v) = std::env::var("FAKE_ASCEND_DEVICES") {
-            match v.trim().parse() {
-                Ok(n) => self.devices = n,
-                Err(_) => self.config_error(&format!("FAKE_ASCEND_DEVICES={v:?}")),
-            }
+        if let Some(n) = self.env("FAKE_ASCEND_DEVICES", |v| v.trim().parse().ok()) {
+            self.devices = n;
         }
         self.bar_budget = None;
-        if let Ok(v) = std::env::var("FAKE_ASCEND_BAR") {
-            match v.trim().parse() {
-                Ok(n) => self.bar_budget = Some(n),
-                Err(_) => self.config_error(&format!("FAKE_ASCEND_BAR={v:?}")),
-            }
+        if let Some(n) = self.env("FAKE_ASCEND_BAR", |v| v.trim().parse().ok()) {
+            self.bar_budget = Some(n);
         }
         let devices = self.devices;
         self.visible = std::env::var("ASCEND_RT_VISIBLE_DEVICES")
             .ok()
             .map(|v| parse_visible(&v, devices));
-        if let Ok(v) = std::env::var("FAKE_ASCEND_REUSE") {
-            match env_flag("FAKE_ASCEND_REUSE") {
-                Some(on) => self.heap.reuse = on,
-                None => self.config_error(&format!("FAKE_ASCEND_REUSE={v:?}")),
+        if let Some(on) = self.env("FAKE_ASCEND_REUSE", parse_flag) {
+            self.heap.reuse = on;
+        }
+        if let Some(m) = self.env("FAKE_ASCEND_ADDRESSES", parse_addresses) {
+            if m != self.heap.mode() && !self.heap.set_mode(m) {
+                self.config_error("FAKE_ASCEND_ADDRESSES with live allocations");
             }
         }
-        if let Ok(v) = std::env::var("FAKE_ASCEND_ADDRESSES") {
-            match parse_addresses(&v) {
-                Some(m) if m == self.heap.mode() || self.heap.set_mode(m) => {}
-                Some(_) => self.config_error("FAKE_ASCEND_ADDRESSES with live allocations"),
-                None => self.config_error(&format!("FAKE_ASCEND_ADDRESSES={v:?}")),
-            }
-        }
-        if let Ok(v) = std::env::var("FAKE_ASCEND_INJECT") {
-            for item in self.injections.parse(&v) {
-                self.config_error(&format!("FAKE_ASCEND_INJECT item {item:?}"));
-            }
-        }
-    }
-
-    fn config_error(&mut self, what: &str) {
-        eprintln!("fake-ascend: ignoring invalid {what}");
-        self.log.line(&format!("fake_ascend config error: {what}"));
+        self.inject_from_env("FAKE_ASCEND_INJECT");
     }
 
     /// Logs a call and returns its code.
@@ -391,11 +367,7 @@ impl State {
 
     /// The logical device whose context `ctx` is, while that context is alive.
     fn live_context(&self, ctx: usize) -> Option<u32> {
-        let off = ctx.checked_sub(CTX_BASE)?;
-        if !off.is_multiple_of(CTX_STRIDE) {
-            return None;
-        }
-        let dev = u32::try_from(off / CTX_STRIDE).ok()?;
+        let dev = u32::try_from(CONTEXTS.number(ctx)?).ok()?;
         let alive = self.device_refs.get(&dev).copied().unwrap_or(0) > 0;
         alive.then_some(dev)
     }
@@ -423,15 +395,9 @@ impl State {
     }
 }
 
-fn lock() -> MutexGuard<'static, Option<State>> {
-    // A panic while holding the lock cannot cross the C boundary (it would abort); treat a
-    // poisoned lock as usable anyway.
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
+/// Runs `f` on the fake's state (made from the environment on first use), under its lock.
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut guard = lock();
-    f(guard.get_or_insert_with(State::from_env))
+    STATE.with(f)
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! Control and observation functions for tests (C ABI, not part of `cuda.h`).
 
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+
+use fake_vendor::c_text;
 
 use crate::{
     exec, with_state, CUdevice, CUresult, CUstream, HostKernel, CUDA_ERROR_INVALID_HANDLE,
-    CUDA_SUCCESS,
+    CUDA_SUCCESS, STATE,
 };
 
 /// Clears the call log, pending injections, the violation count and the launch, graph-launch,
@@ -38,16 +40,8 @@ pub extern "C" fn fake_cuda_reset() {
 /// `name` must be a valid NUL-terminated string (or null, which is rejected).
 #[no_mangle]
 pub unsafe extern "C" fn fake_cuda_inject(name: *const c_char, nth: u32, code: i32) -> c_int {
-    if name.is_null() {
-        return -1;
-    }
-    // SAFETY: non-null and NUL-terminated per the caller.
-    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-    if with_state(|st| st.injections.push(&name, nth, code)) {
-        0
-    } else {
-        -1
-    }
+    // SAFETY: forwarded caller guarantee.
+    unsafe { STATE.inject(name, nth, code) }
 }
 
 /// Copies up to `cap` bytes of the call log (UTF-8 text, one line per call, not NUL-terminated)
@@ -59,7 +53,7 @@ pub unsafe extern "C" fn fake_cuda_inject(name: *const c_char, nth: u32, code: i
 #[no_mangle]
 pub unsafe extern "C" fn fake_cuda_call_log(buf: *mut c_char, cap: usize) -> usize {
     // SAFETY: forwarded caller guarantee on `buf`.
-    with_state(|st| unsafe { st.log.copy_out(buf.cast::<u8>(), cap) })
+    unsafe { STATE.copy_log(buf, cap) }
 }
 
 /// Number of live (not freed) device allocations.
@@ -132,13 +126,10 @@ pub unsafe extern "C" fn fake_cuda_register_kernel(
     f: Option<HostKernel>,
     user: *mut c_void,
 ) -> c_int {
-    if entry.is_null() {
+    // SAFETY: null or NUL-terminated per the caller.
+    let Some(entry) = (unsafe { c_text(entry) }) else {
         return -1;
-    }
-    // SAFETY: non-null and NUL-terminated per the caller.
-    let entry = unsafe { CStr::from_ptr(entry) }
-        .to_string_lossy()
-        .into_owned();
+    };
     with_state(|st| {
         match f {
             Some(f) => st.kernels.insert(entry, (f, user as usize)),

@@ -176,13 +176,14 @@
 //! `fake_cuda_set_host_page`, `fake_cuda_live_graphs`, `fake_cuda_graph_launches`,
 //! `fake_cuda_replayed_launches`, `fake_nvrtc_compile_count` and `fake_nvrtc_live_programs`.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
-use fake_vendor::{env_flag, AddressMode, CallLog, Heap, Injections};
+use fake_vendor::{
+    current_ctx, parse_flag, set_current_ctx, AddressMode, CallLog, FakeState, Handles, Heap,
+    Injections, Shared,
+};
 
 pub mod api;
 pub mod control;
@@ -253,10 +254,8 @@ const DEV_BASE: u64 = 0xc0da_0000_0000_0000;
 const ALIGN: u64 = 4096;
 /// Byte written into fresh allocations (device memory is not zeroed).
 const FILL: u8 = 0xCD;
-/// Primary context handle of device 0; device `d` gets `CTX_BASE + d * CTX_STRIDE`. Opaque
-/// values, never dereferenced.
-const CTX_BASE: usize = 0xC7C0_0000;
-const CTX_STRIDE: usize = 16;
+/// Primary context handles: device `d`'s is number `d`. Opaque values, never dereferenced.
+const CONTEXTS: Handles = Handles::new(0xC7C0_0000, 16);
 /// Device count when `FAKE_CUDA_DEVICES` is unset.
 const DEFAULT_DEVICES: c_int = 2;
 /// Compute capability when `FAKE_CUDA_CC` is unset.
@@ -324,31 +323,14 @@ fn new_handle(base: usize) -> usize {
     base + NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) * 16
 }
 
-thread_local! {
-    /// The calling thread's current context handle (0: none).
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
-}
-
-fn current_ctx() -> usize {
-    CURRENT.with(Cell::get)
-}
-
-fn set_current_ctx(ctx: usize) {
-    CURRENT.with(|c| c.set(ctx));
-}
-
 /// The primary context handle of `dev`.
 fn ctx_of(dev: CUdevice) -> usize {
-    CTX_BASE + dev as usize * CTX_STRIDE
+    CONTEXTS.handle(dev as usize)
 }
 
 /// The device whose primary-context handle `ctx` is (whether or not it is valid or active).
 fn device_of_ctx(ctx: usize) -> Option<CUdevice> {
-    let off = ctx.checked_sub(CTX_BASE)?;
-    if off % CTX_STRIDE != 0 {
-        return None;
-    }
-    CUdevice::try_from(off / CTX_STRIDE).ok()
+    CUdevice::try_from(CONTEXTS.number(ctx)?).ok()
 }
 
 struct State {
@@ -395,9 +377,11 @@ struct State {
     lifecycle: Lifecycle,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+static STATE: Shared<State> = Shared::new();
 
-impl State {
+impl FakeState for State {
+    const NAME: &'static str = "fake-cuda";
+
     fn from_env() -> State {
         let mut st = State {
             initialized: false,
@@ -432,78 +416,64 @@ impl State {
         st
     }
 
+    fn injections(&mut self) -> &mut Injections {
+        &mut self.injections
+    }
+
+    fn log(&mut self) -> &mut CallLog {
+        &mut self.log
+    }
+}
+
+impl State {
     fn apply_env(&mut self) {
         self.devices = DEFAULT_DEVICES;
-        if let Ok(v) = std::env::var("FAKE_CUDA_DEVICES") {
-            match v.trim().parse::<c_int>() {
-                Ok(n) if n >= 0 => self.devices = n,
-                _ => self.config_error(&format!("FAKE_CUDA_DEVICES={v:?}")),
-            }
+        let count = |v: &str| v.trim().parse::<c_int>().ok().filter(|&n| n >= 0);
+        if let Some(n) = self.env("FAKE_CUDA_DEVICES", count) {
+            self.devices = n;
         }
         self.heap.reuse = true;
-        if let Ok(v) = std::env::var("FAKE_CUDA_REUSE") {
-            match env_flag("FAKE_CUDA_REUSE") {
-                Some(on) => self.heap.reuse = on,
-                None => self.config_error(&format!("FAKE_CUDA_REUSE={v:?}")),
-            }
+        if let Some(on) = self.env("FAKE_CUDA_REUSE", parse_flag) {
+            self.heap.reuse = on;
         }
         self.cc = DEFAULT_CC;
-        if let Ok(v) = std::env::var("FAKE_CUDA_CC") {
-            let parsed = v.trim().split_once('.').and_then(|(a, b)| {
-                let (a, b) = (a.parse::<c_int>().ok()?, b.parse::<c_int>().ok()?);
-                (a > 0 && (0..10).contains(&b)).then_some((a, b))
-            });
-            match parsed {
-                Some(cc) => self.cc = cc,
-                None => self.config_error(&format!("FAKE_CUDA_CC={v:?}")),
-            }
+        let cc = |v: &str| {
+            let (a, b) = v.trim().split_once('.')?;
+            let (a, b) = (a.parse::<c_int>().ok()?, b.parse::<c_int>().ok()?);
+            (a > 0 && (0..10).contains(&b)).then_some((a, b))
+        };
+        if let Some(cc) = self.env("FAKE_CUDA_CC", cc) {
+            self.cc = cc;
         }
         let mut latency = DEFAULT_LATENCY_US;
-        if let Ok(v) = std::env::var("FAKE_CUDA_STREAM_LATENCY_US") {
-            match v.trim().parse::<u64>() {
-                Ok(us) => latency = us,
-                Err(_) => self.config_error(&format!("FAKE_CUDA_STREAM_LATENCY_US={v:?}")),
-            }
+        if let Some(us) = self.env("FAKE_CUDA_STREAM_LATENCY_US", |v| v.trim().parse().ok()) {
+            latency = us;
         }
         exec::set_latency_us(latency);
         self.host_page = DEFAULT_HOST_PAGE;
-        if let Ok(v) = std::env::var("FAKE_CUDA_HOST_PAGE") {
-            match v.trim().parse::<u64>() {
-                Ok(p) if p.is_power_of_two() => self.host_page = p,
-                _ => self.config_error(&format!("FAKE_CUDA_HOST_PAGE={v:?}")),
-            }
+        let page = |v: &str| v.trim().parse::<u64>().ok().filter(|p| p.is_power_of_two());
+        if let Some(p) = self.env("FAKE_CUDA_HOST_PAGE", page) {
+            self.host_page = p;
         }
         self.sm_count = DEFAULT_SM_COUNT;
-        if let Ok(v) = std::env::var("FAKE_CUDA_SM_COUNT") {
-            match v.trim().parse::<c_int>() {
-                Ok(n) if n > 0 => self.sm_count = n,
-                _ => self.config_error(&format!("FAKE_CUDA_SM_COUNT={v:?}")),
-            }
+        let positive = |v: &str| v.trim().parse::<c_int>().ok().filter(|&n| n > 0);
+        if let Some(n) = self.env("FAKE_CUDA_SM_COUNT", positive) {
+            self.sm_count = n;
         }
         self.shared_optin = DEFAULT_SHARED_OPTIN;
-        if let Ok(v) = std::env::var("FAKE_CUDA_SHARED_OPTIN") {
-            match v.trim().parse::<u32>() {
-                Ok(n) if c_int::try_from(n).is_ok() => self.shared_optin = n,
-                _ => self.config_error(&format!("FAKE_CUDA_SHARED_OPTIN={v:?}")),
-            }
+        let optin = |v: &str| {
+            let n = v.trim().parse::<u32>().ok()?;
+            c_int::try_from(n).is_ok().then_some(n)
+        };
+        if let Some(n) = self.env("FAKE_CUDA_SHARED_OPTIN", optin) {
+            self.shared_optin = n;
         }
         self.total_mem = DEFAULT_TOTAL_MEM;
-        if let Ok(v) = std::env::var("FAKE_CUDA_TOTAL_MEM") {
-            match v.trim().parse::<u64>() {
-                Ok(n) if n > 0 => self.total_mem = n,
-                _ => self.config_error(&format!("FAKE_CUDA_TOTAL_MEM={v:?}")),
-            }
+        let bytes = |v: &str| v.trim().parse::<u64>().ok().filter(|&n| n > 0);
+        if let Some(n) = self.env("FAKE_CUDA_TOTAL_MEM", bytes) {
+            self.total_mem = n;
         }
-        if let Ok(v) = std::env::var("FAKE_CUDA_INJECT") {
-            for item in self.injections.parse(&v) {
-                self.config_error(&format!("FAKE_CUDA_INJECT item {item:?}"));
-            }
-        }
-    }
-
-    fn config_error(&mut self, what: &str) {
-        eprintln!("fake-cuda: ignoring invalid {what}");
-        self.log.line(&format!("fake_cuda config error: {what}"));
+        self.inject_from_env("FAKE_CUDA_INJECT");
     }
 
     /// Logs a call and returns its code.
@@ -665,15 +635,9 @@ impl State {
     }
 }
 
-fn lock() -> MutexGuard<'static, Option<State>> {
-    // A panic while holding the lock cannot cross the C boundary (it would abort); treat a
-    // poisoned lock as usable anyway.
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
+/// Runs `f` on the fake's state (made from the environment on first use), under its lock.
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut guard = lock();
-    f(guard.get_or_insert_with(State::from_env))
+    STATE.with(f)
 }
 
 /// [`with_state`] for an export that stops at its first failure: `Err` and `Ok` both carry the

@@ -11,10 +11,17 @@
 //!   host address equals the device address).
 //! * [`Injections`]: the `nth` next call of a named function returns a given code.
 //! * [`CallLog`]: one text line per call, for tests to read back.
+//!
+//! And the scaffolding every fake has: its state behind one mutex, made from the environment on
+//! first use ([`Shared`], [`FakeState`], which also reads and reports settings), the bodies of
+//! the control exports both fakes have (`*_inject`, `*_call_log`), the calling thread's current
+//! context ([`current_ctx`]) and the numbering of context handles ([`Handles`]).
 
 use std::alloc::{self, Layout};
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::Mutex;
 
 /// Host memory standing in for one device allocation.
 pub struct Backing {
@@ -300,12 +307,162 @@ impl CallLog {
     }
 }
 
-/// Reads a boolean environment switch (`1`/`0`, `true`/`false`, `on`/`off`).
-pub fn env_flag(name: &str) -> Option<bool> {
-    match std::env::var(name).ok()?.trim() {
+/// Parses a boolean switch (`1`/`0`, `true`/`false`, `on`/`off`, `yes`/`no`).
+pub fn parse_flag(v: &str) -> Option<bool> {
+    match v.trim() {
         "1" | "true" | "on" | "yes" => Some(true),
         "0" | "false" | "off" | "no" => Some(false),
         _ => None,
+    }
+}
+
+/// A NUL-terminated C string argument as text (`None` for null).
+///
+/// # Safety
+/// `p` must be null or a valid NUL-terminated string.
+pub unsafe fn c_text(p: *const c_char) -> Option<String> {
+    // SAFETY: non-null and NUL-terminated per the caller.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// A fake library's state (see [`Shared`]).
+pub trait FakeState: Sized + Send + 'static {
+    /// The library's name in its messages (`fake-cuda`); its call log writes it with `_` for
+    /// `-` (`fake_cuda config error: ...`).
+    const NAME: &'static str;
+
+    /// The state of a fresh process: defaults, then the environment's settings.
+    fn from_env() -> Self;
+
+    /// Pending injected failures.
+    fn injections(&mut self) -> &mut Injections;
+
+    /// The call log.
+    fn log(&mut self) -> &mut CallLog;
+
+    /// Reports a setting `what` that is invalid, and ignored: on stderr and in the call log.
+    fn config_error(&mut self, what: &str) {
+        eprintln!("{}: ignoring invalid {what}", Self::NAME);
+        let line = format!("{} config error: {what}", Self::NAME.replace('-', "_"));
+        self.log().line(&line);
+    }
+
+    /// Environment variable `name` read with `parse`: `None` when it is unset, or set to a value
+    /// `parse` rejects (reported with [`FakeState::config_error`] as `name="value"`).
+    fn env<T>(&mut self, name: &str, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
+        let v = std::env::var(name).ok()?;
+        let parsed = parse(&v);
+        if parsed.is_none() {
+            self.config_error(&format!("{name}={v:?}"));
+        }
+        parsed
+    }
+
+    /// Arms the injections environment variable `name` lists (`name:nth:code[,...]`, see
+    /// [`Injections::parse`]); each item it cannot parse is reported.
+    fn inject_from_env(&mut self, name: &str) {
+        let Ok(v) = std::env::var(name) else {
+            return;
+        };
+        for item in self.injections().parse(&v) {
+            self.config_error(&format!("{name} item {item:?}"));
+        }
+    }
+}
+
+/// A fake's state behind one mutex, made from the environment ([`FakeState::from_env`]) on
+/// first use, so a whole test run can be configured through it.
+pub struct Shared<S>(Mutex<Option<S>>);
+
+impl<S: FakeState> Shared<S> {
+    /// No state yet.
+    pub const fn new() -> Shared<S> {
+        Shared(Mutex::new(None))
+    }
+
+    /// Runs `f` on the state, under the lock.
+    pub fn with<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
+        // A panic while holding the lock cannot cross the C boundary (it would abort); treat a
+        // poisoned lock as usable anyway.
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(guard.get_or_insert_with(S::from_env))
+    }
+
+    /// The control export `int <fake>_inject(const char *name, uint32_t nth, int32_t code)`:
+    /// makes the `nth` (>= 1) next call of function `name` return `code`. 0, or -1 when `name`
+    /// is null or `nth` is 0.
+    ///
+    /// # Safety
+    /// `name` must be null or a valid NUL-terminated string.
+    pub unsafe fn inject(&self, name: *const c_char, nth: u32, code: i32) -> c_int {
+        // SAFETY: forwarded caller guarantee.
+        let Some(name) = (unsafe { c_text(name) }) else {
+            return -1;
+        };
+        if self.with(|st| st.injections().push(&name, nth, code)) {
+            0
+        } else {
+            -1
+        }
+    }
+
+    /// The control export `size_t <fake>_call_log(char *buf, size_t cap)`: copies up to `cap`
+    /// bytes of the call log into `buf` and returns the log's full length (see
+    /// [`CallLog::copy_out`]).
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `cap` bytes (or null).
+    pub unsafe fn copy_log(&self, buf: *mut c_char, cap: usize) -> usize {
+        // SAFETY: forwarded caller guarantee on `buf`.
+        self.with(|st| unsafe { st.log().copy_out(buf.cast::<u8>(), cap) })
+    }
+}
+
+impl<S: FakeState> Default for Shared<S> {
+    fn default() -> Self {
+        Shared::new()
+    }
+}
+
+thread_local! {
+    /// The calling thread's current context handle (0: none).
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The calling thread's current context handle (0: none). Per thread, as in the vendors'
+/// runtimes; each fake library has its own.
+pub fn current_ctx() -> usize {
+    CURRENT.with(Cell::get)
+}
+
+/// Makes `ctx` the calling thread's current context handle (0: none).
+pub fn set_current_ctx(ctx: usize) {
+    CURRENT.with(|c| c.set(ctx));
+}
+
+/// Opaque handles numbered from a base (never dereferenced): number `i` is
+/// `base + i * stride`, the same handle every time (a device's context, reused after a reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handles {
+    base: usize,
+    stride: usize,
+}
+
+impl Handles {
+    /// Handles from `base`, `stride` (> 0) apart.
+    pub const fn new(base: usize, stride: usize) -> Handles {
+        Handles { base, stride }
+    }
+
+    /// The handle of number `i`.
+    pub fn handle(self, i: usize) -> usize {
+        self.base + i * self.stride
+    }
+
+    /// The number whose handle `h` is, if it is one.
+    pub fn number(self, h: usize) -> Option<usize> {
+        let off = h.checked_sub(self.base)?;
+        off.is_multiple_of(self.stride).then_some(off / self.stride)
     }
 }
 
@@ -343,6 +500,73 @@ mod tests {
         let a = h.alloc(64, 4096, 7, 1).unwrap();
         let (_, host, _) = h.translate(a, 64).unwrap();
         assert_eq!(host as u64, a);
+    }
+
+    /// A fake with nothing but the shared scaffolding.
+    #[derive(Default)]
+    struct Toy {
+        injections: Injections,
+        log: CallLog,
+    }
+
+    impl FakeState for Toy {
+        const NAME: &'static str = "fake-toy";
+
+        fn from_env() -> Toy {
+            let mut t = Toy::default();
+            t.inject_from_env("FAKE_VENDOR_TEST_INJECT");
+            t
+        }
+
+        fn injections(&mut self) -> &mut Injections {
+            &mut self.injections
+        }
+
+        fn log(&mut self) -> &mut CallLog {
+            &mut self.log
+        }
+    }
+
+    static TOY: Shared<Toy> = Shared::new();
+
+    #[test]
+    fn settings_are_read_from_the_environment_and_bad_ones_reported() {
+        std::env::set_var("FAKE_VENDOR_TEST_INJECT", "f:2:5, oops");
+        std::env::set_var("FAKE_VENDOR_TEST_N", " 7 ");
+        std::env::set_var("FAKE_VENDOR_TEST_BAD", "x");
+        let parse = |v: &str| v.trim().parse::<u32>().ok();
+        TOY.with(|t| {
+            assert_eq!(t.env("FAKE_VENDOR_TEST_N", parse), Some(7));
+            assert_eq!(t.env("FAKE_VENDOR_TEST_BAD", parse), None);
+            assert_eq!(t.env("FAKE_VENDOR_TEST_UNSET", parse), None);
+            assert_eq!(t.injections.take("f"), None);
+        });
+        let (other, name) = (c"g".as_ptr(), c"f".as_ptr());
+        // SAFETY: null, or NUL-terminated literals.
+        unsafe {
+            assert_eq!(TOY.inject(std::ptr::null(), 1, 1), -1);
+            assert_eq!(TOY.inject(other, 0, 1), -1);
+            assert_eq!(TOY.inject(name, 3, 6), 0);
+        }
+        TOY.with(|t| assert_eq!(t.injections.take("f"), Some(5)));
+        let log = "fake_toy config error: FAKE_VENDOR_TEST_INJECT item \"oops\"\n\
+                   fake_toy config error: FAKE_VENDOR_TEST_BAD=\"x\"\n";
+        let mut buf = [0u8; 256];
+        // SAFETY: `buf` holds 256 bytes.
+        let n = unsafe { TOY.copy_log(buf.as_mut_ptr().cast(), buf.len()) };
+        assert_eq!(std::str::from_utf8(&buf[..n]), Ok(log));
+    }
+
+    #[test]
+    fn handles_number_back_and_flags_parse() {
+        let h = Handles::new(0xC000, 16);
+        assert_eq!(h.handle(3), 0xC030);
+        assert_eq!(h.number(0xC030), Some(3));
+        assert_eq!(h.number(0xC031), None);
+        assert_eq!(h.number(0xB000), None);
+        assert_eq!(parse_flag(" off "), Some(false));
+        assert_eq!(parse_flag("yes"), Some(true));
+        assert_eq!(parse_flag("2"), None);
     }
 
     #[test]

@@ -226,6 +226,18 @@ impl DeviceError {
         self.bytes = Some(bytes);
         self
     }
+
+    /// This failure, of a call made while opening `library`, as the open's error
+    /// ([`crate::LoadError::Init`]: the same call, code and detail).
+    pub(crate) fn into_init(self, library: &str) -> crate::LoadError {
+        crate::LoadError::Init {
+            library: library.to_string(),
+            call: self.call,
+            code: self.code,
+            code_name: self.code_name,
+            detail: self.detail,
+        }
+    }
 }
 
 /// A vendor status other than success: its code and symbolic name. Each vendor's status type

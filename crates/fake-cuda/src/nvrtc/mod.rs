@@ -24,6 +24,8 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
+use fake_vendor::{c_text as text, FakeState};
+
 use crate::image::{arch_version, Image};
 use crate::{with_state, State};
 
@@ -221,15 +223,6 @@ pub extern "C" fn nvrtcGetErrorString(result: nvrtcResult) -> *const c_char {
     };
     with_state(|st| st.ret("nvrtcGetErrorString", &result.to_string(), NVRTC_SUCCESS));
     s.as_ptr()
-}
-
-/// A NUL-terminated argument as a string (`None` for null).
-///
-/// # Safety
-/// `p` must be null or NUL-terminated.
-unsafe fn text(p: *const c_char) -> Option<String> {
-    // SAFETY: non-null and NUL-terminated per the caller.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 /// `nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name, int

@@ -1,4 +1,5 @@
-//! Finding and loading the CANN libraries, and the function tables the driver calls through.
+//! Finding and loading the CANN libraries, and the function tables the driver calls through
+//! (the calls themselves are `calls`).
 //!
 //! Order and reuse: the HAL is loaded before the runtime (the runtime resolves the HAL it was
 //! built against by name, so it must find ours already loaded, not a second copy), and a library
@@ -6,12 +7,11 @@
 //! than loaded again from another path (`loader::open_first`). The runtime is the `acl*` family
 //! of `libascendcl.so`, falling back to the older `rt*` family of `libruntime.so`.
 
-use std::ffi::{c_int, c_void, OsString};
+use std::ffi::{c_int, OsString};
 use std::path::PathBuf;
 
 use super::sys::*;
 use crate::loader::{self, vendor_fns, LoadError, VendorLib};
-use crate::Status;
 
 /// Environment override: a directory (or `:`-separated list) holding `libascendcl.so` /
 /// `libruntime.so` and `libascend_hal.so`. When set, only these directories are searched.
@@ -206,157 +206,6 @@ impl Runtime {
                     memcpy: n.memcpy,
                     memset: n.memset,
                 }
-            }
-        }
-    }
-
-    /// `aclrtSetDevice` / `rtSetDevice`: one more reference to the device's default context,
-    /// which becomes the calling thread's current context.
-    pub fn set_device(&self, id: i32) -> AclStatus {
-        let f = match self {
-            Runtime::Acl(_, f) => f.set_device,
-            Runtime::Rt(_, f) => f.set_device,
-        };
-        // SAFETY: `int32_t (acl)rtSetDevice(int32_t)`; takes no pointers.
-        AclStatus(unsafe { f(id) })
-    }
-
-    /// `aclrtResetDevice` / `rtDeviceReset`: drops one reference.
-    pub fn reset_device(&self, id: i32) -> AclStatus {
-        let f = match self {
-            Runtime::Acl(_, f) => f.reset_device,
-            Runtime::Rt(_, f) => f.reset_device,
-        };
-        // SAFETY: `int32_t aclrtResetDevice(int32_t)` / `rtDeviceReset(int32_t)`; no pointers.
-        AclStatus(unsafe { f(id) })
-    }
-
-    /// The calling thread's current context; `None` when it has none (CONTEXT_NULL, or a null
-    /// handle).
-    pub fn current_context(&self) -> Result<Option<Context>, Status> {
-        let f = match self {
-            Runtime::Acl(_, f) => f.get_context,
-            Runtime::Rt(_, f) => f.get_context,
-        };
-        let mut ctx: Context = std::ptr::null_mut();
-        // SAFETY: `&mut ctx` is valid for the pointer-sized write of the out-parameter.
-        match AclStatus(unsafe { f(&mut ctx) }).result() {
-            Ok(()) => Ok((!ctx.is_null()).then_some(ctx)),
-            Err(s) if s.code == ACL_ERROR_RT_CONTEXT_NULL => Ok(None),
-            Err(s) => Err(s),
-        }
-    }
-
-    /// Makes `ctx` the calling thread's current context (not reference-counted).
-    pub fn set_context(&self, ctx: Context) -> AclStatus {
-        let f = match self {
-            Runtime::Acl(_, f) => f.set_context,
-            Runtime::Rt(_, f) => f.set_context,
-        };
-        // SAFETY: `ctx` is a context handle the runtime gave us (the device's default context,
-        // alive while we hold its device reference, or the caller's own current context).
-        AclStatus(unsafe { f(ctx) })
-    }
-
-    /// The runtime's logical id of user device `user`, where it exports the translation:
-    /// `None` when it does not (or answers that it is not supported).
-    pub fn logic_id(&self, user: i32) -> Option<Result<i32, Status>> {
-        let f = match self {
-            Runtime::Acl(_, f) => f.logic_id,
-            Runtime::Rt(_, f) => f.logic_id,
-        }?;
-        let mut logic: i32 = -1;
-        // SAFETY: `&mut logic` is valid for the `int32_t` the call writes.
-        match AclStatus(unsafe { f(user, &mut logic) }).result() {
-            Ok(()) => Some(Ok(logic)),
-            Err(s)
-                if s.code == ACL_ERROR_API_NOT_SUPPORT
-                    || s.code == ACL_ERROR_RT_FEATURE_NOT_SUPPORT =>
-            {
-                None
-            }
-            Err(s) => Some(Err(s)),
-        }
-    }
-
-    /// Allocates `bytes` (> 0, fits `usize`); the status and the pointer written.
-    pub fn malloc(&self, bytes: u64, policy: MallocPolicy) -> (AclStatus, *mut c_void) {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        let status = match self {
-            Runtime::Acl(_, f) => {
-                let size = usize::try_from(bytes).unwrap_or(usize::MAX);
-                // SAFETY: `&mut p` is valid for the pointer-sized write the call makes; the
-                // size and policy are plain values.
-                AclStatus(unsafe { (f.malloc)(&mut p, size, policy.acl()) })
-            }
-            Runtime::Rt(_, f) => {
-                // SAFETY: as above; module id 0 (the application).
-                AclStatus(unsafe { (f.malloc)(&mut p, bytes, policy.rt_mem_type(), 0) })
-            }
-        };
-        (status, p)
-    }
-
-    /// Frees the allocation at `ptr`.
-    pub fn free(&self, ptr: u64) -> AclStatus {
-        let f = match self {
-            Runtime::Acl(_, f) => f.free,
-            Runtime::Rt(_, f) => f.free,
-        };
-        // SAFETY: `ptr` is a live allocation of this runtime (checked against the ledger by the
-        // caller) with no host mapping left; the runtime does not dereference it on the host.
-        AclStatus(unsafe { f(ptr as *mut c_void) })
-    }
-
-    /// `aclrtMemcpy` / `rtMemcpy`.
-    ///
-    /// # Safety
-    /// The host side of the copy (`dst` for D2H, `src` for H2D) must be valid for `count` bytes,
-    /// and the device side must lie inside a live allocation with `dest_max` bytes from `dst`
-    /// (for H2D).
-    pub unsafe fn memcpy(
-        &self,
-        dst: *mut c_void,
-        dest_max: u64,
-        src: *const c_void,
-        count: u64,
-        kind: c_int,
-    ) -> AclStatus {
-        match self {
-            Runtime::Acl(_, f) => {
-                let (Ok(max), Ok(n)) = (usize::try_from(dest_max), usize::try_from(count)) else {
-                    return AclStatus(ACL_ERROR_INVALID_PARAM as c_int);
-                };
-                // SAFETY: per this function's contract.
-                AclStatus(unsafe { (f.memcpy)(dst, max, src, n, kind) })
-            }
-            // SAFETY: per this function's contract.
-            Runtime::Rt(_, f) => AclStatus(unsafe { (f.memcpy)(dst, dest_max, src, count, kind) }),
-        }
-    }
-
-    /// `aclrtMemset` / `rtMemset` of `count` bytes at `dst` to `value`.
-    ///
-    /// # Safety
-    /// `[dst, dst + count)` must lie inside a live allocation with `dest_max` bytes from `dst`.
-    pub unsafe fn memset(
-        &self,
-        dst: *mut c_void,
-        dest_max: u64,
-        value: u8,
-        count: u64,
-    ) -> AclStatus {
-        match self {
-            Runtime::Acl(_, f) => {
-                let (Ok(max), Ok(n)) = (usize::try_from(dest_max), usize::try_from(count)) else {
-                    return AclStatus(ACL_ERROR_INVALID_PARAM as c_int);
-                };
-                // SAFETY: per this function's contract.
-                AclStatus(unsafe { (f.memset)(dst, max, i32::from(value), n) })
-            }
-            Runtime::Rt(_, f) => {
-                // SAFETY: per this function's contract.
-                AclStatus(unsafe { (f.memset)(dst, dest_max, u32::from(value), count) })
             }
         }
     }

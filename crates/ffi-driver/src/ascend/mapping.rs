@@ -2,11 +2,8 @@
 //! `halHostUnregister`, with the rules of the module docs (only a capability answer is a
 //! refusal; the host side is revoked only after a successful unregister).
 
-use std::ffi::c_void;
-use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::sys::{self, DrvStatus};
 use super::{AscendDevice, MapEntry, State};
 use crate::error::codes;
 use crate::{DevPtr, DeviceError, HostMem, MapGrant, Op};
@@ -69,57 +66,37 @@ impl AscendDevice {
             .session
             .hold(op, self.call(op))
             .map_err(|e| e.at(ptr.0).sized(bytes))?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `halHostRegister(void *srcPtr, UINT64 size, UINT32 flag, UINT32 devid,
-        // void **dstPtr)`: `ptr` is a device address inside a live allocation (checked above),
-        // which the HAL does not dereference on the host; `&mut host` is valid for the
-        // pointer-sized write of the out-parameter.
-        let status = DrvStatus(unsafe {
-            (self.hal.f.register)(
-                ptr.0 as *mut c_void,
-                bytes,
-                sys::DEV_SVM_MAP_HOST,
-                self.logical,
-                &mut host,
-            )
-        });
-        match status.result() {
-            Ok(()) => {}
-            Err(s) if is_resource_refusal(s.code) => {
+        // `ptr` is a device address inside a live allocation (checked above).
+        let host = match self.hal.host_register(ptr.0, bytes, self.logical) {
+            Ok(host) => host,
+            Err(e) if is_resource_refusal(e.code) => {
                 st.ledger.on_map(false);
                 let reason = format!(
                     "halHostRegister answered {} (code {}) for the allocation at {ptr} of {bytes} \
                      bytes on logical device {}: the host's mapping resources are exhausted; this \
                      allocation is mirrored instead",
-                    s.name, s.code, self.logical
+                    e.code_name, e.code, self.logical
                 );
                 log::warn!("{reason}");
                 return Ok(MapGrant::Refused {
-                    code: s.code,
+                    code: e.code,
                     reason,
                 });
             }
-            Err(s) if s.code == codes::NOT_SUPPORT => {
+            Err(e) if e.code == codes::NOT_SUPPORT => {
                 st.ledger.on_map(false);
                 return Ok(MapGrant::Refused {
-                    code: s.code,
+                    code: e.code,
                     reason: format!(
                         "halHostRegister answered {} for {bytes} bytes at {ptr} on logical \
                          device {} (this allocation's pages cannot be mapped on this host)",
-                        s.name, self.logical
+                        e.code_name, self.logical
                     ),
                 });
             }
-            Err(s) => {
-                let detail = format!(
-                    "mapping {bytes} bytes for the host on logical device {} (not a capability \
-                     answer: an unaligned pointer, a bad range or a bad device)",
-                    self.logical
-                );
-                return Err(s.error(op, self.call(op), detail).at(ptr.0).sized(bytes));
-            }
-        }
-        let Some(host) = NonNull::new(host.cast::<u8>()) else {
+            Err(e) => return Err(e.at(ptr.0).sized(bytes)),
+        };
+        let Some(host) = host else {
             st.ledger.on_map(false);
             return Ok(MapGrant::Refused {
                 code: 0,
@@ -168,21 +145,14 @@ impl AscendDevice {
         // Accesses are blocked while the HAL tears the mapping down; the host side is revoked
         // only when it did. A refused unregister leaves a mapping the HAL still holds: it stays
         // usable, and its allocation stays live until a retry unregisters it.
-        let (unregister, logical) = (self.hal.f.unregister, self.logical);
+        let (hal, logical) = (&self.hal, self.logical);
         let r = entry.mem.revoke_with(|| {
-            // SAFETY: `halHostUnregister(void *srcPtr, UINT32 devid)` with the device address a
-            // successful `halHostRegister` was given; no access runs while it does.
-            DrvStatus(unsafe { unregister(start as *mut c_void, logical) }).result()
+            // SAFETY: the device address a successful `halHostRegister` was given; no access
+            // through the mapping runs while the call does (`revoke_with` blocks them), and the
+            // host side is revoked when it succeeds.
+            unsafe { hal.host_unregister(start, logical) }
         });
-        r.map_err(|s| {
-            s.error(
-                op,
-                self.call(op),
-                "mapping kept (still usable); its allocation stays live until it is unregistered",
-            )
-            .at(start)
-            .sized(bytes)
-        })?;
+        r.map_err(|e| e.at(start).sized(bytes))?;
         st.mappings.remove(&start);
         st.ledger.on_unmap();
         Ok(())

@@ -1,10 +1,12 @@
 //! The `ascend` backend: the CANN runtime (`libascendcl.so`, or `libruntime.so` where the `acl*`
 //! symbols are absent) for memory and copies, and the driver's HAL (`libascend_hal.so`) for host
 //! mappings, all opened at run time. Rooms: [`sys`] (raw signatures, constants, status codes),
-//! [`loading`] (finding the libraries, load order, function tables), `visible` (device ids under
-//! `ASCEND_RT_VISIBLE_DEVICES`), `session` (the runtime references the process holds and how
-//! threads are bound), `mapping` (host mappings through the HAL) and `close`; this file is the
-//! safe driver. `docs/platforms.md` describes it for users.
+//! [`loading`] (finding the libraries, load order, function tables), `calls` (every call through
+//! those tables, each a typed method that names the call in its errors, and the ledger's one
+//! entry point, `traced`), `visible` (device ids under `ASCEND_RT_VISIBLE_DEVICES`), `session`
+//! (the runtime references the process holds and how threads are bound), `mapping` (host
+//! mappings through the HAL) and `close`; this file is the safe driver. `docs/platforms.md`
+//! describes it for users.
 //!
 //! Invariants this file keeps:
 //! * **Unregister before free.** `free` refuses an allocation that still has a host mapping
@@ -33,6 +35,7 @@
 //!   allocation, unknown addresses are refused before any vendor call), counted and logged like
 //!   sim, and an injected fault fails the call before the vendor function runs.
 
+mod calls;
 mod close;
 pub mod loading;
 mod mapping;
@@ -41,7 +44,6 @@ pub mod sys;
 mod visible;
 
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,7 +56,7 @@ pub use visible::{logical_device_id, VisibleDevices, ENV_VISIBLE_DEVICES};
 
 use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
 use crate::error::codes;
-use crate::{traced, DeviceError, HostMem, Ledger, Ledgered, LoadError, Op, Status};
+use crate::{DeviceError, HostMem, Ledger, Ledgered, LoadError, Op, Status};
 use loading::{Hal, HalFns, Runtime};
 use session::Session;
 use sys::{acl_status, drv_status, ACL_ERROR_INVALID_PARAM};
@@ -239,11 +241,6 @@ impl AscendDevice {
             .before_call()
     }
 
-    /// The error of an injected fault: it fails the call before the vendor function.
-    fn injected(&self, op: Op) -> impl FnOnce(i64) -> DeviceError + '_ {
-        move |code| Self::own_status(op, code).error(op, self.call(op), "injected fault")
-    }
-
     /// The live allocation `(base, size)` containing `[addr, addr + bytes)`, else an error.
     fn containing(
         &self,
@@ -284,34 +281,6 @@ impl AscendDevice {
         self.session.enter(op)
     }
 
-    /// One driver call (see `traced`); a device fault the vendor call reports poisons the
-    /// process's session on the device.
-    fn traced<T: crate::ledger::Outcome>(
-        &self,
-        st: &mut State,
-        op: Op,
-        addr: u64,
-        bytes: u64,
-        body: impl FnOnce(&mut State) -> Result<T, DeviceError>,
-    ) -> Result<T, DeviceError> {
-        traced(st, op, addr, bytes, self.injected(op), |st| {
-            let r = body(st);
-            if let Err(e) = &r {
-                if e.called && sys::is_device_fault(e.code) && self.session.note_fault(e) {
-                    log::error!(
-                        "ascend device {} is unusable after {} ({}) from {}: close every worker \
-                         on it",
-                        self.user,
-                        e.code,
-                        e.code_name,
-                        e.call
-                    );
-                }
-            }
-            r
-        })
-    }
-
     fn do_alloc(&self, st: &mut State, bytes: u64) -> Result<DevPtr, DeviceError> {
         let op = Op::Alloc;
         self.check_open(st, op).map_err(|e| e.sized(bytes))?;
@@ -329,17 +298,11 @@ impl AscendDevice {
                 .sized(bytes));
         }
         let _bound = self.enter(st, op).map_err(|e| e.sized(bytes))?;
-        let (status, p) = self.runtime.malloc(bytes, self.config.malloc_policy);
-        let policy = self.config.malloc_policy;
-        status.result().map_err(|s| {
-            s.error(op, self.call(op), format!("policy {policy:?}"))
-                .sized(bytes)
-        })?;
-        if p.is_null() {
-            let s = acl_status(0);
-            return Err(s.error(op, self.call(op), "a null pointer").sized(bytes));
-        }
-        let ptr = DevPtr(p as u64);
+        let p = self
+            .runtime
+            .malloc(bytes, self.config.malloc_policy)
+            .map_err(|e| e.sized(bytes))?;
+        let ptr = DevPtr(p.as_ptr() as u64);
         st.ledger.on_alloc(ptr, bytes);
         Ok(ptr)
     }
@@ -365,11 +328,10 @@ impl AscendDevice {
             return Err(e.at(ptr.0).sized(size));
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(ptr.0).sized(size))?;
-        self.runtime.free(ptr.0).result().map_err(|s| {
-            s.error(op, self.call(op), "allocation left live")
-                .at(ptr.0)
-                .sized(size)
-        })?;
+        // A live allocation (ledger) with no host mapping left.
+        self.runtime
+            .free(ptr.0)
+            .map_err(|e| e.at(ptr.0).sized(size))?;
         st.ledger.on_free(ptr);
         Ok(())
     }
@@ -381,7 +343,7 @@ impl AscendDevice {
         op: Op,
         addr: u64,
         bytes: u64,
-        call: impl FnOnce(u64) -> sys::AclStatus,
+        call: impl FnOnce(u64) -> Result<(), DeviceError>,
     ) -> Result<(), DeviceError> {
         self.check_open(st, op)
             .map_err(|e| e.at(addr).sized(bytes))?;
@@ -390,10 +352,7 @@ impl AscendDevice {
             return Ok(());
         }
         let _bound = self.enter(st, op).map_err(|e| e.at(addr).sized(bytes))?;
-        let what = op.transfer_what();
-        call(base + size - addr)
-            .result()
-            .map_err(|s| s.error(op, self.call(op), what).at(addr).sized(bytes))
+        call(base + size - addr).map_err(|e| e.at(addr).sized(bytes))
     }
 }
 
@@ -419,38 +378,20 @@ impl Device for AscendDevice {
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
         self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
+            // `[dst, dst + bytes)` lies inside a live allocation with `dest_max` bytes from
+            // `dst` (checked by `transfer`).
             self.transfer(st, op, dst.0, bytes, |dest_max| {
-                // SAFETY: `src` is valid for `bytes` reads; `[dst, dst + bytes)` lies inside a
-                // live allocation with `dest_max` bytes from `dst` (checked by `transfer`).
-                unsafe {
-                    self.runtime.memcpy(
-                        dst.0 as *mut c_void,
-                        dest_max,
-                        src.as_ptr().cast(),
-                        bytes,
-                        sys::MEMCPY_HOST_TO_DEVICE,
-                    )
-                }
+                self.runtime.memcpy_h2d(dst.0, dest_max, src)
             })
         })
     }
 
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
-        let out = dst.as_mut_ptr();
         self.traced(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
+            // `[src, src + bytes)` lies inside a live allocation (checked by `transfer`).
             self.transfer(st, op, src.0, bytes, |_| {
-                // SAFETY: `out` is valid for `bytes` writes (the whole of `dst`); `[src, src +
-                // bytes)` lies inside a live allocation (checked by `transfer`).
-                unsafe {
-                    self.runtime.memcpy(
-                        out.cast(),
-                        bytes,
-                        src.0 as *const c_void,
-                        bytes,
-                        sys::MEMCPY_DEVICE_TO_HOST,
-                    )
-                }
+                self.runtime.memcpy_d2h(dst, src.0)
             })
         })
     }
@@ -458,13 +399,10 @@ impl Device for AscendDevice {
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
         self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
+            // `[dst, dst + bytes)` lies inside a live allocation with `dest_max` bytes from
+            // `dst` (checked by `transfer`).
             self.transfer(st, op, dst.0, bytes, |dest_max| {
-                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
-                // bytes from `dst` (checked by `transfer`).
-                unsafe {
-                    self.runtime
-                        .memset(dst.0 as *mut c_void, dest_max, value, bytes)
-                }
+                self.runtime.memset(dst.0, dest_max, value, bytes)
             })
         })
     }

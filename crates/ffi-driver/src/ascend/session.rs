@@ -100,20 +100,9 @@ impl Session {
             fault: crate::sessions::FirstFault::default(),
         };
         let lib = runtime.lib();
-        if let Runtime::Acl(_, f) = runtime {
-            // SAFETY: `aclError aclInit(const char *configPath)` accepts NULL (no config file).
-            let code = i64::from(unsafe { (f.init)(std::ptr::null()) });
-            match code {
-                // Success, or already initialized by someone else: either way one reference.
-                0 | sys::ACL_ERROR_REPEAT_INITIALIZE => s.write().acl = true,
-                _ => {
-                    return Err(sys::acl_status(code).init_error(
-                        lib.name,
-                        "aclInit",
-                        format!("opened from {}", lib.path),
-                    ))
-                }
-            }
+        // Success, or already initialized by someone else: either way one reference.
+        if runtime.init()? {
+            s.write().acl = true;
         }
         match s.logical_id(config) {
             Ok(logical) => s.logical = logical,
@@ -138,11 +127,7 @@ impl Session {
                     runtime.calls().logic_id
                 ),
             }),
-            Some(Err(s)) => Err(s.init_error(
-                lib.name,
-                runtime.calls().logic_id,
-                format!("translating user device {user}"),
-            )),
+            Some(Err(e)) => Err(e.into_init(lib.name)),
             None => logical_device_id(config.device_id, config.visible_devices.value().as_deref())
                 .map_err(|detail| LoadError::Config {
                     what: "device id".to_string(),
@@ -184,44 +169,38 @@ impl Session {
     /// Takes the device reference (`aclrtSetDevice`, once) and records the context it gives;
     /// a failure after the reference was taken gives it back first.
     fn set_device(&self, library: &str) -> Result<(), LoadError> {
-        let c = self.calls();
         let (user, logical) = (self.user, self.logical);
-        let fail = |s: crate::Status, call: &str, what: &str| {
-            s.init_error(
-                library,
-                call,
-                format!("device {user} (logical {logical}): {what}"),
-            )
-        };
+        let at = |what: &str| format!("device {user} (logical {logical}): {what}");
+        let op = Op::Device;
         let prev = self
             .runtime
-            .current_context()
-            .map_err(|s| fail(s, c.get_context, "reading the thread's current context"))?;
+            .current_context(op, at("reading the thread's current context"))
+            .map_err(|e| e.into_init(library))?;
         self.runtime
-            .set_device(user)
-            .result()
-            .map_err(|s| fail(s, c.set_device, "taking a reference to the device"))?;
-        let ctx = match self.runtime.current_context() {
+            .set_device(user, at("taking a reference to the device"))
+            .map_err(|e| e.into_init(library))?;
+        let gave = at("reading the context the device gave");
+        let ctx = match self.runtime.current_context(op, gave) {
             Ok(Some(ctx)) => ctx,
             other => {
-                if let Err(s) = self.runtime.reset_device(user).result() {
+                if let Err(e) = self.runtime.reset_device(user) {
                     log::warn!(
                         "{} failed with code {} ({}) giving back the reference to device {user} \
                          after a failed open",
-                        c.reset_device,
-                        s.code,
-                        s.name
+                        e.call,
+                        e.code,
+                        e.code_name
                     );
                 }
                 if let Some(p) = prev {
                     self.restore(p, 0);
                 }
                 return Err(match other {
-                    Err(s) => fail(s, c.get_context, "reading the context the device gave"),
-                    _ => fail(
-                        sys::acl_status(0),
-                        c.get_context,
-                        "no current context after setting the device",
+                    Err(e) => e.into_init(library),
+                    _ => sys::acl_status(0).init_error(
+                        library,
+                        self.calls().get_context,
+                        at("no current context after setting the device"),
                     ),
                 });
             }
@@ -246,12 +225,13 @@ impl Session {
             LEFT.with(|l| l.set(Some((ours.0, bound))));
             return;
         }
-        if let Err(s) = self.runtime.set_context(prev).result() {
+        let restoring = "restoring the caller's context";
+        if let Err(e) = self.runtime.set_context(Op::Device, prev, restoring) {
             log::warn!(
                 "{} failed with code {} ({}) restoring the caller's context (device {})",
-                self.calls().set_context,
-                s.code,
-                s.name,
+                e.call,
+                e.code,
+                e.code_name,
                 self.user
             );
         }
@@ -321,8 +301,7 @@ impl Session {
         };
         let cur = self
             .runtime
-            .current_context()
-            .map_err(|s| s.error(op, c.get_context, "reading the thread's current context"))?;
+            .current_context(op, "reading the thread's current context")?;
         if cur == Some(ctx) {
             return Ok(Bound {
                 session: self,
@@ -335,13 +314,8 @@ impl Session {
             // Nothing to restore: the thread keeps this context after the call.
             LEFT.with(|l| l.set(Some((self.runtime.lib().path, ctx as usize))));
         }
-        self.runtime.set_context(ctx).result().map_err(|s| {
-            s.error(
-                op,
-                c.set_context,
-                format!("binding device {}'s context to this thread", self.user),
-            )
-        })?;
+        let what = format_args!("binding device {}'s context to this thread", self.user);
+        self.runtime.set_context(op, ctx, what)?;
         Ok(Bound {
             session: self,
             restore: cur,
@@ -362,31 +336,13 @@ impl VendorSession for Session {
         let mut held = self.write();
         if let Some(ctx) = held.ctx.take() {
             retired().push((self.runtime.lib().path, ctx as usize));
-            let c = self.calls();
-            if let Err(s) = self.runtime.reset_device(self.user).result() {
-                errors.push(s.error(
-                    Op::Device,
-                    c.reset_device,
-                    format!("giving back the reference to device {}", self.user),
-                ));
-            }
+            errors.extend(self.runtime.reset_device(self.user).err());
         }
         if std::mem::take(&mut held.acl) {
-            if let Runtime::Acl(_, f) = self.runtime {
-                if let Some(fin) = f.finalize_reference {
-                    let mut left: u64 = 0;
-                    // SAFETY: `aclError aclFinalizeReference(uint64_t *refCount)`; `&mut left`
-                    // is valid for the write of the remaining count.
-                    let status = sys::AclStatus(unsafe { fin(&mut left) });
-                    match status.result() {
-                        Ok(()) => log::debug!("aclFinalizeReference: {left} reference(s) left"),
-                        Err(s) => errors.push(s.error(
-                            Op::Device,
-                            super::loading::AclFns::NAMES.finalize_reference,
-                            "giving back the ACL reference",
-                        )),
-                    }
-                }
+            match self.runtime.finalize_reference() {
+                Some(Ok(left)) => log::debug!("aclFinalizeReference: {left} reference(s) left"),
+                Some(Err(e)) => errors.push(e),
+                None => {}
             }
         }
         errors

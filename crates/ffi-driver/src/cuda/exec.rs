@@ -13,10 +13,11 @@
 //! * **Modules live until close**, which unloads them after the stream has drained.
 
 use std::collections::BTreeSet;
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, CString};
 
+use super::calls::absent;
 use super::loading::CudaFns;
-use super::sys::{self, status, CuEvent, CuFunction, CuModule, CuResult, CuStream};
+use super::sys::{self, status, CuEvent, CuFunction, CuModule, CuStream};
 use super::{CudaDevice, State};
 use crate::device::{FuncId, LaunchDims, ModuleId};
 use crate::{DeviceError, Op};
@@ -58,9 +59,6 @@ impl Default for Exec {
     }
 }
 
-/// The first bytes of an ELF file (a cubin).
-const ELF_MAGIC: &[u8] = b"\x7fELF";
-
 /// Largest grid along y and z, and threads per block (`cuda.h` device limits for every
 /// architecture the driver supports; the driver rechecks against the device).
 const MAX_GRID_YZ: u32 = 65_535;
@@ -72,12 +70,7 @@ impl CudaDevice {
     pub(super) fn create_stream(&self, st: &mut State) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let _bound = self.enter(st, op)?;
-        let mut s: CuStream = std::ptr::null_mut();
-        // SAFETY: `&mut s` is valid for the handle the call writes; the primary context is
-        // current (bound above).
-        CuResult(unsafe { (self.f.stream_create)(&mut s, sys::CU_STREAM_NON_BLOCKING) })
-            .result()
-            .map_err(|e| e.error(op, CudaFns::NAMES.stream_create, "the worker's stream"))?;
+        let s = self.f.stream_create(sys::CU_STREAM_NON_BLOCKING)?;
         self.stream
             .store(s as u64, std::sync::atomic::Ordering::Release);
         Ok(())
@@ -90,11 +83,9 @@ impl CudaDevice {
 
     /// Waits for the worker's stream (context bound by the caller's `enter`).
     pub(super) fn wait_stream(&self, why: &str) -> Result<(), DeviceError> {
-        // SAFETY: `CUresult cuStreamSynchronize(CUstream)` with the stream created at open,
-        // destroyed only at close (after which `enter` refuses every call).
-        CuResult(unsafe { (self.f.stream_synchronize)(self.stream_ptr()) })
-            .result()
-            .map_err(|s| s.error(Op::Sync, CudaFns::NAMES.stream_synchronize, why))
+        // The stream created at open, destroyed only at close (after which `enter` refuses
+        // every call).
+        self.f.stream_synchronize(self.stream_ptr(), why)
     }
 
     pub(super) fn do_synchronize(&self, st: &mut State) -> Result<(), DeviceError> {
@@ -110,16 +101,7 @@ impl CudaDevice {
     pub(super) fn do_synchronize_device(&self, st: &mut State) -> Result<(), DeviceError> {
         let op = Op::Sync;
         let _bound = self.enter_as(st, op, CudaFns::NAMES.ctx_synchronize)?;
-        // SAFETY: `CUresult cuCtxSynchronize(void)`, with the primary context current (bound).
-        CuResult(unsafe { (self.f.ctx_synchronize)() })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    CudaFns::NAMES.ctx_synchronize,
-                    "waiting for all work of the device's context",
-                )
-            })?;
+        self.f.ctx_synchronize()?;
         st.exec.in_flight.clear();
         Ok(())
     }
@@ -128,12 +110,7 @@ impl CudaDevice {
         let op = Op::Module;
         let _bound = self.enter(st, op)?;
         let attr = |which: c_int, what: &str| -> Result<u32, DeviceError> {
-            let mut v: c_int = 0;
-            // SAFETY: `&mut v` is valid for the int the call writes; `self.dev` came from
-            // `cuDeviceGet`.
-            CuResult(unsafe { (self.f.device_get_attribute)(&mut v, which, self.session.dev) })
-                .result()
-                .map_err(|s| s.error(op, CudaFns::NAMES.device_get_attribute, what))?;
+            let v = self.f.device_get_attribute(self.session.dev, which, what)?;
             u32::try_from(v).map_err(|_| {
                 status(0).error(
                     op,
@@ -160,7 +137,6 @@ impl CudaDevice {
         image: &[u8],
     ) -> Result<ModuleId, DeviceError> {
         let op = Op::Module;
-        let name = CudaFns::NAMES.module_load_data;
         if image.is_empty() {
             return Err(Self::refused(
                 op,
@@ -168,29 +144,8 @@ impl CudaDevice {
                 "an empty image",
             ));
         }
-        // PTX is text the driver reads up to its NUL; a cubin is an ELF file that carries its
-        // own size.
-        let owned;
-        let bytes = if image.starts_with(ELF_MAGIC) || image.ends_with(&[0]) {
-            image
-        } else {
-            owned = [image, &[0]].concat();
-            &owned[..]
-        };
         let _bound = self.enter(st, op)?;
-        let mut m: CuModule = std::ptr::null_mut();
-        // SAFETY: `&mut m` is valid for the handle the call writes; `bytes` is a NUL-terminated
-        // PTX text or an ELF image, alive for the call (the driver copies what it keeps).
-        CuResult(unsafe { (self.f.module_load_data)(&mut m, bytes.as_ptr().cast()) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    name,
-                    format!("loading a {}-byte device-code image", image.len()),
-                )
-                .sized(image.len() as u64)
-            })?;
+        let m = self.f.module_load_data(image)?;
         st.exec.modules.push(m);
         st.ledger.on_module_load();
         Ok(ModuleId(m as u64))
@@ -221,12 +176,8 @@ impl CudaDevice {
             )
         })?;
         let _bound = self.enter_as(st, op, name)?;
-        let mut f: CuFunction = std::ptr::null_mut();
-        // SAFETY: `&mut f` is valid for the handle the call writes; `m` is a module loaded on
-        // this device and not unloaded (close empties the list); `c_entry` is NUL-terminated.
-        CuResult(unsafe { (self.f.module_get_function)(&mut f, m, c_entry.as_ptr()) })
-            .result()
-            .map_err(|s| s.error(op, name, format!("entry {entry:?}")))?;
+        // `m` is a module loaded on this device and not unloaded (close empties the list).
+        let f = self.f.module_get_function(m, &c_entry)?;
         st.exec.funcs.insert(f as u64);
         Ok(FuncId(f as u64))
     }
@@ -275,68 +226,23 @@ impl CudaDevice {
                 dims.grid, dims.block
             )));
         }
-        let mut values: Vec<u64> = params.to_vec();
-        let mut ptrs: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|v| (v as *mut u64).cast::<c_void>())
-            .collect();
-        let param_ptr = if ptrs.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            ptrs.as_mut_ptr()
-        };
-        // SAFETY: `func.0` is a `CUfunction` resolved on this device (checked against
-        // `funcs`); `param_ptr` is null or points at `params.len()` pointers, each to a live
-        // 64-bit value, which the driver copies before returning; `extra` is null; the stream
-        // was created at open and is destroyed only at close.
-        CuResult(unsafe {
-            (self.f.launch_kernel)(
-                func.0 as CuFunction,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                dims.shared_bytes,
-                self.stream_ptr(),
-                param_ptr,
-                std::ptr::null_mut(),
-            )
-        })
-        .result()
-        .map_err(|s| {
-            s.error(
-                op,
-                CudaFns::NAMES.launch_kernel,
-                format!(
-                    "grid {:?}, block {:?}, {} shared bytes",
-                    dims.grid, dims.block, dims.shared_bytes
-                ),
-            )
-        })
+        // `func` is a `CUfunction` resolved on this device (checked against `funcs`).
+        self.f
+            .launch_kernel(func.0 as CuFunction, &dims, self.stream_ptr(), params)
     }
 
     /// Records a timing event on the worker's stream (one from the spare ones, or a new one);
     /// the context is bound by the caller.
     pub(super) fn record_timing(&self, st: &mut State) -> Result<CuEvent, DeviceError> {
-        let names = CudaFns::NAMES;
+        let (op, what) = (Op::Launch, "a timing event");
         let e = match st.exec.spare.pop() {
             Some(e) => e,
-            None => {
-                let mut e: CuEvent = std::ptr::null_mut();
-                // SAFETY: `&mut e` is valid for the handle the call writes.
-                CuResult(unsafe { (self.f.event_create)(&mut e, sys::CU_EVENT_DEFAULT) })
-                    .result()
-                    .map_err(|s| s.error(Op::Launch, names.event_create, "a timing event"))?;
-                e
-            }
+            None => self.f.event_create(op, sys::CU_EVENT_DEFAULT, what)?,
         };
-        // SAFETY: an event of this context (created above or kept spare); the worker's stream.
-        let r = CuResult(unsafe { (self.f.event_record)(e, self.stream_ptr()) }).result();
-        if let Err(s) = r {
+        // An event of this context (created above or kept spare).
+        if let Err(err) = self.f.event_record(op, e, self.stream_ptr(), what) {
             st.exec.spare.push(e);
-            return Err(s.error(Op::Launch, names.event_record, "a timing event"));
+            return Err(err);
         }
         Ok(e)
     }
@@ -346,14 +252,14 @@ impl CudaDevice {
         if st.exec.timed.is_empty() {
             return Ok(None);
         }
-        let name = "cuEventElapsedTime";
-        let Some(elapsed) = self.f.event_elapsed_time else {
+        let name = CudaFns::NAMES.event_elapsed_time;
+        if self.f.event_elapsed_time.is_none() {
             let pairs = std::mem::take(&mut st.exec.timed);
             st.exec
                 .spare
                 .extend(pairs.into_iter().flat_map(|(a, b)| [a, b]));
             return Ok(None);
-        };
+        }
         // The pairs are read once, or discarded when they cannot be.
         let pairs = std::mem::take(&mut st.exec.timed);
         let _bound = match self.enter_as(st, Op::Sync, name) {
@@ -368,13 +274,11 @@ impl CudaDevice {
         let mut ns = 0u64;
         let mut first_err = None;
         for (a, b) in pairs {
-            let mut ms: f32 = 0.0;
-            // SAFETY: two timing events of this context, both recorded on the worker's stream;
-            // `&mut ms` is valid for the float the call writes.
-            match CuResult(unsafe { elapsed(&mut ms, a, b) }).result() {
-                Ok(()) => ns += (f64::from(ms.max(0.0)) * 1e6).round() as u64,
-                Err(s) => {
-                    first_err.get_or_insert(s.error(Op::Sync, name, "a timed launch group"));
+            // Two timing events of this context, both recorded on the worker's stream.
+            match self.f.event_elapsed_time(a, b) {
+                Ok(ms) => ns += (f64::from(ms.max(0.0)) * 1e6).round() as u64,
+                Err(e) => {
+                    first_err.get_or_insert(e);
                 }
             }
             st.exec.spare.extend([a, b]);
@@ -392,10 +296,10 @@ impl CudaDevice {
         func: FuncId,
     ) -> Result<crate::FuncLimits, DeviceError> {
         let op = Op::Module;
-        let Some(get) = self.f.func_get_attribute else {
+        if self.f.func_get_attribute.is_none() {
             return Ok(crate::FuncLimits::default());
-        };
-        let name = "cuFuncGetAttribute";
+        }
+        let name = CudaFns::NAMES.func_get_attribute;
         if !st.exec.funcs.contains(&func.0) {
             return Err(Self::refused_at(
                 op,
@@ -405,32 +309,24 @@ impl CudaDevice {
             ));
         }
         let _bound = self.enter_as(st, op, name)?;
+        // `func` is a function resolved on this device (checked above).
         let attr = |which: c_int, what: &str| -> Result<u32, DeviceError> {
-            let mut v: c_int = 0;
-            // SAFETY: `&mut v` is valid for the int the call writes; `func` is a function
-            // resolved on this device (checked above).
-            CuResult(unsafe { get(&mut v, which, func.0 as CuFunction) })
-                .result()
-                .map_err(|s| s.error(op, name, what))?;
+            let v = self
+                .f
+                .func_get_attribute(func.0 as CuFunction, which, what)?;
             Ok(u32::try_from(v).unwrap_or(0))
         };
         let static_shared = attr(
             sys::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
             "static shared memory",
         )?;
-        let mut optin: c_int = 0;
-        // SAFETY: `&mut optin` is valid for the int the call writes; the device from
-        // `cuDeviceGet`.
-        let r = CuResult(unsafe {
-            (self.f.device_get_attribute)(
-                &mut optin,
-                sys::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                self.session.dev,
-            )
-        })
-        .result();
-        let optin = match r {
-            Ok(()) => u32::try_from(optin).unwrap_or(0),
+        let optin = self.f.device_get_attribute(
+            self.session.dev,
+            sys::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "shared memory per block (opt-in)",
+        );
+        let optin = match optin {
+            Ok(v) => u32::try_from(v).unwrap_or(0),
             Err(_) => 48 * 1024, // a device without the opt-in keeps the default
         };
         Ok(crate::FuncLimits {
@@ -457,15 +353,10 @@ impl CudaDevice {
         bytes: u32,
     ) -> Result<(), DeviceError> {
         let op = Op::Module;
-        let name = "cuFuncSetAttribute";
-        let Some(set) = self.f.func_set_attribute else {
-            return Err(Self::refused_at(
-                op,
-                name,
-                sys::CUDA_ERROR_NOT_SUPPORTED,
-                "the driver library has no cuFuncSetAttribute",
-            ));
-        };
+        let name = CudaFns::NAMES.func_set_attribute;
+        if self.f.func_set_attribute.is_none() {
+            return Err(absent(op, name));
+        }
         let value = c_int::try_from(bytes).map_err(|_| {
             Self::refused_at(
                 op,
@@ -483,34 +374,22 @@ impl CudaDevice {
             ));
         }
         let _bound = self.enter_as(st, op, name)?;
-        // SAFETY: `func` is a function resolved on this device (checked above).
-        CuResult(unsafe {
-            set(
-                func.0 as CuFunction,
-                sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                value,
-            )
-        })
-        .result()
-        .map_err(|s| {
-            s.error(
-                op,
-                name,
-                format!("allowing {bytes} bytes of dynamic shared memory"),
-            )
-        })
+        // `func` is a function resolved on this device (checked above).
+        self.f.func_set_attribute(
+            func.0 as CuFunction,
+            sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            value,
+            format_args!("allowing {bytes} bytes of dynamic shared memory"),
+        )
     }
 
     /// An event of this device's (no timing), made on first use into `slot`.
     fn ordering_event(&self, slot: &mut CuEvent, what: &str) -> Result<CuEvent, DeviceError> {
         if slot.is_null() {
-            let mut e: CuEvent = std::ptr::null_mut();
-            // SAFETY: `&mut e` is valid for the handle the call writes; the context is bound by
-            // the caller.
-            CuResult(unsafe { (self.f.event_create)(&mut e, sys::CU_EVENT_DISABLE_TIMING) })
-                .result()
-                .map_err(|s| s.error(Op::Sync, CudaFns::NAMES.event_create, what))?;
-            *slot = e;
+            // The context is bound by the caller.
+            *slot = self
+                .f
+                .event_create(Op::Sync, sys::CU_EVENT_DISABLE_TIMING, what)?;
         }
         Ok(*slot)
     }
@@ -536,21 +415,15 @@ impl CudaDevice {
         Self::check_stream_arg(names.stream_wait_event, consumer)?;
         let _bound = self.enter_as(st, op, names.stream_wait_event)?;
         let event = self.ordering_event(&mut st.exec.event, "the ordering event")?;
-        // SAFETY: the event was created on this context; the stream at open.
-        CuResult(unsafe { (self.f.event_record)(event, self.stream_ptr()) })
-            .result()
-            .map_err(|s| s.error(op, names.event_record, "on the worker's stream"))?;
-        // SAFETY: `consumer` is a stream handle of the caller's (or 1/2, the default streams);
-        // the driver validates it and answers an error for a bad one.
-        CuResult(unsafe { (self.f.stream_wait_event)(consumer as CuStream, event, 0) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    names.stream_wait_event,
-                    format!("ordering stream {consumer:#x} after the worker's stream"),
-                )
-            })
+        let what = "on the worker's stream";
+        self.f.event_record(op, event, self.stream_ptr(), what)?;
+        // `consumer` is a stream handle of the caller's (or 1/2, the default streams); the
+        // driver validates it and answers an error for a bad one.
+        self.f.stream_wait_event(
+            consumer as CuStream,
+            event,
+            format_args!("ordering stream {consumer:#x} after the worker's stream"),
+        )
     }
 
     pub(super) fn do_wait_for_stream(
@@ -563,27 +436,15 @@ impl CudaDevice {
         Self::check_stream_arg(names.event_record, producer)?;
         let _bound = self.enter_as(st, op, names.stream_wait_event)?;
         let event = self.ordering_event(&mut st.exec.wait_event, "the waiting event")?;
-        // SAFETY: the event was created on this context; `producer` is a stream handle of the
-        // caller's (or 1/2, the default streams), which the driver validates.
-        CuResult(unsafe { (self.f.event_record)(event, producer as CuStream) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    names.event_record,
-                    format!("on stream {producer:#x}, to order the worker's stream after it"),
-                )
-            })?;
-        // SAFETY: the worker's stream, created at open; the event recorded just now.
-        CuResult(unsafe { (self.f.stream_wait_event)(self.stream_ptr(), event, 0) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    names.stream_wait_event,
-                    format!("ordering the worker's stream after stream {producer:#x}"),
-                )
-            })
+        // `producer` is a stream handle of the caller's (or 1/2, the default streams), which
+        // the driver validates.
+        let what = format_args!("on stream {producer:#x}, to order the worker's stream after it");
+        self.f.event_record(op, event, producer as CuStream, what)?;
+        self.f.stream_wait_event(
+            self.stream_ptr(),
+            event,
+            format_args!("ordering the worker's stream after stream {producer:#x}"),
+        )
     }
 
     /// Close's part: drains the stream, then unloads modules and destroys the event and the
@@ -592,17 +453,14 @@ impl CudaDevice {
         if self.stream_ptr().is_null() {
             return;
         }
-        let names = CudaFns::NAMES;
         if let Err(e) = self.wait_stream("draining the worker's stream at close") {
             errors.push(e);
         }
         self.close_graphs(st, errors);
+        // Each module, event and the stream this device made, released once (the lists are
+        // emptied, the stream's handle cleared).
         for m in std::mem::take(&mut st.exec.modules) {
-            // SAFETY: a module this device loaded, unloaded once (the list is emptied).
-            let r = CuResult(unsafe { (self.f.module_unload)(m) }).result();
-            if let Err(s) = r {
-                errors.push(s.error(Op::Module, names.module_unload, "at close"));
-            }
+            errors.extend(self.f.module_unload(m).err());
         }
         st.exec.funcs.clear();
         let timing: Vec<CuEvent> = std::mem::take(&mut st.exec.timed)
@@ -611,27 +469,15 @@ impl CudaDevice {
             .chain(std::mem::take(&mut st.exec.spare))
             .collect();
         for e in timing {
-            // SAFETY: a timing event this device created, destroyed once (the lists are emptied).
-            let r = CuResult(unsafe { (self.f.event_destroy)(e) }).result();
-            if let Err(s) = r {
-                errors.push(s.error(Op::Sync, names.event_destroy, "at close"));
-            }
+            errors.extend(self.f.event_destroy(e).err());
         }
         for slot in [&mut st.exec.event, &mut st.exec.wait_event] {
             if !slot.is_null() {
-                // SAFETY: an event this device created, destroyed once (nulled below).
-                let r = CuResult(unsafe { (self.f.event_destroy)(*slot) }).result();
-                if let Err(s) = r {
-                    errors.push(s.error(Op::Sync, names.event_destroy, "at close"));
-                }
+                errors.extend(self.f.event_destroy(*slot).err());
                 *slot = std::ptr::null_mut();
             }
         }
         let stream = self.stream.swap(0, std::sync::atomic::Ordering::AcqRel) as CuStream;
-        // SAFETY: the stream created at open, destroyed once (its handle was cleared above).
-        let r = CuResult(unsafe { (self.f.stream_destroy)(stream) }).result();
-        if let Err(s) = r {
-            errors.push(s.error(Op::Sync, names.stream_destroy, "at close"));
-        }
+        errors.extend(self.f.stream_destroy(stream).err());
     }
 }

@@ -3,10 +3,8 @@
 //! is unregistered, so registered memory is never freed; a refused registration is an answer (the
 //! mirror stays pageable).
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::sys::CuResult;
 use super::{CudaDevice, State};
 use crate::ledger::Pinned;
 use crate::{DeviceError, HostMem, Op};
@@ -22,25 +20,25 @@ impl CudaDevice {
         };
         let len = mem.allocated();
         let bound = self.enter(st, Op::Pin).map_err(|e| e.sized(len as u64))?;
-        // SAFETY: `cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)` over the
-        // `len` bytes (whole pages) `mem` owns; the driver keeps an `Arc` to it (below) until it is
-        // unregistered, so the memory outlives the registration.
-        let r = CuResult(unsafe { (self.f.host_register)(addr as *mut c_void, len, 0) });
+        // SAFETY: the `len` bytes (whole pages) at `addr` are the block `mem` owns; the driver
+        // keeps an `Arc` to it (below) until it is unregistered, so the memory outlives the
+        // registration.
+        let r = unsafe { self.f.host_register(addr, len) };
         drop(bound);
-        match r.result() {
+        match r {
             Ok(()) => {
                 st.pinned.insert(addr, mem.clone());
                 st.ledger.on_pin(len as u64);
                 Ok(Pinned::Yes)
             }
-            Err(s) => {
+            Err(e) => {
                 log::warn!(
                     "cuMemHostRegister_v2 refused the mirror at host {addr:#x} ({len} bytes) \
                      (code {} {}); it stays pageable, and its refreshes run at pageable bandwidth",
-                    s.code,
-                    s.name
+                    e.code,
+                    e.code_name
                 );
-                Ok(Pinned::No { code: s.code })
+                Ok(Pinned::No { code: e.code })
             }
         }
     }
@@ -55,22 +53,14 @@ impl CudaDevice {
     ) -> Result<(), DeviceError> {
         let op = Op::Unpin;
         let bound = self.enter(st, op).map_err(|e| e.sized(len))?;
-        // SAFETY: `cuMemHostUnregister(void *p)` with the address a successful
-        // `cuMemHostRegister_v2` was given (the caller took it from `pinned`); the memory is still
-        // alive (held in `pinned`).
-        CuResult(unsafe { (self.f.host_unregister)(addr as *mut c_void) })
-            .result()
-            .map_err(|s| {
-                s.error(
-                    op,
-                    Self::call_name(op),
-                    format!(
-                        "the mirror at host {addr:#x} ({len} bytes) stays registered (and alive) \
-                         until a retry"
-                    ),
-                )
-                .sized(len)
-            })?;
+        // The address a successful `cuMemHostRegister_v2` was given (the caller took it from
+        // `pinned`); the memory is still alive (held in `pinned`).
+        let what = format_args!(
+            "the mirror at host {addr:#x} ({len} bytes) stays registered (and alive) until a retry"
+        );
+        self.f
+            .host_unregister(addr, what)
+            .map_err(|e| e.sized(len))?;
         drop(bound);
         st.pinned.remove(&addr);
         st.ledger.on_unpin(len);

@@ -12,7 +12,7 @@
 use std::sync::{RwLock, RwLockReadGuard};
 
 use super::loading::CudaFns;
-use super::sys::{status, CuContext, CuDevice, CuResult};
+use super::sys::{status, CuContext, CuDevice};
 use crate::fork::Stamp;
 use crate::loader::{LoadError, VendorLib};
 use crate::sessions::VendorSession;
@@ -51,34 +51,15 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// `cuInit(0)`, then one retain of device `ordinal`'s primary context.
     pub fn open(lib: VendorLib, f: CudaFns, ordinal: i32) -> Result<Session, LoadError> {
-        let names = CudaFns::NAMES;
-        // SAFETY: `CUresult cuInit(unsigned int Flags)`, Flags must be 0.
-        CuResult(unsafe { (f.init)(0) })
-            .result()
-            .map_err(|s| s.init_error(lib.name, names.init, format!("opened from {}", lib.path)))?;
-        let mut dev: CuDevice = 0;
-        // SAFETY: `&mut dev` is valid for the int the call writes.
-        CuResult(unsafe { (f.device_get)(&mut dev, ordinal) })
-            .result()
-            .map_err(|s| s.init_error(lib.name, names.device_get, format!("ordinal {ordinal}")))?;
-        let mut ctx: CuContext = std::ptr::null_mut();
-        // SAFETY: `&mut ctx` is valid for the pointer the call writes; `dev` came from
-        // cuDeviceGet.
-        CuResult(unsafe { (f.primary_ctx_retain)(&mut ctx, dev) })
-            .result()
-            .map_err(|s| {
-                s.init_error(
-                    lib.name,
-                    names.primary_ctx_retain,
-                    format!("device {ordinal}"),
-                )
-            })?;
+        f.init(lib)?;
+        let dev = f.device_get(lib, ordinal)?;
+        let ctx = f.primary_ctx_retain(lib, dev, ordinal)?;
         if ctx.is_null() {
-            // SAFETY: balances the retain that just succeeded.
-            let _ = unsafe { (f.primary_ctx_release)(dev) };
+            // Balances the retain that just succeeded.
+            let _ = f.primary_ctx_release(dev, "after a null context");
             return Err(status(0).init_error(
                 lib.name,
-                names.primary_ctx_retain,
+                CudaFns::NAMES.primary_ctx_retain,
                 format!("device {ordinal}: returned success but a null context"),
             ));
         }
@@ -129,17 +110,14 @@ impl VendorSession for Session {
         if ctx.take().is_none() {
             return Vec::new();
         }
-        // SAFETY: `CUresult cuDevicePrimaryCtxRelease_v2(CUdevice)`, balancing the one retain
-        // in `open`; the context is not used afterwards (`ctx` is `None`).
-        let r = CuResult(unsafe { (self.f.primary_ctx_release)(self.dev) }).result();
-        match r {
-            Ok(()) => Vec::new(),
-            Err(s) => vec![s.error(
-                Op::Device,
-                CudaFns::NAMES.primary_ctx_release,
-                format!("releasing device {}'s primary context", self.ordinal),
-            )],
-        }
+        // Balances the one retain in `open`; the context is not used afterwards (`ctx` is
+        // `None`).
+        let what = format_args!("releasing device {}'s primary context", self.ordinal);
+        self.f
+            .primary_ctx_release(self.dev, what)
+            .err()
+            .into_iter()
+            .collect()
     }
 
     fn fault(&self) -> Option<(i64, String)> {
