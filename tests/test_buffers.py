@@ -222,3 +222,30 @@ def test_leaving_a_buffer_block_does_not_hide_a_refused_free(w):
     res.release()
     with t.buffer:  # released with its set: nothing to free
         pass
+
+
+def test_a_reversed_single_row_and_empty_arrays_are_taken_as_they_are(w):
+    """A dimension of one element never steps, whatever its stride: numpy's reversed one-row
+    array (a negative stride, C-contiguous) is staged and copied byte for byte, in a copy and in a
+    run. An empty array copies nothing, read-only or not, and an empty run tensor reads back as
+    numpy's own empty array of its shape (C order)."""
+    src = np.arange(8, dtype=np.float64).reshape(2, 4)[1:][::-1]
+    assert src.strides[0] < 0 and src.flags.c_contiguous
+    buf = w.malloc(32)
+    w.copy_to(buf, src)
+    back = np.zeros((1, 4))
+    w.copy_from(back, buf)
+    np.testing.assert_array_equal(back, src)
+    empty = np.zeros((0, 3), np.float32)
+    empty.flags.writeable = False
+    w.copy_from(empty, buf)
+    seen = {}
+
+    def orch(o, x, e):
+        seen["x"] = o.read_tensor(x).copy()
+        a = o.read_tensor(e)
+        seen["e"] = (a.shape, a.strides, a.dtype)
+
+    w.run(sp.Callable(orch, [sp.IN, sp.IN]), [src, np.zeros((0, 3), np.float32)])
+    np.testing.assert_array_equal(seen["x"], src)
+    assert seen["e"] == ((0, 3), np.zeros((0, 3), np.float32).strides, np.dtype(np.float32))

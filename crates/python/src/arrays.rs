@@ -132,7 +132,7 @@ pub fn offset_rows<'py>(
         )));
     }
     if kind == b'u' && a.len() > 0 {
-        let max: u64 = a.call_method0(intern!(py, "max"))?.extract()?;
+        let max: u64 = call(py, intern!(py, "max"), (&a,), None)?.extract()?;
         if i64::try_from(max).is_err() {
             return Err(Exc::Argument.err(format!(
                 "{what}: view offset {max} is out of range (at most 2**63 - 1)"

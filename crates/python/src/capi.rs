@@ -31,6 +31,8 @@ use pyo3::prelude::*;
 
 use simpler_runtime::{DType, ExportGuard, Geometry, HostWindow};
 
+use crate::errors::state_err;
+
 /// `DLDevice`.
 #[repr(C)]
 struct DlDevice {
@@ -177,15 +179,21 @@ pub fn dlpack_capsule<'py>(
 
 /// The `deleter` of the tensors [`dlpack_capsule`] makes: frees the [`Exported`] it heads. A
 /// consumer may call it from any thread, holding the GIL or not: it attaches to the interpreter
-/// so the exporting object is let go at once (where the interpreter is finalizing, pyo3 keeps
-/// the reference for later instead).
+/// so the exporting object is let go at once, except while the interpreter finalizes, when a
+/// thread taking the GIL would be ended inside this frame: the export guard is dropped then (it
+/// needs no GIL) and the rest is left to the process's exit.
 unsafe extern "C" fn delete_exported(managed: *mut DlManagedTensor) {
     if managed.is_null() {
         return;
     }
     // SAFETY: `managed` heads an `Exported` boxed by `dlpack_capsule` (`repr(C)`, first field),
     // and DLPack's owner calls the deleter once.
-    let exported = unsafe { Box::from_raw(managed.cast::<Exported>()) };
+    let mut exported = unsafe { Box::from_raw(managed.cast::<Exported>()) };
+    if python_finalizing() == Some(true) {
+        drop(exported._guard.take());
+        std::mem::forget(exported);
+        return;
+    }
     let _ = Python::try_attach(move |_| drop(exported));
 }
 
@@ -216,13 +224,18 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
     }
 }
 
-/// The bytes past the first element that an array of `shape` and byte `strides`, of items of
-/// `item` bytes, reaches (0 without elements); `None` on a negative stride or an overflow.
+/// The bytes from the first element that an array of `shape` and byte `strides`, of items of
+/// `item` bytes, reaches (0 without elements); `None` on a negative stride of a dimension that
+/// has more than one element (a dimension of one element never steps, whatever its stride), or
+/// an overflow.
 fn extent(shape: &[usize], strides: &[isize], item: usize) -> Option<usize> {
     if shape.contains(&0) {
         return Some(0);
     }
     shape.iter().zip(strides).try_fold(item, |end, (&n, &s)| {
+        if n == 1 {
+            return Some(end);
+        }
         let step = usize::try_from(s).ok()?;
         end.checked_add((n - 1).checked_mul(step)?)
     })
@@ -252,7 +265,13 @@ unsafe fn array_over<'py>(
         .map_err(|_| PyValueError::new_err("extent too large"))?;
     let mut steps: Vec<npy_intp> = strides.to_vec();
     let empty = shape.contains(&0);
-    let flags = if writable { NPY_ARRAY_WRITEABLE } else { 0 };
+    // Without data, numpy reads any flags as a request for Fortran order: none then (a read-only
+    // empty array is made so below).
+    let flags = if writable && !empty {
+        NPY_ARRAY_WRITEABLE
+    } else {
+        0
+    };
     // SAFETY: attached (`py`); `PyArray_NewFromDescr` steals the reference to `descr` and reads
     // `nd` dimensions and strides; with data given (the caller's promise covers it) the array
     // does not own it, and without (no elements) numpy allocates.
@@ -296,7 +315,7 @@ unsafe fn array_over<'py>(
 }
 
 /// A 1-D uint8 view of the `nbytes` bytes of `arr` from its first element (no copy), writable
-/// when `arr` is. `nbytes` must be within the array's extent (checked: `ValueError`), which
+/// when `arr` is (an empty one always is). `nbytes` must be within the array's extent (checked: `ValueError`), which
 /// negative strides have none of.
 pub fn flat_bytes<'py>(
     arr: &Bound<'py, PyUntypedArray>,
@@ -321,6 +340,8 @@ pub fn flat_bytes<'py>(
             (*ptr).flags & NPY_ARRAY_WRITEABLE != 0,
         )
     };
+    // No bytes: an empty array of its own, writable.
+    let writable = writable || n == 0;
     // SAFETY: the `n` bytes from the first element lie within the array's memory (its extent,
     // checked above), which the array, as the new array's base, keeps alive; writes only where
     // the array allows them.
@@ -372,7 +393,7 @@ pub fn array_over_window<'py>(
         .mem
         .owned_addr()
         .and_then(|a| a.checked_add(win.offset))
-        .ok_or_else(|| bad("over revocable memory"))?;
+        .ok_or_else(|| state_err("host window over revocable memory"))?;
     // SAFETY: the window owns its `len` bytes at `data` for its life (`owned_addr`), the
     // elements lie within them (checked above), and `base`, which holds the window, becomes the
     // new array's base; writes only where the caller allows them.

@@ -10,7 +10,7 @@
 //! while one waits (it is opened once per process and never closed, by the driver's loader as by
 //! ctypes). It is a plain, detached pthread, so a host kernel ended by `pthread_exit` (a Python
 //! callback while the interpreter finalizes) ends just that thread instead of aborting the
-//! process (see `spawn_executor`).
+//! process (see `executor::spawn`).
 //!
 //! The built-in streams are queues too, as on a GPU, made on first use by [`Exec::resolve`] and
 //! never handed out as handles (nor counted as live streams): `0` and `CU_STREAM_LEGACY` name

@@ -244,7 +244,12 @@ impl Runtime {
 
     /// `aclrtMemcpy` / `rtMemcpy` of `src` to device address `dst`, which has `dest_max` bytes
     /// of its allocation from there.
-    pub(super) fn memcpy_h2d(
+    ///
+    /// # Safety
+    /// `[dst, dst + src.len())` must lie inside a live device allocation of this runtime with
+    /// `dest_max` bytes from `dst`: the runtime trusts the address (with shared virtual memory it
+    /// may be host memory someone else uses).
+    pub(super) unsafe fn memcpy_h2d(
         &self,
         dst: u64,
         dest_max: u64,
@@ -255,7 +260,7 @@ impl Runtime {
         let r = match self {
             Runtime::Acl(_, f) => match usize::try_from(dest_max) {
                 // SAFETY: the copy is synchronous and reads `src.len()` bytes of `src`, valid
-                // across it; the device side is the runtime's to check (within `dest_max`).
+                // across it; the device range is a live allocation's (the caller's contract).
                 Ok(max) => unsafe { (f.memcpy)(dst, max, from, src.len(), kind) },
                 Err(_) => TOO_LARGE,
             },
@@ -267,7 +272,10 @@ impl Runtime {
     }
 
     /// `aclrtMemcpy` / `rtMemcpy` of `dst.len()` bytes at device address `src` into `dst`.
-    pub(super) fn memcpy_d2h(&self, dst: &mut [u8], src: u64) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `[src, src + dst.len())` must lie inside a live device allocation of this runtime.
+    pub(super) unsafe fn memcpy_d2h(&self, dst: &mut [u8], src: u64) -> Result<(), DeviceError> {
         let (len, to, src) = (
             dst.len(),
             dst.as_mut_ptr().cast::<c_void>(),
@@ -276,7 +284,8 @@ impl Runtime {
         let kind = sys::MEMCPY_DEVICE_TO_HOST;
         let r = match self {
             // SAFETY: the copy is synchronous and writes at most `len` bytes (`destMax`) of
-            // `dst`, borrowed mutably across it; the device side is the runtime's to check.
+            // `dst`, borrowed mutably across it; the device range is a live allocation's (the
+            // caller's contract).
             Runtime::Acl(_, f) => unsafe { (f.memcpy)(to, len, src, len, kind) },
             Runtime::Rt(_, f) => {
                 let n = len as u64;
@@ -290,7 +299,11 @@ impl Runtime {
 
     /// `aclrtMemset` / `rtMemset` of `count` bytes at device address `dst` to `value`; `dst`
     /// has `dest_max` bytes of its allocation from there.
-    pub(super) fn memset(
+    ///
+    /// # Safety
+    /// `[dst, dst + count)` must lie inside a live device allocation of this runtime with
+    /// `dest_max` bytes from `dst`.
+    pub(super) unsafe fn memset(
         &self,
         dst: u64,
         dest_max: u64,
@@ -300,8 +313,8 @@ impl Runtime {
         let dst = dst as *mut c_void;
         let r = match self {
             Runtime::Acl(_, f) => match (usize::try_from(dest_max), usize::try_from(count)) {
-                // SAFETY: device memory only (see the module docs), within `dest_max`, which
-                // the runtime checks; no host memory is involved.
+                // SAFETY: a live allocation's bytes within `dest_max` (the caller's contract); no
+                // host memory is involved.
                 (Ok(max), Ok(n)) => unsafe { (f.memset)(dst, max, i32::from(value), n) },
                 _ => TOO_LARGE,
             },

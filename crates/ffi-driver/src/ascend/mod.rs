@@ -378,10 +378,10 @@ impl Device for AscendDevice {
     fn copy_h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::H2d, src.len() as u64);
         self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
-            // `[dst, dst + bytes)` lies inside a live allocation with `dest_max` bytes from
-            // `dst` (checked by `transfer`).
             self.transfer(st, op, dst.0, bytes, |dest_max| {
-                self.runtime.memcpy_h2d(dst.0, dest_max, src)
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
+                // bytes from `dst` (checked by `transfer`).
+                unsafe { self.runtime.memcpy_h2d(dst.0, dest_max, src) }
             })
         })
     }
@@ -389,9 +389,10 @@ impl Device for AscendDevice {
     fn copy_d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), DeviceError> {
         let (op, bytes) = (Op::D2h, dst.len() as u64);
         self.traced(&mut *self.lock_for(op)?, op, src.0, bytes, |st| {
-            // `[src, src + bytes)` lies inside a live allocation (checked by `transfer`).
             self.transfer(st, op, src.0, bytes, |_| {
-                self.runtime.memcpy_d2h(dst, src.0)
+                // SAFETY: `[src, src + bytes)` lies inside a live allocation (checked by
+                // `transfer`).
+                unsafe { self.runtime.memcpy_d2h(dst, src.0) }
             })
         })
     }
@@ -399,10 +400,10 @@ impl Device for AscendDevice {
     fn fill(&self, dst: DevPtr, bytes: u64, value: u8) -> Result<(), DeviceError> {
         let op = Op::Memset;
         self.traced(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
-            // `[dst, dst + bytes)` lies inside a live allocation with `dest_max` bytes from
-            // `dst` (checked by `transfer`).
             self.transfer(st, op, dst.0, bytes, |dest_max| {
-                self.runtime.memset(dst.0, dest_max, value, bytes)
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation with `dest_max`
+                // bytes from `dst` (checked by `transfer`).
+                unsafe { self.runtime.memset(dst.0, dest_max, value, bytes) }
             })
         })
     }

@@ -285,15 +285,19 @@ impl CudaFns {
     }
 
     /// `cuMemsetD8Async`: enqueues setting `n` bytes at device `dst` to `value` on `stream`.
-    pub(super) fn memset_d8_async(
+    ///
+    /// # Safety
+    /// `[dst, dst + n)` must lie inside a live device allocation of this context (the driver
+    /// trusts the address: with unified addressing it may be host memory in use).
+    pub(super) unsafe fn memset_d8_async(
         &self,
         dst: CuDevicePtr,
         value: u8,
         n: usize,
         stream: CuStream,
     ) -> Result<(), DeviceError> {
-        // SAFETY: `cuMemsetD8Async` writes device memory only (a device address, see the module
-        // docs); no host memory is involved.
+        // SAFETY: a live allocation's bytes (the caller's contract) on a stream handle (see the
+        // module docs); no host memory is involved.
         let r = unsafe { (self.memset_d8_async)(dst, value, n, stream) };
         check(r, Op::Memset, N.memset_d8_async, Op::Memset.transfer_what())
     }
@@ -308,7 +312,10 @@ impl CudaFns {
     }
 
     /// `cuStreamDestroy_v2`, at close.
-    pub(super) fn stream_destroy(&self, stream: CuStream) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this context, not used again after this call.
+    pub(super) unsafe fn stream_destroy(&self, stream: CuStream) -> Result<(), DeviceError> {
         // SAFETY: a stream handle (see the module docs), destroyed once.
         let r = unsafe { (self.stream_destroy)(stream) };
         check(r, Op::Sync, N.stream_destroy, "at close")
@@ -365,7 +372,10 @@ impl CudaFns {
     }
 
     /// `cuEventDestroy_v2`, at close.
-    pub(super) fn event_destroy(&self, event: CuEvent) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `event` must be a live event of this context, not used again after this call.
+    pub(super) unsafe fn event_destroy(&self, event: CuEvent) -> Result<(), DeviceError> {
         // SAFETY: an event handle (see the module docs), destroyed once.
         let r = unsafe { (self.event_destroy)(event) };
         check(r, Op::Sync, N.event_destroy, "at close")
@@ -407,7 +417,11 @@ impl CudaFns {
     }
 
     /// `cuModuleUnload`, at close.
-    pub(super) fn module_unload(&self, module: CuModule) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `module` must be a loaded module of this context; neither it nor a function of it is used
+    /// again after this call.
+    pub(super) unsafe fn module_unload(&self, module: CuModule) -> Result<(), DeviceError> {
         // SAFETY: a module handle (see the module docs), unloaded once.
         let r = unsafe { (self.module_unload)(module) };
         check(r, Op::Module, N.module_unload, "at close")
@@ -460,7 +474,12 @@ impl CudaFns {
 
     /// `cuLaunchKernel`: enqueues `func` on `stream` with geometry `dims` and one 64-bit value
     /// per kernel parameter (no `extra`).
-    pub(super) fn launch_kernel(
+    ///
+    /// # Safety
+    /// `func` must be a function of a module loaded in this context and not unloaded, and what
+    /// the kernel reaches through `params` (device addresses) must be live allocations it may
+    /// read and write for as long as the launch runs.
+    pub(super) unsafe fn launch_kernel(
         &self,
         func: CuFunction,
         dims: &LaunchDims,
@@ -478,9 +497,9 @@ impl CudaFns {
             ptrs.as_mut_ptr()
         };
         let ([gx, gy, gz], [bx, by, bz]) = (dims.grid, dims.block);
-        // SAFETY: a function handle and a stream handle (see the module docs); `param_ptr` is
-        // null or points at `params.len()` pointers, each to a live 64-bit value, which the
-        // driver copies before returning; `extra` is null.
+        // SAFETY: a live function (the caller's contract) and a stream handle (see the module
+        // docs); `param_ptr` is null or points at `params.len()` pointers, each to a live 64-bit
+        // value, which the driver copies before returning; `extra` is null.
         let r = unsafe {
             (self.launch_kernel)(
                 func,
@@ -571,7 +590,11 @@ impl Graphs {
     }
 
     /// `cuGraphExecDestroy`.
-    pub(super) fn graph_exec_destroy(
+    ///
+    /// # Safety
+    /// `exec` must be a live executable graph of this context, not launched again after this
+    /// call.
+    pub(super) unsafe fn graph_exec_destroy(
         &self,
         exec: CuGraphExec,
         what: impl Display,
@@ -582,7 +605,10 @@ impl Graphs {
     }
 
     /// `cuGraphDestroy`.
-    pub(super) fn graph_destroy(&self, graph: CuGraph) -> Result<(), DeviceError> {
+    ///
+    /// # Safety
+    /// `graph` must be a live graph of this context, not used again after this call.
+    pub(super) unsafe fn graph_destroy(&self, graph: CuGraph) -> Result<(), DeviceError> {
         // SAFETY: a graph handle (see the module docs), destroyed once.
         let r = unsafe { (self.destroy)(graph) };
         check(r, Op::Launch, N.graph_destroy, "a captured graph")

@@ -94,10 +94,10 @@ impl Device for CudaDevice {
         let op = Op::Memset;
         call(&mut *self.lock_for(op)?, op, dst.0, bytes, |st| {
             self.transfer(st, op, (dst.0, bytes), true, |stream| {
-                // `[dst, dst + bytes)` lies inside a live allocation (checked by `transfer`), so
-                // `bytes` is at most that allocation's size, which fit `size_t` when `do_alloc`
-                // passed it to `cuMemAlloc_v2`: the cast is lossless.
-                self.f.memset_d8_async(dst.0, value, bytes as usize, stream)
+                // SAFETY: `[dst, dst + bytes)` lies inside a live allocation (checked by
+                // `transfer`), so `bytes` is at most that allocation's size, which fit `size_t`
+                // when `do_alloc` passed it to `cuMemAlloc_v2`: the cast is lossless.
+                unsafe { self.f.memset_d8_async(dst.0, value, bytes as usize, stream) }
             })
         })
     }

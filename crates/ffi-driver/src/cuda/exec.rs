@@ -226,9 +226,13 @@ impl CudaDevice {
                 dims.grid, dims.block
             )));
         }
-        // `func` is a `CUfunction` resolved on this device (checked against `funcs`).
-        self.f
-            .launch_kernel(func.0 as CuFunction, &dims, self.stream_ptr(), params)
+        // SAFETY: `func` is a `CUfunction` resolved on this device (checked against `funcs`),
+        // whose module stays loaded until close; its parameters are the task rows and views the
+        // runtime placed in live allocations of this device.
+        unsafe {
+            self.f
+                .launch_kernel(func.0 as CuFunction, &dims, self.stream_ptr(), params)
+        }
     }
 
     /// Records a timing event on the worker's stream (one from the spare ones, or a new one);
@@ -460,7 +464,9 @@ impl CudaDevice {
         // Each module, event and the stream this device made, released once (the lists are
         // emptied, the stream's handle cleared).
         for m in std::mem::take(&mut st.exec.modules) {
-            errors.extend(self.f.module_unload(m).err());
+            // SAFETY: a module this device loaded, unloaded once (the list is emptied), its
+            // functions forgotten just below; the stream drained above.
+            errors.extend(unsafe { self.f.module_unload(m) }.err());
         }
         st.exec.funcs.clear();
         let timing: Vec<CuEvent> = std::mem::take(&mut st.exec.timed)
@@ -469,15 +475,19 @@ impl CudaDevice {
             .chain(std::mem::take(&mut st.exec.spare))
             .collect();
         for e in timing {
-            errors.extend(self.f.event_destroy(e).err());
+            // SAFETY: an event this device made, destroyed once (the lists are emptied).
+            errors.extend(unsafe { self.f.event_destroy(e) }.err());
         }
         for slot in [&mut st.exec.event, &mut st.exec.wait_event] {
             if !slot.is_null() {
-                errors.extend(self.f.event_destroy(*slot).err());
+                // SAFETY: an event this device made, destroyed once (the slot is cleared).
+                errors.extend(unsafe { self.f.event_destroy(*slot) }.err());
                 *slot = std::ptr::null_mut();
             }
         }
         let stream = self.stream.swap(0, std::sync::atomic::Ordering::AcqRel) as CuStream;
-        errors.extend(self.f.stream_destroy(stream).err());
+        // SAFETY: the stream this device made (not null: checked at the top), destroyed once
+        // (its handle cleared), after it drained.
+        errors.extend(unsafe { self.f.stream_destroy(stream) }.err());
     }
 }

@@ -68,7 +68,8 @@ impl CudaDevice {
             if graph.is_null() {
                 return;
             }
-            if let Err(e) = g.graph_destroy(graph) {
+            // SAFETY: the graph the capture just made, destroyed once, here.
+            if let Err(e) = unsafe { g.graph_destroy(graph) } {
                 log::warn!("{e}");
             }
         };
@@ -132,8 +133,10 @@ impl CudaDevice {
             ));
         }
         let _bound = self.enter_as(st, Op::Launch, name)?;
-        // An executable graph this device instantiated, destroyed once (removed above).
-        g.graph_exec_destroy(graph.0 as CuGraphExec, format_args!("graph {:#x}", graph.0))
+        // SAFETY: an executable graph this device instantiated, destroyed once (removed above).
+        unsafe {
+            g.graph_exec_destroy(graph.0 as CuGraphExec, format_args!("graph {:#x}", graph.0))
+        }
     }
 
     /// Close's part: destroys every executable graph left (the stream has drained).
@@ -143,7 +146,9 @@ impl CudaDevice {
         };
         // Each executable graph this device instantiated, destroyed once (the set is emptied).
         for exec in std::mem::take(&mut st.exec.graphs) {
-            errors.extend(g.graph_exec_destroy(exec as CuGraphExec, "at close").err());
+            // SAFETY: an executable graph this device instantiated, destroyed once (the set is
+            // emptied); the stream drained.
+            errors.extend(unsafe { g.graph_exec_destroy(exec as CuGraphExec, "at close") }.err());
         }
     }
 }
