@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::model::PerModel;
-use crate::{CostModel, DeviceError, HostMem, HostMemError, Op};
+use crate::{CostModel, DeviceError, HostMem, HostMemError, Ledger, Op};
 
 /// A device address. Never a host pointer: nothing outside a driver dereferences it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -431,21 +431,48 @@ pub trait Device: Send + Sync + fmt::Debug {
         .before_call()
     }
 
+    /// Runs `f` on the device's call ledger (its counters, call log and injected faults) under
+    /// the device's lock: what [`Device::stats`], [`Device::call_log`], [`Device::set_phase`],
+    /// [`Device::inject_fault`] and [`Device::clear_faults`] read and change, for every backend.
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger));
+
+    /// The code an injected fault of `op` fails with when none is given: a failure the driver
+    /// returns for that call.
+    fn default_fault_code(&self, op: Op) -> i64;
+
     /// Cumulative counters.
-    fn stats(&self) -> Stats;
+    fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        self.with_ledger(&mut |l| stats = l.stats());
+        stats
+    }
 
     /// The call log (most recent calls; see the backend for its bound).
-    fn call_log(&self) -> Vec<CallRecord>;
+    fn call_log(&self) -> Vec<CallRecord> {
+        let mut log = Vec::new();
+        self.with_ledger(&mut |l| log = l.log());
+        log
+    }
 
     /// Labels the calls that follow in the call log (the runtime's phase), so a log can be read
     /// phase by phase.
-    fn set_phase(&self, phase: &'static str);
+    fn set_phase(&self, phase: &'static str) {
+        self.with_ledger(&mut |l| l.set_phase(phase));
+    }
 
-    /// Makes the `nth` next call of `op` fail with `code` (a driver default when `None`).
-    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError>;
+    /// Makes the `nth` next call of `op` fail with `code` (the driver's default when `None`,
+    /// [`Device::default_fault_code`]).
+    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
+        let code = code.unwrap_or_else(|| self.default_fault_code(op));
+        let mut done = Ok(());
+        self.with_ledger(&mut |l| done = l.inject(op, nth, code));
+        done
+    }
 
     /// Removes pending injected faults.
-    fn clear_faults(&self);
+    fn clear_faults(&self) {
+        self.with_ledger(&mut |l| l.clear_faults());
+    }
 
     /// Frees every live allocation (removing its mappings first) and reports what it found.
     fn close(&self) -> CloseReport;

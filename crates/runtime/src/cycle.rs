@@ -421,8 +421,9 @@ impl<C: WorkerCell> Orch<'_, C> {
         count: Option<u64>,
     ) -> Result<u64> {
         let run = self.run;
-        self.cell
-            .with(false, |w| w.submit_many(run, kernel, slots, scalars, count))
+        self.cell.with(false, |w| {
+            w.submit_batch(run, kernel, slots, scalars, count, true)
+        })
     }
 
     /// `submit_many`, with `checkpoint` called between the parts of a batch of more than

@@ -54,7 +54,7 @@ pub use loading::{
 pub use sys::{acl_code_name, drv_code_name};
 pub use visible::{logical_device_id, VisibleDevices, ENV_VISIBLE_DEVICES};
 
-use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::device::{CloseReport, DevPtr, Device, MapGrant};
 use crate::error::codes;
 use crate::{DeviceError, HostMem, Ledger, Ledgered, LoadError, Op, Status};
 use loading::{Hal, HalFns, Runtime};
@@ -422,28 +422,16 @@ impl Device for AscendDevice {
         self.traced(&mut st, op, ptr.0, bytes, |st| self.do_unmap(st, ptr.0))
     }
 
-    fn stats(&self) -> Stats {
-        self.lock().ledger.stats()
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger)) {
+        f(&mut self.lock().ledger);
     }
 
-    fn call_log(&self) -> Vec<CallRecord> {
-        self.lock().ledger.log()
-    }
-
-    fn set_phase(&self, phase: &'static str) {
-        self.lock().ledger.set_phase(phase);
-    }
-
-    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
-        let default = match op {
+    /// The HAL's inner error for mappings, the runtime's internal error for the rest.
+    fn default_fault_code(&self, op: Op) -> i64 {
+        match op {
             Op::Map | Op::Unmap => codes::INNER_ERR,
             _ => sys::ACL_ERROR_RT_INTERNAL_ERROR,
-        };
-        self.lock().ledger.inject(op, nth, code.unwrap_or(default))
-    }
-
-    fn clear_faults(&self) {
-        self.lock().ledger.clear_faults();
+        }
     }
 
     /// Unmaps every mapping and frees every allocation of this device; the process's session

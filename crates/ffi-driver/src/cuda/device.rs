@@ -7,10 +7,8 @@ use super::calls::{call, call_named, untraced};
 use super::loading::CudaFns;
 use super::sys::{self, CUDA_ERROR_INVALID_VALUE};
 use super::{CudaDevice, State};
-use crate::device::{
-    CallRecord, CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId, Stats,
-};
-use crate::{DeviceError, HostMem, HostMemError, Op};
+use crate::device::{CloseReport, DevPtr, Device, FuncId, LaunchDims, MapGrant, ModuleId};
+use crate::{DeviceError, HostMem, HostMemError, Ledger, Op};
 
 impl Device for CudaDevice {
     fn platform(&self) -> &'static str {
@@ -348,26 +346,13 @@ impl Device for CudaDevice {
         })
     }
 
-    fn stats(&self) -> Stats {
-        self.lock().ledger.stats()
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger)) {
+        f(&mut self.lock().ledger);
     }
 
-    fn call_log(&self) -> Vec<CallRecord> {
-        self.lock().ledger.log()
-    }
-
-    fn set_phase(&self, phase: &'static str) {
-        self.lock().ledger.set_phase(phase);
-    }
-
-    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
-        // Default: CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error on real hardware.
-        let code = code.unwrap_or(sys::CUDA_ERROR_ILLEGAL_ADDRESS);
-        self.lock().ledger.inject(op, nth, code)
-    }
-
-    fn clear_faults(&self) {
-        self.lock().ledger.clear_faults();
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`, a sticky error on real hardware.
+    fn default_fault_code(&self, _op: Op) -> i64 {
+        sys::CUDA_ERROR_ILLEGAL_ADDRESS
     }
 
     /// Drains the stream, unregisters every mirror and frees every allocation of this device;

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::device::{CallRecord, CloseReport, DevPtr, Device, MapGrant, Stats};
+use crate::device::{CloseReport, DevPtr, Device, MapGrant};
 use crate::error::codes;
 use crate::model::{per_model, PerModel};
 use crate::{traced, CostModel, DeviceError, HostMem, HostMemError, Ledger, Ledgered, Op};
@@ -527,26 +527,12 @@ impl Device for SimDevice {
         Some((block.mem.clone(), off as usize))
     }
 
-    fn stats(&self) -> Stats {
-        self.lock().ledger.stats()
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger)) {
+        f(&mut self.lock().ledger);
     }
 
-    fn call_log(&self) -> Vec<CallRecord> {
-        self.lock().ledger.log()
-    }
-
-    fn set_phase(&self, phase: &'static str) {
-        self.lock().ledger.set_phase(phase);
-    }
-
-    fn inject_fault(&self, op: Op, nth: u64, code: Option<i64>) -> Result<(), DeviceError> {
-        self.lock()
-            .ledger
-            .inject(op, nth, code.unwrap_or(codes::INNER_ERR))
-    }
-
-    fn clear_faults(&self) {
-        self.lock().ledger.clear_faults();
+    fn default_fault_code(&self, _op: Op) -> i64 {
+        codes::INNER_ERR
     }
 
     fn close(&self) -> CloseReport {

@@ -286,18 +286,6 @@ impl Worker {
         self.mem.launcher.prepare(&*dev, code, nvrtc_dirs)
     }
 
-    /// `submit_many`: `count` tasks of one kernel; returns the first task's index.
-    pub(crate) fn submit_many(
-        &mut self,
-        run: RunId,
-        kernel: KernelRef<'_>,
-        slots: &[BatchSlot<'_>],
-        scalars: &[BatchScalar<'_>],
-        count: Option<u64>,
-    ) -> Result<u64> {
-        self.submit_batch(run, kernel, slots, scalars, count, true)
-    }
-
     /// `submit_many`, or a further part of one call (see `RunState::submit_batch`).
     pub(crate) fn submit_batch(
         &mut self,
